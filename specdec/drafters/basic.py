@@ -1,0 +1,66 @@
+"""The two trivial drafters: `none` (plain autoregressive decoding) and `random` (garbage drafts).
+
+`none` proposes nothing, so the loop degenerates to one target forward per token with the same
+cache and sampler as every speculative run: the baseline of every speedup. `random` proposes
+uniformly random logits grown into the requested shape: a draft that is almost always wrong, used
+to show that exactness does not depend on the draft's quality.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.shapes import grow_tree
+
+
+@register("none")
+class NoDrafter:
+    """Proposes an empty draft: the loop becomes plain autoregressive decoding."""
+
+    name = "none"
+    needs_target_hidden = False
+
+    def __init__(self, *, target) -> None:
+        self.target = target
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, request: DraftRequest) -> Draft:
+        return Draft.empty(device=request.token_ids.device)
+
+    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+        pass
+
+
+@register("random")
+class RandomDrafter:
+    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape."""
+
+    name = "random"
+    needs_target_hidden = False
+
+    def __init__(self, *, target, seed: int = 1234) -> None:
+        self.vocab_size = target.vocab_size
+        self.seed = seed
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def reset(self) -> None:
+        self.rng.manual_seed(self.seed)
+
+    def _logits(self, n: int) -> torch.Tensor:
+        return torch.randn(1, n, self.vocab_size, generator=self.rng)  # [B, n, V]
+
+    def propose(self, request: DraftRequest) -> Draft:
+        return grow_tree(
+            request.shape,
+            self._logits(1)[:, 0],
+            lambda node_ids, tokens, parents: self._logits(len(node_ids)),
+            request.sampling,
+            request.generator,
+            request.max_depth,
+        )
+
+    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+        pass

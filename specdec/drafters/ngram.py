@@ -1,0 +1,88 @@
+"""`ngram`: prompt-lookup drafting from the committed tokens themselves.
+
+The trailing n-gram of the committed tokens (n from `max_ngram` down to `min_ngram`) is looked up
+earlier in the sequence; the tokens that followed each match are the candidate continuations. A
+chain takes the best candidate (longest n-gram, then most recent match); tree shapes merge several
+candidates into a trie within the shape's widths, depth and node budget. Drafts are point-mass.
+Needs no model and no state beyond the tokens it is given.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.shapes import ChainShape, DynamicShape, Shape, TreeShape
+
+
+def _limits(shape: Shape, max_depth: int) -> tuple[int, list[int], int]:
+    """(depth, children allowed per node at each depth, node budget) for a shape."""
+    if isinstance(shape, ChainShape):
+        depth, widths, budget = shape.k, [1] * shape.k, shape.k
+    elif isinstance(shape, TreeShape):
+        depth, widths, budget = len(shape.widths), list(shape.widths), shape.max_nodes
+    elif isinstance(shape, DynamicShape):
+        depth, widths, budget = shape.depth, [shape.top_k] * shape.depth, shape.budget
+    else:
+        raise TypeError(f"ngram drafter does not know draft shape {shape!r}")
+    return min(depth, max_depth), widths, budget
+
+
+@register("ngram")
+class NgramDrafter:
+    """Prompt-lookup drafter (point-mass drafts in any shape)."""
+
+    name = "ngram"
+    needs_target_hidden = False
+
+    def __init__(self, *, target=None, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"ngram needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
+
+    def reset(self) -> None:
+        pass
+
+    def candidates(self, ids: np.ndarray, depth: int) -> list[list[int]]:
+        """Continuations of the trailing n-gram's earlier occurrences, best first."""
+        out: list[list[int]] = []
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ids) <= n:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # starts 0..L-1-n
+            starts = np.flatnonzero((windows == ids[-n:]).all(1))[::-1]  # most recent first
+            for s in starts[: self.max_matches]:
+                cont = ids[s + n : s + n + depth].tolist()
+                if cont and cont not in out:
+                    out.append(cont)
+        return out
+
+    def propose(self, request: DraftRequest) -> Draft:
+        depth, widths, budget = _limits(request.shape, request.max_depth)
+        ids = request.token_ids[0].cpu().numpy()
+        tokens: list[int] = []
+        parents: list[int] = []
+        kids: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child node}
+        node_depth = {-1: 0}
+        for cont in self.candidates(ids, depth):
+            node = -1
+            for tok in cont:
+                if tok in kids[node]:
+                    node = kids[node][tok]
+                    continue
+                if len(tokens) >= budget or len(kids[node]) >= widths[node_depth[node]]:
+                    break
+                tokens.append(tok)
+                parents.append(node)
+                kids[node][tok] = len(tokens) - 1
+                node = len(tokens) - 1
+                kids[node], node_depth[node] = {}, node_depth[parents[-1]] + 1
+            if len(tokens) >= budget:
+                break
+        if not tokens:
+            return Draft.empty(device=request.token_ids.device)
+        return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long))
+
+    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+        pass

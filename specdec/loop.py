@@ -1,0 +1,143 @@
+"""The one speculative decoding loop: draft -> verify -> accept -> commit.
+
+Owns `generate`, input validation, the target's KV cache for one generation (created here, rolled
+back here, nowhere else) and the per-step records. Plain autoregressive decoding is the same loop
+with a drafter that proposes nothing. Knows nothing about how a drafter builds its draft or how
+acceptance is decided beyond calling `verifier.verify`.
+
+State between steps (design): the target's cache holds every committed token except the last one,
+the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
+is the target's distribution after the root and row i+1 the one after draft node i.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec import tree as tree_ops
+from specdec.cache import KVCache
+from specdec.drafters.base import Drafter, DraftRequest, build
+from specdec.metrics import GenerationStats, StepRecord
+from specdec.models import Target
+from specdec.sampling import SamplingConfig
+from specdec.shapes import Shape, parse_shape
+from specdec.verifier import verify
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]
+    """New tokens only (the EOS token, when generation stopped on it, included)."""
+    text: str
+    """Decoded `token_ids` (special tokens skipped)."""
+    prompt_ids: list[int]
+    stats: GenerationStats
+
+
+def generate(
+    target: Target,
+    drafter: Drafter | None,
+    prompt: str | Sequence[int] | Sequence[dict],
+    *,
+    shape: str | Shape = "chain(4)",
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool = True,
+    stop_on_eos: bool = True,
+) -> GenerationOutput:
+    """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
+
+    At temperature 0 the tokens equal the target's greedy decoding; at temperature > 0 they are
+    distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
+    (chat template applied for chat models unless chat=False), chat messages, or token ids.
+    """
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    shape = parse_shape(shape)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    prompt_ids = target.encode_prompt(prompt, chat=chat)
+    if len(prompt_ids) + max_new_tokens > target.context_length:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.name!r} "
+            f"({target.context_length}); shorten the prompt or lower max_new_tokens"
+        )
+    drafter = drafter if drafter is not None else build("none", target=target)
+    drafter.reset()
+    eos = target.eos_token_ids if stop_on_eos else set()
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    stats = GenerationStats()
+    start = time.perf_counter()
+
+    # Prefill every prompt token but the last, which becomes the root of the first step.
+    cache = KVCache()
+    hidden = None  # [B, L-1, H] target hidden states of committed positions, for feature drafters
+    if len(prompt_ids) > 1:
+        out = target.prefill(prompt_ids[:-1], cache)
+        hidden = out.hidden if drafter.needs_target_hidden else None
+    committed = list(prompt_ids)
+    num_new = len(prompt_ids)
+    stats.prefill_time_s = time.perf_counter() - start
+
+    while len(committed) - len(prompt_ids) < max_new_tokens:
+        remaining = max_new_tokens - (len(committed) - len(prompt_ids))
+        # 1. Draft: nodes deeper than remaining - 1 could never be used.
+        t0 = time.perf_counter()
+        request = DraftRequest(
+            token_ids=torch.tensor([committed], dtype=torch.long),
+            num_new=num_new,
+            target_hidden=hidden,
+            shape=shape,
+            sampling=sampling,
+            generator=generator,
+            max_depth=remaining - 1,
+        )
+        draft = drafter.propose(request)
+        if draft.num_nodes and int(tree_ops.depths(draft.parents).max()) > remaining - 1:
+            draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
+
+        # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
+        t1 = time.perf_counter()
+        past = cache.length
+        tokens = torch.cat([torch.tensor([[committed[-1]]]), draft.tokens.cpu()], 1)  # [B, 1 + N]
+        parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # draft roots hang off block 0
+        out = target.forward(tokens, cache, parents)
+
+        # 3. Accept.
+        acceptance = verify(draft, out.logits, sampling, generator)
+
+        # 4. Commit: keep the root and the accepted path in the cache, append the new tokens.
+        kept = [0] + [i + 1 for i in acceptance.path]
+        cache.keep(past, kept)
+        if hidden is not None:
+            hidden = torch.cat([hidden, out.hidden[:, kept]], 1)
+        drafter.rollback(draft, acceptance)
+        new = [int(draft.tokens[0, i]) for i in acceptance.path] + [acceptance.next_token]
+        committed.extend(new)
+        num_new = len(new)
+        t2 = time.perf_counter()
+        stats.steps.append(StepRecord(
+            drafted=draft.num_nodes,
+            draft_depth=int(tree_ops.depths(draft.parents).max()) if draft.num_nodes else 0,
+            accepted=acceptance.num_accepted,
+            bonus=acceptance.bonus,
+            draft_time_s=t1 - t0,
+            verify_time_s=t2 - t1,
+        ))
+        if eos and eos.intersection(new):
+            break
+
+    new_ids = committed[len(prompt_ids):][:max_new_tokens]
+    stop = next((i for i, t in enumerate(new_ids) if t in eos), None)
+    if stop is not None:
+        new_ids = new_ids[: stop + 1]
+    stats.new_tokens = len(new_ids)
+    stats.wall_time_s = time.perf_counter() - start
+    return GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=prompt_ids, stats=stats)

@@ -1,0 +1,112 @@
+"""Per-step records of one generation and the statistics derived from them.
+
+Owns the definitions, stated once:
+- *accepted tokens* of a step: draft tokens the target kept (bonus/recovered token excluded);
+- *mean accepted tokens*: their mean over steps;
+- *acceptance length* of a step: accepted tokens + 1 (the target's own token, bonus or recovered);
+- *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward;
+- *acceptance rate at depth d*: among steps whose draft reached depth d, the fraction whose
+  accepted path reached depth d.
+Knows nothing about models or drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepRecord:
+    drafted: int  # draft nodes verified
+    draft_depth: int  # deepest draft node
+    accepted: int  # accepted draft tokens (bonus excluded)
+    bonus: bool  # the step's last token was a bonus (not recovered) token
+    draft_time_s: float
+    verify_time_s: float
+
+
+@dataclass
+class GenerationStats:
+    """Statistics of one generation (or, via `merge`, of several)."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    new_tokens: int = 0
+    """Tokens returned (after truncation at EOS / max_new_tokens)."""
+    prefill_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    """Prefill plus every step, as timed by the loop."""
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Mean accepted draft tokens per step, bonus/recovered token excluded."""
+        return sum(s.accepted for s in self.steps) / max(1, len(self.steps))
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """MAL: mean tokens committed per target forward = 1 + mean_accepted_tokens."""
+        return 1.0 + self.mean_accepted_tokens
+
+    @property
+    def mean_drafted(self) -> float:
+        return sum(s.drafted for s in self.steps) / max(1, len(self.steps))
+
+    @property
+    def draft_time_s(self) -> float:
+        return sum(s.draft_time_s for s in self.steps)
+
+    @property
+    def verify_time_s(self) -> float:
+        return sum(s.verify_time_s for s in self.steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens per second of decoding (prefill excluded)."""
+        decode = self.wall_time_s - self.prefill_time_s
+        return self.new_tokens / decode if decode > 0 else 0.0
+
+    def acceptance_rate_by_depth(self) -> list[float]:
+        """Entry d-1: P(accepted path reaches depth d | the draft reached depth d)."""
+        depth = max((s.draft_depth for s in self.steps), default=0)
+        rates = []
+        for d in range(1, depth + 1):
+            reached = [s for s in self.steps if s.draft_depth >= d]
+            rates.append(sum(s.accepted >= d for s in reached) / len(reached))
+        return rates
+
+    def summary(self) -> dict:
+        """Plain-number summary (JSON-ready)."""
+        return {
+            "new_tokens": self.new_tokens,
+            "steps": self.num_steps,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "mean_drafted": self.mean_drafted,
+            "acceptance_rate_by_depth": self.acceptance_rate_by_depth(),
+            "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
+            "prefill_time_s": self.prefill_time_s,
+            "wall_time_s": self.wall_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}
+
+    @staticmethod
+    def merge(stats: list[GenerationStats]) -> GenerationStats:
+        """Pool several generations (steps concatenated, times and tokens summed)."""
+        return GenerationStats(
+            steps=[s for st in stats for s in st.steps],
+            new_tokens=sum(st.new_tokens for st in stats),
+            prefill_time_s=sum(st.prefill_time_s for st in stats),
+            wall_time_s=sum(st.wall_time_s for st in stats),
+        )

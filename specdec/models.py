@@ -1,0 +1,173 @@
+"""A causal LM wrapped for speculative decoding: tree forward, prompt encoding, decoding.
+
+Owns: `Target`, which holds a Hugging Face causal LM and its tokenizer and scores a whole draft
+tree in one forward (tree attention mask + per-node positions), returning logits and the final
+hidden states (the lm_head input) for every node. It also serves as the model of model-based
+drafters (a small draft model is "just a second model"). Knows nothing about acceptance; the KV
+cache it writes into is owned by the caller (the verifier for the target, a drafter for its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec import tree as tree_ops
+from specdec.cache import KVCache
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [B, N, V] (or [B, len(logits_rows), V])
+    hidden: torch.Tensor  # [B, N, H] final hidden state (after the final norm), lm_head input
+
+
+@dataclass
+class Target:
+    """A causal LM ready for tree forwards. Build with `specdec.load_target`."""
+
+    model: Any  # transformers PreTrainedModel (causal LM)
+    tokenizer: Any | None
+    name: str
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about how it was loaded (source file, quantization report, ...)."""
+
+    def __post_init__(self) -> None:
+        self.model.eval()
+        self.base = self.model.base_model
+        self.lm_head = self.model.get_output_embeddings()
+        self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
+
+    # ---- facts ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.lm_head.weight.shape[1]
+
+    @property
+    def context_length(self) -> int:
+        """Longest sequence (prompt + generated) this model is run on. Sliding-window models are
+        limited to their window, since the cache here keeps full attention."""
+        cfg = self.model.config.get_text_config()
+        limits = [getattr(cfg, "max_position_embeddings", None) or 2048]
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            limits.append(cfg.sliding_window)
+        return int(min(limits))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    # ---- text ----------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | Sequence[int] | Sequence[dict], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: a string (chat template applied when `chat` and the tokenizer has
+        one), a list of chat messages ({"role", "content"} dicts), or a list of token ids as is."""
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.flatten().tolist()
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        elif isinstance(prompt, str) or isinstance(prompt, (list, tuple)):
+            if self.tokenizer is None:
+                raise ValueError(f"target {self.name!r} has no tokenizer: give the prompt as a list of token ids")
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            if chat and getattr(self.tokenizer, "chat_template", None):
+                ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                ids = list(ids)
+            elif isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            else:
+                raise ValueError("a list of chat messages needs a tokenizer with a chat template (chat=True)")
+        else:
+            raise TypeError(f"prompt must be a string, chat messages or a list of token ids, got {type(prompt)}")
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # ---- forward -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, n] long, the new tokens
+        cache: KVCache,
+        parents: torch.Tensor | None = None,  # [M] long, M >= n: parents over the tree block
+        logits_rows: slice | torch.Tensor | None = None,
+    ) -> ForwardOut:
+        """Score n new tokens after the cache, appending exactly n entries to `cache`.
+
+        Without `parents` the new tokens form a causal chain after everything cached. With
+        `parents`, the last M cache-or-new positions form a *tree block*: the M - n newest cached
+        entries followed by the n new tokens, with `parents` indexing into that block (-1 = child of
+        the position just before it). Each new token attends to the prefix before the block and to
+        its ancestors inside it, at position block_start + depth - 1.
+
+        Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
+        new tokens [c, d] with parents [-1, 0, 1, 0] -> block starts at 8; c is a child of b at
+        position 10, d a child of a at position 9, d cannot see b or c.
+        `logits_rows` selects which new rows get logits (e.g. slice(-1, None)); hidden covers all.
+        """
+        batch, n = tokens.shape
+        if batch != 1:
+            raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
+        past = cache.length
+        parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
+        block_start = past - (parents.numel() - n)
+        if block_start < 0 or parents.numel() < n:
+            raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new "
+                             f"and {past} are cached")
+        positions = block_start + tree_ops.depths(parents)[-n:] - 1  # [n]
+        visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
+        visible = torch.cat([torch.ones(n, block_start, dtype=torch.bool), visible], 1)  # [n, past + n]
+        mask_dtype = self.base.get_input_embeddings().weight.dtype
+        if not mask_dtype.is_floating_point:
+            mask_dtype = torch.float32
+        mask = torch.zeros(visible.shape, dtype=mask_dtype)
+        mask.masked_fill_(~visible, torch.finfo(mask_dtype).min)
+        out = self.base(
+            input_ids=tokens.to(self.device),
+            attention_mask=mask[None, None].to(self.device),  # [B, 1, n, past + n]
+            position_ids=positions[None].to(self.device),  # [B, n]
+            cache=cache.hf,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state  # [B, n, H]
+        rows = hidden if logits_rows is None else hidden[:, logits_rows]
+        logits = self.lm_head(rows)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return ForwardOut(logits=logits, hidden=hidden)
+
+    def prefill(self, token_ids: Sequence[int], cache: KVCache) -> ForwardOut:
+        """Run `token_ids` as a chain into `cache`, logits for the last row only."""
+        tokens = torch.tensor([list(token_ids)], dtype=torch.long)
+        return self.forward(tokens, cache, logits_rows=slice(-1, None))

@@ -1,0 +1,94 @@
+"""Draft-tree geometry derived from one `parents` array.
+
+Owns: validation of a parents array, node depths, the ancestor (tree-attention) mask, root-to-node
+paths and children lists. Knows nothing about models, tokens or probabilities.
+
+Convention (used everywhere in specdec): a draft of N nodes is described by `parents`, a length-N
+list/1-D long tensor where `parents[i]` is the index of node i's parent, or -1 when node i is a child
+of the *root*, i.e. of the last committed token. Parents precede children (`parents[i] < i`).
+A chain of k tokens is `[-1, 0, 1, ..., k-2]`.
+
+Worked example, the tree `tree(2,1)` with tokens a,b at depth 1 and one child under each:
+    parents = [-1, -1, 0, 1]      # nodes: a, b, a.x, b.y
+    depths  = [ 1,  1, 2, 2]      # depth 1 = first token after the root
+    path_to(3) = [1, 3]           # b, then b.y
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def as_parents(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Return `parents` as a validated 1-D long CPU tensor; raise ValueError if it is not a tree."""
+    p = torch.as_tensor(parents, dtype=torch.long).cpu()
+    if p.dim() != 1:
+        raise ValueError(f"parents must be 1-D (one entry per draft node), got shape {tuple(p.shape)}")
+    idx = torch.arange(p.numel())
+    bad = (p < -1) | (p >= idx)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"parents is not a tree: parents[{i}] = {int(p[i])}; each entry must be -1 (child of the "
+            f"root) or the index of an earlier node (0..{i - 1})"
+        )
+    return p
+
+
+def chain_parents(k: int) -> torch.Tensor:
+    """Parents of a chain of k nodes: [-1, 0, 1, ..., k-2]."""
+    return torch.arange(k, dtype=torch.long) - 1
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every node, 1 for children of the root. [N] long."""
+    d = torch.zeros(parents.numel(), dtype=torch.long)
+    for i, p in enumerate(parents.tolist()):
+        d[i] = 1 if p < 0 else d[p] + 1
+    return d
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool.
+
+    Row i is what node i may attend to among the draft nodes (the committed prefix is always visible).
+    """
+    n = parents.numel()
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def path_to(parents: torch.Tensor, node: int) -> list[int]:
+    """Node indices from the root's child down to `node` (inclusive); [] for node = -1."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return path[::-1]
+
+
+def children(parents: torch.Tensor) -> list[list[int]]:
+    """children[i] lists node i's children in index order; the root's children are children[-1]
+    i.e. the extra last entry (index N)."""
+    out: list[list[int]] = [[] for _ in range(parents.numel() + 1)]
+    for i, p in enumerate(parents.tolist()):
+        out[p].append(i)  # p = -1 lands in the last slot, the root's
+    return out
+
+
+def prune_to_depth(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Indices of the nodes whose depth is <= max_depth, in order (a valid sub-tree). [M] long."""
+    return (depths(parents) <= max_depth).nonzero().flatten()
+
+
+def reindex(parents: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Parents of the sub-tree made of nodes `keep` (ascending, ancestor-closed), renumbered 0..M-1."""
+    new_index = torch.full((parents.numel(),), -1, dtype=torch.long)
+    new_index[keep] = torch.arange(keep.numel())
+    old = parents[keep]
+    return torch.where(old >= 0, new_index[old.clamp(min=0)], old)

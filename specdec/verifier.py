@@ -1,0 +1,104 @@
+"""Exact acceptance: which draft nodes the target keeps, and which token it adds after them.
+
+Owns the acceptance math, as pure functions of (draft, target distributions, torch.Generator):
+- greedy (temperature 0): accept the longest root-to-node path whose every token equals the
+  target's argmax at its parent; then add the target's argmax after it;
+- sampling: multi-candidate recursive rejection sampling over siblings, which covers classic
+  speculative sampling (a chain with draft probabilities) and point-mass (deterministic) drafts.
+
+Why sampling is exact. At a node with target distribution `target_probs` and candidate children
+x_1..x_m, each drawn from `draft_probs_i` (given the earlier siblings; a point-mass draft has
+draft_probs_i = one_hot(x_i)): accept x_i with probability min(1, target(x_i) / draft_i(x_i)); on
+rejection replace the target by the normalised residual max(0, target - draft_i) and try x_{i+1}.
+By the one-step speculative-sampling lemma the token leaving each trial is distributed as the
+current target, so the accepted child (or the *recovered* token drawn from the last residual) is
+distributed as the node's target distribution, and walking down the accepted child repeats it.
+When a node has no children left, the *bonus* token is drawn from its full target distribution.
+
+Knows nothing about models or caches: it is given target logits for the root and every node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec import tree as tree_ops
+from specdec.drafters.base import Acceptance, Draft
+from specdec.sampling import SamplingConfig, target_probs_from_logits
+
+
+def verify(
+    draft: Draft,
+    target_logits: torch.Tensor,  # [B, N + 1, V]: row 0 = after the root, row i + 1 = after node i
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> Acceptance:
+    """Decide the accepted path and the next token for one step (greedy or sampling)."""
+    if target_logits.shape[0] != 1:
+        raise NotImplementedError(f"verify supports batch size 1 only, got {target_logits.shape[0]}")
+    if target_logits.shape[1] != draft.num_nodes + 1:
+        raise ValueError(f"target_logits has {target_logits.shape[1]} rows, expected N + 1 = {draft.num_nodes + 1}")
+    if sampling.greedy:
+        return accept_greedy(draft, target_logits[0].argmax(-1))
+    return accept_sampling(draft, target_probs_from_logits(target_logits[0], sampling), generator)
+
+
+def accept_greedy(draft: Draft, target_argmax: torch.Tensor) -> Acceptance:
+    """target_argmax [N + 1]: the target's argmax after the root (row 0) and after node i (row i+1)."""
+    argmax = target_argmax.tolist()
+    tokens = draft.tokens[0].tolist()
+    kids = tree_ops.children(draft.parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        best = argmax[node + 1]
+        match = next((c for c in kids[node] if tokens[c] == best), None)
+        if match is None:
+            return Acceptance(path=path, next_token=best, bonus=not kids[node])
+        path.append(match)
+        node = match
+
+
+def acceptance_probability(target_prob: torch.Tensor, draft_prob: torch.Tensor) -> torch.Tensor:
+    """min(1, target(x) / draft(x)) for a candidate x with draft(x) > 0."""
+    return (target_prob / draft_prob).clamp(max=1.0)
+
+
+def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection.
+
+    If the residual has no mass (target == draft up to rounding, so rejection had probability ~0)
+    the target itself is returned, which is then the exact conditional distribution.
+    """
+    residual = (target_probs - draft_probs).clamp(min=0.0)
+    mass = residual.sum()
+    return residual / mass if mass > 0 else target_probs
+
+
+def accept_sampling(draft: Draft, target_probs: torch.Tensor, generator: torch.Generator) -> Acceptance:
+    """Recursive rejection sampling down the tree. target_probs [N + 1, V] rows as in `verify`."""
+    tokens = draft.tokens[0].tolist()
+    kids = tree_ops.children(draft.parents)
+    device = target_probs.device
+    path: list[int] = []
+    node = -1
+    while True:
+        probs = target_probs[node + 1]  # [V] the current (residual) target distribution
+        accepted = None
+        for child in kids[node]:
+            x = tokens[child]
+            if draft.draft_probs is None:
+                child_draft = torch.zeros_like(probs)
+                child_draft[x] = 1.0
+            else:
+                child_draft = draft.draft_probs[0, child].to(probs.dtype)
+            u = torch.rand((), generator=generator, device=device)
+            if bool(u < acceptance_probability(probs[x], child_draft[x])):
+                accepted = child
+                break
+            probs = residual_probs(probs, child_draft)
+        if accepted is None:
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            return Acceptance(path=path, next_token=token, bonus=not kids[node])
+        path.append(accepted)
+        node = accepted
