@@ -1,12 +1,17 @@
 """Drafters: every proposer of draft trees, registered by name.
 
 `specdec.drafters.build(name, target=target, **options)` builds one; `names()` lists them. Importing
-this package imports every drafter module, so each registers itself; adding a drafter means adding
-its module here and nothing else.
+this package imports every module in it, so each drafter registers itself: adding a drafter means
+adding one module with an `@register("name")` line, and the invariant tests pick it up.
 """
 
-from specdec.drafters.base import Acceptance, Draft, Drafter, DraftRequest, build, names, register
+import importlib
+import pkgutil
 
-from specdec.drafters import basic, ngram, model  # noqa: E402,F401  (registration side effects)
+from specdec.drafters.base import Acceptance, Draft, Drafter, DraftRequest, build, build_for_tests, names, register
 
-__all__ = ["Acceptance", "Draft", "DraftRequest", "Drafter", "build", "names", "register"]
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["Acceptance", "Draft", "DraftRequest", "Drafter", "build", "build_for_tests", "names", "register"]

@@ -144,3 +144,10 @@ def build(name: str, *, target: Target, **options: Any) -> Drafter:
         raise KeyError(f"unknown drafter {name!r}; registered drafters: {', '.join(names())}")
     return _REGISTRY[name](target=target, **options)
 
+
+
+def build_for_tests(name: str, *, target: Target) -> Drafter:
+    """Build `name` for a tiny test target, with the options its factory declares in an optional
+    `test_options` attribute (e.g. a randomly initialised head where no trained one exists)."""
+    factory = _REGISTRY[name]
+    return factory(target=target, **getattr(factory, "test_options", {}))
