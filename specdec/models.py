@@ -19,6 +19,34 @@ from specdec import tree as tree_ops
 from specdec.cache import KVCache
 
 
+def tree_attention(
+    parents: torch.Tensor | None, n: int, past: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [n] and additive attention mask [n, past + n] for n new tokens after `past` cached.
+
+    `parents` (None = a chain) covers the *tree block*: the last M = len(parents) positions, i.e.
+    the M - n newest cached entries followed by the n new tokens, with -1 meaning a child of the
+    position just before the block. A new token sees everything before the block and its
+    ancestors inside it, at position block_start + depth - 1.
+
+    Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
+    new tokens [c, d] with block parents [-1, 0, 1, 0] -> the block starts at 8; c is a child of b
+    at position 10, d a child of a at position 9; d sees 0..7 and a, but not b or c.
+    """
+    parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
+    block_start = past - (parents.numel() - n)
+    if block_start < 0 or parents.numel() < n:
+        raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new and {past} cached")
+    positions = block_start + tree_ops.depths(parents)[-n:] - 1  # [n]
+    visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
+    visible = torch.cat([torch.ones(n, block_start, dtype=torch.bool), visible], 1)  # [n, past + n]
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return positions, mask
+
+
 @dataclass
 class ForwardOut:
     logits: torch.Tensor  # [B, N, V] (or [B, len(logits_rows), V])
@@ -125,34 +153,14 @@ class Target:
     ) -> ForwardOut:
         """Score n new tokens after the cache, appending exactly n entries to `cache`.
 
-        Without `parents` the new tokens form a causal chain after everything cached. With
-        `parents`, the last M cache-or-new positions form a *tree block*: the M - n newest cached
-        entries followed by the n new tokens, with `parents` indexing into that block (-1 = child of
-        the position just before it). Each new token attends to the prefix before the block and to
-        its ancestors inside it, at position block_start + depth - 1.
-
-        Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
-        new tokens [c, d] with parents [-1, 0, 1, 0] -> block starts at 8; c is a child of b at
-        position 10, d a child of a at position 9, d cannot see b or c.
-        `logits_rows` selects which new rows get logits (e.g. slice(-1, None)); hidden covers all.
+        Without `parents` the new tokens form a causal chain after everything cached; with them,
+        a tree block as described in `tree_attention`. `logits_rows` selects which new rows get
+        logits (e.g. slice(-1, None) for a prefill); `hidden` covers every new row.
         """
         batch, n = tokens.shape
         if batch != 1:
             raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
-        past = cache.length
-        parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
-        block_start = past - (parents.numel() - n)
-        if block_start < 0 or parents.numel() < n:
-            raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new "
-                             f"and {past} are cached")
-        positions = block_start + tree_ops.depths(parents)[-n:] - 1  # [n]
-        visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
-        visible = torch.cat([torch.ones(n, block_start, dtype=torch.bool), visible], 1)  # [n, past + n]
-        mask_dtype = self.base.get_input_embeddings().weight.dtype
-        if not mask_dtype.is_floating_point:
-            mask_dtype = torch.float32
-        mask = torch.zeros(visible.shape, dtype=mask_dtype)
-        mask.masked_fill_(~visible, torch.finfo(mask_dtype).min)
+        positions, mask = tree_attention(parents, n, cache.length, self.base.get_input_embeddings().weight.dtype)
         out = self.base(
             input_ids=tokens.to(self.device),
             attention_mask=mask[None, None].to(self.device),  # [B, 1, n, past + n]
