@@ -186,7 +186,7 @@ def tiny_target(
     seed: int = 0,
     dtype: torch.dtype | None = torch.float32,
     device: str | torch.device = "cpu",
-    attn_implementation: str | None = "eager",
+    attn_implementation: str | None = "sdpa",
     logit_scale: float = 1.0,
 ) -> Target:
     """A randomly initialised causal LM of `family` (llama | qwen2 | mistral) built from a config.
@@ -232,7 +232,7 @@ def tiny_target(
 def _tiny_builder(family: str) -> Callable[..., Target]:
     def build(*, device, dtype, attn_implementation) -> Target:
         return tiny_target(family, device=device, dtype=dtype or torch.float32,
-                           attn_implementation=attn_implementation or "eager")
+                           attn_implementation=attn_implementation or "sdpa")
 
     return build
 

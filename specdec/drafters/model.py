@@ -86,7 +86,9 @@ def early_exit_copy(target: Target, layers: int) -> Target:
     if not 1 <= layers <= total:
         raise ValueError(f"early-exit draft needs 1 <= layers <= {total}, got {layers}")
     shallow = copy.copy(target.model)  # shallow: modules are shared, only containers differ
-    shallow.model = copy.copy(target.model.model)
+    shallow._modules = dict(target.model._modules)  # copy.copy shares the submodule dict: unshare it,
+    shallow.model = copy.copy(target.model.model)  # or the assignments below would truncate the target
+    shallow.model._modules = dict(target.model.model._modules)
     shallow.model.layers = target.model.model.layers[:layers]
     shallow.config = copy.copy(target.model.config)
     shallow.config.num_hidden_layers = layers

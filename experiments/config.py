@@ -1,0 +1,162 @@
+"""The experiment's structured configs: one dataclass per Hydra group, registered in the ConfigStore.
+
+Owns the schema every composed config is checked against (strict: an unknown key or a value of the
+wrong type fails at composition), the registration of that schema, and one auto-generated `drafter`
+preset per registered drafter that has no YAML preset, so a drafter added to the registry can be
+selected as `drafter=NAME` with no change here. Presets (`conf/<group>/<name>.yaml`) only fill in
+values. The composed config is made read-only by the runner; these dataclasses are not declared
+`frozen` because Hydra merges presets into them while composing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+@dataclass
+class ModelConfig:
+    """The target model."""
+
+    name: str = MISSING
+    """Built-in name (`smollm2-135m`, `tiny-llama`, ...), local directory or hub id for `load_target`."""
+    device: str = "cpu"
+    """Device the target (and the drafter) run on."""
+    dtype: Optional[str] = None
+    """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
+
+
+@dataclass
+class DrafterConfig:
+    """The drafter of a cell: a registry name and the options its factory takes."""
+
+    name: str = MISSING
+    """A name registered in `specdec.drafters` (`specdec.drafters.names()`)."""
+    options: Dict[str, Any] = field(default_factory=dict)
+    """Keyword options for the drafter's factory; add one with `+drafter.options.KEY=VALUE`."""
+
+
+@dataclass
+class ShapeConfig:
+    """The draft shape."""
+
+    spec: str = MISSING
+    """A shape string for `specdec.parse_shape`: `chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`."""
+
+
+@dataclass
+class QuantConfig:
+    """The target's quantization; the plain-loop baseline of a cell runs at the same spec."""
+
+    spec: str = "none"
+    """A quantization spec for `load_target(quant=...)` (`none`, `bf16`, `rtn4_g64`, ...)."""
+    bits: float = 32.0
+    """Nominal bits per weight: a label and sort key for the leaderboard, never read by the runner."""
+
+
+@dataclass
+class DatasetConfig:
+    """Which prompts a cell runs."""
+
+    source: str = "default"
+    """A suite name in experiments/prompts (`default`, `smoke`), a path to a JSONL file in the
+    Spec-Bench / MT-bench question format, or `hf:HUB_ID[:SPLIT]` for a `datasets` hub dataset."""
+    categories: List[str] = field(default_factory=list)
+    """Keep only these categories (empty = all)."""
+    question_ids: List[str] = field(default_factory=list)
+    """Keep only these question ids, in file order (empty = all)."""
+    per_category: Optional[int] = None
+    """Keep at most this many questions per category (first in file order); None = all."""
+    max_turns: Optional[int] = None
+    """Run at most this many turns of each question; None = every turn."""
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding settings shared by the drafted run and its baseline."""
+
+    temperature: float = 0.0
+    """0 = greedy; > 0 samples from the target distribution (after top-k / top-p)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus mass in (0, 1] (1 = off)."""
+    seed: int = 0
+    """Seed of question i is seed + i, for the drafted run and its baseline alike."""
+    max_new_tokens: int = 64
+    """New tokens per turn."""
+
+
+@dataclass
+class ResultsConfig:
+    """Where results go."""
+
+    dir: str = "results"
+    """The results store directory (created on first use); Hydra's logs go to its `hydra/` subfolder."""
+
+
+@dataclass
+class RunnerConfig:
+    """How the runner behaves; nothing here changes a measured number, so none of it is in a cell's key."""
+
+    warmup_tokens: int = 4
+    """Before timing a cell, one untimed generation of this many tokens, drafted and plain (0 = none)."""
+    target_cache_size: int = 3
+    """Loaded targets kept in memory across the cells of one multirun (by model and quant spec)."""
+    progress: bool = True
+    """Show tqdm progress bars over cells and prompts."""
+
+
+@dataclass
+class ExperimentConfig:
+    """One cell of the grid: model x drafter x shape x quant x dataset x sampling."""
+
+    model: ModelConfig = MISSING
+    drafter: DrafterConfig = MISSING
+    shape: ShapeConfig = MISSING
+    quant: QuantConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    sampling: SamplingConfig = MISSING
+    results: ResultsConfig = field(default_factory=ResultsConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+
+
+def unknown_keys(cfg: Any, schema: type = ExperimentConfig, prefix: str = "") -> list[str]:
+    """Keys of a composed config that `schema` does not declare. Hydra's `+key=value` appends a key
+    even to a structured node, and `OmegaConf.to_object` would then drop it silently."""
+    hints = typing.get_type_hints(schema)
+    unknown = []
+    for key in cfg.keys():
+        if key not in hints:
+            unknown.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]):
+            unknown += unknown_keys(cfg[key], hints[key], f"{prefix}{key}.")
+    return unknown
+
+
+def check_keys(cfg: Any) -> None:
+    """Raise if the composed config has keys outside the schema (e.g. a misspelled `+key=value`)."""
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise KeyError(f"unknown config key(s) {unknown}: the schema in {__file__} declares no such field "
+                       "(misspelled? drafter options go under drafter.options)")
+
+
+def register_configs() -> None:
+    """Store the schema (as `experiment_schema`) and a `drafter/NAME` preset for every registered
+    drafter without a YAML preset. Idempotent."""
+    from specdec import drafters
+
+    store = ConfigStore.instance()
+    store.store(name="experiment_schema", node=ExperimentConfig)
+    for name in drafters.names():
+        if not (CONF_DIR / "drafter" / f"{name}.yaml").exists():
+            store.store(group="drafter", name=name, node=DrafterConfig(name=name))

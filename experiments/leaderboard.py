@@ -1,0 +1,241 @@
+"""The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
+
+Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, heatmap and
+acceptance-curve PNGs). A *board* is one setting: model, prompt suite, sampling (T = 0 and T > 0
+never share a board) and max_new_tokens; its *entries* are drafter x shape x quant. Statistics are
+pooled, not averaged over prompts:
+- MAL = 1 + (accepted draft tokens) / (target forwards), summed over the entry's turns;
+- speedup = (new tokens / wall time of the drafted runs) / (the same for their plain-loop runs);
+- acceptance at depth d = (steps whose accepted path reached d) / (steps whose draft reached d).
+Intervals are 95% percentile bootstraps over questions (a question's turns are resampled together).
+Knows nothing about how rows were measured; reads them through `experiments.store.load_rows`.
+
+    python scripts/leaderboard.py RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.store import load_rows
+
+SETTING = ["model", "dataset", "temperature", "top_k", "top_p", "max_new_tokens"]
+ENTRY = ["drafter", "shape", "quant", "bits"]
+_SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s"]
+
+
+def board_name(setting: dict) -> str:
+    regime = "T=0" if setting["temperature"] == 0 else f"T={setting['temperature']:g}"
+    sampling = "" if setting["temperature"] == 0 else f" top_k={setting['top_k']} top_p={setting['top_p']:g}"
+    return f"{regime}{sampling} | {setting['model']} | {setting['dataset']} | {setting['max_new_tokens']} new tokens"
+
+
+def board_slug(setting: dict) -> str:
+    regime = "T0" if setting["temperature"] == 0 else f"T{setting['temperature']:g}"
+    return "_".join([regime, str(setting["model"]), str(setting["dataset"]), str(setting["max_new_tokens"])]).replace("/", "-")
+
+
+def _stats(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MAL and speedup from summed columns `_SUMS` (last axis)."""
+    steps, accepted, new, wall, base_new, base_wall = np.moveaxis(sums, -1, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mal = 1.0 + accepted / steps
+        speedup = (new / wall) / (base_new / base_wall)
+    return mal, speedup
+
+
+def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> dict:
+    """Pooled statistics of one entry's rows, with bootstrap intervals over questions."""
+    per_question = rows.groupby("question_id")[_SUMS].sum().to_numpy(dtype=float)  # [Q, 6]
+    mal, speedup = _stats(per_question.sum(0))
+    out = {"questions": len(per_question), "turns": len(rows), "mal": float(mal),
+           "mean_accepted_tokens": float(mal) - 1.0, "speedup": float(speedup)}
+    if n_boot > 0:
+        idx = rng.integers(0, len(per_question), size=(n_boot, len(per_question)))  # [B, Q]
+        boot_mal, boot_speedup = _stats(per_question[idx].sum(1))  # [B]
+        out.update(mal_lo=np.nanpercentile(boot_mal, 2.5), mal_hi=np.nanpercentile(boot_mal, 97.5),
+                   speedup_lo=np.nanpercentile(boot_speedup, 2.5), speedup_hi=np.nanpercentile(boot_speedup, 97.5))
+    totals = rows[_SUMS].sum()
+    out["tokens_per_s"] = totals["new_tokens"] / totals["wall_time_s"]
+    out["baseline_tokens_per_s"] = totals["baseline_new_tokens"] / totals["baseline_wall_time_s"]
+    out["same_tokens_as_baseline"] = float(rows["same_tokens_as_baseline"].mean())
+    return out
+
+
+def acceptance_curve(rows: pd.DataFrame) -> list[float]:
+    """Pooled acceptance rate per draft depth (index d-1) over `rows`."""
+    depth = max((len(r) for r in rows["reached_by_depth"]), default=0)
+    reached, accepted = np.zeros(depth), np.zeros(depth)
+    for r, a in zip(rows["reached_by_depth"], rows["accepted_by_depth"]):
+        reached[: len(r)] += r
+        accepted[: len(a)] += a
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return list(accepted / reached)
+
+
+def build_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One line per (setting, category incl. `overall`, entry), with ranks by MAL and by speedup
+    within each (setting, category)."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
+        labels = dict(zip(SETTING + ENTRY, keys))
+        for category, part in [("overall", group), *group.groupby("category", sort=True)]:
+            records.append({**labels, "board": board_name(labels), "category": category,
+                            **entry_stats(part, n_boot, rng)})
+    table = pd.DataFrame(records)
+    within = table.groupby(["board", "category"])
+    table["rank_mal"] = within["mal"].rank(ascending=False, method="min").astype(int)
+    table["rank_speedup"] = within["speedup"].rank(ascending=False, method="min").astype(int)
+    return table
+
+
+def _ci(row: pd.Series, name: str, fmt: str) -> str:
+    if f"{name}_lo" not in row:
+        return format(row[name], fmt)
+    return f"{row[name]:{fmt}} [{row[f'{name}_lo']:{fmt}}, {row[f'{name}_hi']:{fmt}}]"
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    lines = ["# specdec leaderboard", "",
+             "MAL = mean acceptance length (tokens per target forward, bonus included); speedup = tokens/s "
+             "over the plain loop at the same bit-width, measured in the same run; [95% bootstrap CI over questions].", ""]
+    for board, part in table.groupby("board", sort=False):
+        overall = part[part.category == "overall"]
+        lines += [f"## {board}", ""]
+        for title, key in (("by MAL", "rank_mal"), ("by speedup", "rank_speedup")):
+            lines += [f"### Ranked {title}", "",
+                      "| rank | drafter | shape | quant | bits | questions | MAL | speedup | tok/s | plain tok/s |",
+                      "|---:|---|---|---|---:|---:|---|---|---:|---:|"]
+            for _, r in overall.sort_values([key, "drafter", "shape", "bits"]).iterrows():
+                lines.append(f"| {r[key]} | {r.drafter} | `{r['shape']}` | {r.quant} | {r.bits:g} | {r.questions} | "
+                             f"{_ci(r, 'mal', '.2f')} | {_ci(r, 'speedup', '.2f')}x | {r.tokens_per_s:.1f} | "
+                             f"{r.baseline_tokens_per_s:.1f} |")
+            lines.append("")
+        categories = sorted(set(part.category) - {"overall"})
+        lines += ["### Per category: MAL / speedup", "",
+                  "| drafter | shape | quant | " + " | ".join(categories) + " |",
+                  "|---|---|---|" + "---|" * len(categories)]
+        for (drafter, shape, quant), entry in part.groupby(["drafter", "shape", "quant"], sort=True):
+            cells = {r.category: f"{r.mal:.2f} / {r.speedup:.2f}x" for _, r in entry.iterrows()}
+            lines.append(f"| {drafter} | `{shape}` | {quant} | " + " | ".join(cells.get(c, "") for c in categories) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
+    """Shape x bits heatmaps of MAL (top row) and speedup (bottom row), one column per drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    drafters = sorted(overall.drafter.unique())
+    quants = overall.sort_values("bits", ascending=False).drop_duplicates("quant")
+    xlabels = [f"{q} ({b:g}b)" for q, b in zip(quants.quant, quants.bits)]
+    shapes = sorted(overall["shape"].unique())
+    fig, axes = plt.subplots(2, len(drafters), figsize=(2.2 + 2.3 * len(quants) * len(drafters) / 2 + 1.5, 2.4 + 0.9 * len(shapes)),
+                             squeeze=False, constrained_layout=True)
+    speed_max = max(1.5, float(np.nanmax(overall.speedup)))
+    for col, drafter in enumerate(drafters):
+        for row, (metric, label) in enumerate((("mal", "MAL"), ("speedup", "speedup"))):
+            grid = np.full((len(shapes), len(quants)), np.nan)
+            for _, r in overall[overall.drafter == drafter].iterrows():
+                grid[shapes.index(r["shape"]), list(quants.quant).index(r.quant)] = r[metric]
+            ax = axes[row, col]
+            if metric == "mal":
+                image = ax.imshow(grid, cmap="viridis", vmin=1.0, vmax=max(2.0, float(np.nanmax(overall.mal))), aspect="auto")
+            else:
+                image = ax.imshow(grid, cmap="RdYlGn", norm=TwoSlopeNorm(1.0, min(0.5, float(np.nanmin(overall.speedup))), speed_max), aspect="auto")
+            for (i, j), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
+                            color="white" if metric == "mal" and v < 1.6 else "black")
+            ax.set_xticks(range(len(quants)), xlabels, rotation=30, ha="right", fontsize=8)
+            ax.set_yticks(range(len(shapes)), shapes if col == 0 else [""] * len(shapes), fontsize=8)
+            ax.set_title(f"{drafter}: {label}", fontsize=10)
+            if col == len(drafters) - 1:
+                fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_acceptance(rows: pd.DataFrame, title: str, path: Path) -> None:
+    """Per-position acceptance curves: one panel per drafter, one line per shape x quant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from matplotlib.ticker import MaxNLocator
+
+    drafters = sorted(rows.drafter.unique())
+    shapes = sorted(rows["shape"].unique())
+    quants = list(rows.sort_values("bits", ascending=False).drop_duplicates("quant").quant)
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, len(drafters), figsize=(4.2 * len(drafters), 3.4), squeeze=False,
+                             sharey=True, constrained_layout=True)
+    for ax, drafter in zip(axes[0], drafters):
+        part = rows[rows.drafter == drafter]
+        for (shape, quant), entry in part.groupby(["shape", "quant"], sort=True):
+            curve = acceptance_curve(entry)
+            if curve:  # colour = shape, line style = quantization
+                ax.plot(range(1, len(curve) + 1), curve, marker="o", color=f"C{shapes.index(shape)}",
+                        linestyle=styles[quants.index(quant) % len(styles)], label=f"{shape} {quant}")
+        ax.set_title(drafter, fontsize=10)
+        ax.set_xlabel("draft depth")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0, 0].set_ylabel("P(accepted path reaches depth | draft did)")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = 2000,
+                      seed: int = 0) -> tuple[str, Path]:
+    """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
+    the PNGs into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
+    rows = load_rows(results)
+    table = build_table(rows, n_boot=n_boot, seed=seed)
+    out_dir = Path(out) if out is not None else Path(results) / "leaderboard"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(table)
+    _atomic_text(out_dir / "leaderboard.md", markdown + "\n")
+    _atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
+    for keys, part in rows.groupby(SETTING, sort=True, dropna=False):
+        setting = dict(zip(SETTING, keys))
+        name, slug = board_name(setting), board_slug(setting)
+        overall = table[(table.board == name) & (table.category == "overall")]
+        plot_heatmap(overall, name, out_dir / f"heatmap_{slug}.png")
+        plot_acceptance(part, name, out_dir / f"acceptance_{slug}.png")
+    return markdown, out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="a results store directory (results.dir of the runs)")
+    parser.add_argument("--out", help="output directory (default RESULTS/leaderboard)")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (0 = no intervals)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    args = parser.parse_args(argv)
+    markdown, out_dir = write_leaderboard(args.results, args.out, n_boot=args.bootstrap, seed=args.seed)
+    print(markdown)
+    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
+    return 0

@@ -1,0 +1,248 @@
+"""Hydra entry point: compose a cell's config, skip it if stored, else measure it and store it.
+
+    python -m experiments.run drafter=eagle shape=dynamic32 quant=rtn4          # one cell
+    python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
+
+Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
+cell id), the per-process cache of loaded targets shared by the cells of one multirun, the cell's
+metadata (resolved config, git commit, hardware, library versions) and the progress bar over cells.
+Never branches on a drafter or quantization name: they are handed to `specdec.drafters.build` and
+`specdec.load_target` as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+import specdec
+from experiments.cell import run_cell
+from experiments.config import ExperimentConfig, check_keys, register_configs
+from experiments.questions import digest, load_questions
+from experiments.store import ResultsStore
+
+log = logging.getLogger(__name__)
+register_configs()
+
+_TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
+_DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
+LIBRARIES = ["specdec", "torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "tqdm"]
+
+
+# ---- identity -------------------------------------------------------------------------------------
+
+
+def cell_key(cfg: ExperimentConfig, questions_digest: str) -> dict[str, Any]:
+    """Everything that changes a cell's numbers; two configs with equal keys are the same cell."""
+    return {
+        "model": {"name": cfg.model.name, "device": cfg.model.device, "dtype": cfg.model.dtype},
+        "quant": cfg.quant.spec,
+        "drafter": {"name": cfg.drafter.name, "options": dict(cfg.drafter.options)},
+        "shape": str(specdec.parse_shape(cfg.shape.spec)),
+        "sampling": {k: getattr(cfg.sampling, k) for k in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")},
+        "dataset": {"source": cfg.dataset.source, "questions": questions_digest},
+    }
+
+
+def _slug(text: str) -> str:
+    """`dynamic(top_k=8,depth=6,budget=32)` -> `dynamictopk8-depth6-budget32`."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "", text.replace("=", "").replace(",", "-")) or "x"
+
+
+def cell_id(key: dict[str, Any]) -> str:
+    """Readable prefix + hash of the key, e.g. `tiny-llama__ngram__chain4__none__T0__1a2b3c4d5e`."""
+    digest_ = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    parts = [_slug(Path(key["model"]["name"]).name), _slug(key["drafter"]["name"]), _slug(key["shape"]), _slug(key["quant"]),
+             f"T{key['sampling']['temperature']:g}", digest_]
+    return "__".join(parts)
+
+
+# ---- provenance -----------------------------------------------------------------------------------
+
+
+def git_state() -> dict[str, Any]:
+    """Commit and dirtiness of the checkout this code runs from (None + the reason when unknown)."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as err:
+        return {"commit": None, "dirty": None, "error": f"{type(err).__name__}: {err}"}
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def hardware() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    if Path("/proc/cpuinfo").exists():
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# ---- the cell -------------------------------------------------------------------------------------
+
+
+def _target_key(cfg: ExperimentConfig) -> tuple:
+    return (cfg.model.name, cfg.model.device, cfg.model.dtype, cfg.quant.spec)
+
+
+def load_cached_target(cfg: ExperimentConfig) -> specdec.Target:
+    """The cell's target, loaded once per (model, device, dtype, quant) per process (LRU of
+    `runner.target_cache_size`; evicting a target drops the drafters built for it)."""
+    key = _target_key(cfg)
+    if key in _TARGETS:
+        _TARGETS.move_to_end(key)
+        return _TARGETS[key]
+    while len(_TARGETS) >= max(1, cfg.runner.target_cache_size):
+        evicted, _ = _TARGETS.popitem(last=False)
+        for drafter_key in [k for k in _DRAFTERS if k[0] == evicted]:
+            del _DRAFTERS[drafter_key]
+    log.info("loading target %s (quant=%s)", cfg.model.name, cfg.quant.spec)
+    _TARGETS[key] = specdec.load_target(cfg.model.name, device=cfg.model.device, dtype=cfg.model.dtype,
+                                        quant=cfg.quant.spec)
+    return _TARGETS[key]
+
+
+def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target) -> specdec.drafters.Drafter:
+    """The cell's drafter for `target`, built once per (target, name, options) per process: cells that
+    differ only in shape or sampling share it (`generate` resets a drafter before every generation)."""
+    key = (_target_key(cfg), cfg.drafter.name, json.dumps(cfg.drafter.options, sort_keys=True, default=str))
+    if key not in _DRAFTERS:
+        _DRAFTERS[key] = specdec.drafters.build(cfg.drafter.name, target=target, **cfg.drafter.options)
+    return _DRAFTERS[key]
+
+
+def run_experiment(cfg: DictConfig) -> str | None:
+    """Run one cell (skipping it when the store has it). Returns the cell id, or None if skipped."""
+    check_keys(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    exp: ExperimentConfig = OmegaConf.to_object(cfg)
+    if exp.drafter.name not in specdec.drafters.names():
+        raise KeyError(f"drafter {exp.drafter.name!r} (from drafter={exp.drafter.name}) is not registered; "
+                       f"registered drafters: {', '.join(specdec.drafters.names())}")
+    store = ResultsStore(exp.results.dir)
+    questions = load_questions(exp.dataset)
+    key = cell_key(exp, digest(questions))
+    cid = cell_id(key)
+    if store.has(cid):
+        log.info("cell %s is already stored: skipped", cid)
+        return None
+
+    started = time.time()
+    target = load_cached_target(exp)
+    drafter = build_cached_drafter(exp, target)
+    turns = sum(len(q.turns) for q in questions)
+    with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {exp.quant.spec}", unit="turn",
+              leave=False, disable=not exp.runner.progress, position=1) as bar:
+        rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=key["sampling"],
+                        warmup_tokens=exp.runner.warmup_tokens, on_turn=bar.update)
+    labels = {
+        "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
+        "quant": exp.quant.spec, "bits": exp.quant.bits, "dataset": exp.dataset.source,
+        **{k: v for k, v in key["sampling"].items() if k != "seed"},
+    }
+    meta = {
+        "key": key,
+        "labels": labels,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None,
+        "git": git_state(),
+        "hardware": hardware(),
+        "versions": versions(),
+        "target_info": target.info,
+        "questions": [q.question_id for q in questions],
+        "started_unix": started,
+        "wall_time_s": time.time() - started,
+    }
+    path = store.write_cell(cid, meta, [{**labels, **row} for row in rows])
+    log.info("stored %s", path)
+    return cid
+
+
+class CellProgress(Callback):
+    """A progress bar over the cells of a multirun (exact with the basic launcher, which runs every
+    cell in this process), and the store check before the first cell."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+        self.failed: list[str] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        ResultsStore(config.results.dir)  # an incompatible store fails here, before any cell runs
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+        self.bar = tqdm(total=total, desc="cells", unit="cell", position=0,
+                        disable=not config.runner.progress)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value  # the exception; `return_value` would raise it
+            self.failed.append(f"{' '.join(job_return.overrides or [])}: {type(error).__name__}: {error}")
+            log.error("cell failed: %s", self.failed[-1])
+        if self.bar is not None:
+            self.bar.update()
+            if self.bar.n == self.bar.total:  # the last cell: the sweeper raises after it if any failed
+                self._finish()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+            if self.failed:
+                log.error("%d cell(s) failed, the others are stored:\n  %s", len(self.failed), "\n  ".join(self.failed))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run_experiment(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Latency curve, top-1 agreement and KL of every quantization backend available here.
+
+    python scripts/bench_quant.py                                  # the embedded target, all default specs
+    python scripts/bench_quant.py --specs bf16,torchao_int4,rtn4 --repeats 3
+    python scripts/bench_quant.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
+
+For each spec: a quantized copy of the target, then `specdec.quant.quant_report` against the
+unquantized target (timed interleaved with it in the same run). Specs whose backend cannot run here
+are listed as unavailable, and specs this model's layer widths do not allow as invalid, each with
+the reason. Prints a human card first and one JSON object as the very last line.
+Timing runs must not overlap with other heavy work on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import json
+import platform
+import sys
+import time
+
+import torch
+
+import specdec
+from specdec import quant
+
+DEFAULT_SPECS = (
+    "none", "bf16", "fp16", "rtn8", "rtn6", "rtn4", "rtn4_g64", "rtn4_sym", "rtn3", "rtn2",
+    "torchao_int4", "torchao_int4_g64", "torchao_int8", "dynamic_int8", "dynamic_fp16",
+    "bnb_int8", "bnb_nf4", "bnb_fp4", "hqq8", "hqq4", "hqq4_g64", "hqq3", "hqq2", "gptq4",
+)
+LIBRARIES = ("torch", "transformers", "torchao", "bitsandbytes", "hqq", "gptqmodel")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _row(spec: str, result: dict, widths: list[int]) -> str:
+    if result["status"] != "ok":
+        return f"| {spec} | {result['status']}: {result['reason']} |"
+    q = result["report"]["quant"]
+    bits_q = q["nominal_bits_per_quantized_weight"] or q["bits_per_quantized_weight"]
+    cells = [result["report"]["quantized"].split("@")[-1], f"{bits_q:.2f}" if bits_q else "-",
+             f"{q['bits_per_param']:.2f}", f"{result['report']['top1_agreement']:.3f}",
+             f"{result['report']['mean_kl']:.3g}"]
+    latency = result["report"].get("latency")
+    if latency:
+        for ratios in latency["ratio"]:
+            cells += [f"{r:.2f}" for r in ratios]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m", help="a specdec.load_target name or path")
+    parser.add_argument("--specs", default=",".join(DEFAULT_SPECS), help="comma-separated quantization specs")
+    parser.add_argument("--widths", type=_ints, default=quant.ReportConfig.widths, help="tokens per forward: 1,2,4")
+    parser.add_argument("--contexts", type=_ints, default=quant.ReportConfig.contexts, help="cached context lengths")
+    parser.add_argument("--repeats", type=int, default=quant.ReportConfig.repeats, help="timed forwards per cell")
+    parser.add_argument("--eval-tokens", type=int, default=quant.ReportConfig.eval_tokens)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    config = quant.ReportConfig(widths=args.widths, contexts=args.contexts, repeats=args.repeats,
+                                eval_tokens=args.eval_tokens)
+    reference = specdec.load_target(args.target)
+    specs = [s for s in args.specs.split(",") if s]
+    results: dict[str, dict] = {}
+    start = time.time()
+    for spec in specs:
+        available = quant.availability(spec, reference.device)
+        if not available.ok:
+            results[spec] = {"status": "unavailable", "reason": available.reason}
+            continue
+        try:
+            quantized = quant.quantized_copy(reference, spec)
+        except quant.QuantSpecError as err:  # e.g. a group size this model's widths do not allow
+            results[spec] = {"status": "invalid", "reason": str(err)}
+            continue
+        results[spec] = {"status": "ok", "report": quant.quant_report(reference, quantized, config)}
+        del quantized
+        gc.collect()
+        print(f"# {spec}: done ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
+
+    header = ["spec", "bits/qweight", "bits/param", "top-1", "KL"] + [
+        f"@{w} c{c}" for c in config.contexts for w in config.widths]
+    print(f"Quantization backends on {args.target} ({platform.machine()}, {args.threads} thread(s), "
+          f"{torch.get_num_threads()} used): forward time as a ratio to the unquantized target timed "
+          f"interleaved in the same run (< 1 = faster), for @N new tokens after c cached tokens; top-1 "
+          f"agreement and mean KL(unquantized || quantized) on {config.eval_tokens} tokens of the fixed "
+          f"eval text. bits/qweight: bits per quantized linear weight incl. scales (nominal if stored "
+          f"dequantized); bits/param: measured bytes of the whole model per parameter.")
+    confounds = next((r["report"]["confounds"] for r in results.values() if r["status"] == "ok"), [])
+    for note in confounds:
+        print(f"Confound: {note}.")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for spec in specs:
+        print(_row(spec, results[spec], list(config.widths)))
+    ms = next((r["report"]["latency"]["reference_ms"] for r in results.values()
+               if r["status"] == "ok" and "latency" in r["report"]), None)
+    if ms:
+        for context, row in zip(config.contexts, ms):
+            print(f"Unquantized forward ms after {context} cached tokens (last spec's run): "
+                  + ", ".join(f"@{w} {t:.1f}" for w, t in zip(config.widths, row)))
+    print(json.dumps({
+        "target": args.target, "threads": args.threads, "config": {**vars(args), "widths": list(args.widths),
+                                                                  "contexts": list(args.contexts)},
+        "versions": {name: _version(name) for name in LIBRARIES}, "wall_s": round(time.time() - start, 1),
+        "results": results,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Leaderboard of a results store: `python scripts/leaderboard.py RESULTS [--out DIR]`.
+
+A thin command-line wrapper; the aggregation and plots live in `experiments.leaderboard`.
+"""
+
+import sys
+
+from experiments.leaderboard import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""EAGLE drafting: a one-layer head over the target's own features drafts in any shape.
+
+Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleHead`
+(specdec/drafters/eagle_head.py) with its own KV cache over *pairs*: pair i is (feature at position
+i, embedding of token i+1), so a prompt of L committed tokens gives L-1 pairs, whose features are
+the target's final hidden states (`DraftRequest.target_hidden`). The head's output at the last pair
+predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
+Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
+and each expanded level is one tree forward of the head (`specdec.models.tree_attention`).
+
+Rollback (`refresh=True`, EAGLE's recipe and the default): the head's entries for draft nodes were
+computed from *predicted* features, so all are dropped and the accepted tokens are re-run at the next
+`propose` with the target's true features. `refresh=False` keeps the accepted path's entries instead
+(keep-path rollback, matched by token as in ModelDrafter): one pair per step instead of k+1, at the
+price of stale features in the head's context.
+
+Draft vocabulary: `draft_vocab=N` scores only the N most frequent tokens of the head's training
+data (EAGLE-3), returning -inf elsewhere (grow_tree takes full-vocabulary logits). Knows nothing
+about verification; the target's lm_head and embedding are shared, never copied or trained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.cache import KVCache
+from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.drafters.eagle_head import EagleHead, HeadConfig
+from specdec.models import Target, tree_attention
+from specdec.shapes import grow_tree
+
+HEADS_DIR = Path(__file__).parent / "heads"
+"""Shipped heads: `<target name>.safetensors` + `<target name>.json`."""
+
+
+class EagleDrafter:
+    """Drafts with an EAGLE head over `target`'s features (see the module docstring)."""
+
+    needs_target_hidden = True
+
+    def __init__(self, head: EagleHead, *, target: Target, draft_vocab: int | None = None,
+                 refresh: bool = True, name: str = "eagle") -> None:
+        head.config.check_target(target)
+        self.name = name
+        self.refresh = refresh
+        self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.embed = target.base.get_input_embeddings()
+        self.lm_weight = target.lm_head.weight  # [V, H]
+        self.softcap = target.softcap
+        self.vocab_size = target.vocab_size
+        self.vocab = None  # [N] target ids scored by the draft, None = all
+        if draft_vocab is not None:
+            stored = int(head.draft_vocab.numel())
+            if not isinstance(draft_vocab, int) or draft_vocab < 1:
+                raise ValueError(f"draft_vocab must be an integer >= 1 (or None = full vocabulary), got {draft_vocab!r}")
+            if draft_vocab > target.vocab_size:
+                raise ValueError(f"draft vocabulary of {draft_vocab} tokens is larger than target "
+                                 f"{target.name!r}'s vocabulary of {target.vocab_size}")
+            if draft_vocab > stored:
+                raise ValueError(f"draft_vocab={draft_vocab} but the head ranks only {stored} tokens; "
+                                 f"use draft_vocab <= {stored} or None (full vocabulary)")
+            self.vocab = head.draft_vocab[:draft_vocab].to(target.device)
+            self.vocab_weight = self.lm_weight[self.vocab].detach()  # [N, H]
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = KVCache()
+        self.consumed = 0  # pairs whose KV is in self.cache (pair i = feature i + token i+1)
+        self.block_tokens: list[int] = []  # draft nodes run this step, in cache order after `consumed`
+        self.block_parents: list[int] = []  # their parents as block indices (-1 = root)
+        self.block_features: list[torch.Tensor] = []  # [B, 1, H] predicted feature per block entry
+        self.slot: dict[int, int] = {}  # draft node id -> block index
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits [B, n, V] (float32) of predicted features [B, n, H]; -inf outside
+        the draft vocabulary."""
+        if self.vocab is None:
+            logits = F.linear(features.to(self.lm_weight.dtype), self.lm_weight)
+        else:
+            sub = F.linear(features.to(self.vocab_weight.dtype), self.vocab_weight)  # [B, n, N]
+            logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+            logits[..., self.vocab] = sub
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float()
+
+    def _run(self, features: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
+        """Append n pairs (features [B, n, H], tokens [B, n]) to the head's cache; predicted features [B, n, H]."""
+        positions, mask = tree_attention(parents, tokens.shape[1], self.cache.length, self.head.fc.weight.dtype)
+        embeds = self.embed(tokens.to(self.lm_weight.device))  # [B, n, H]
+        return self.head(features, embeds, positions, mask, self.cache.hf)
+
+    def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
+        feats = []
+        for node, tok, parent in zip(node_ids, tokens[0].tolist(), parent_ids):
+            slot = self.slot[parent] if parent >= 0 else -1
+            feats.append(self.root_feature if slot < 0 else self.block_features[slot])
+            self.slot[node] = len(self.block_tokens)
+            self.block_tokens.append(tok)
+            self.block_parents.append(slot)
+        predicted = self._run(torch.cat(feats, 1), tokens, torch.tensor(self.block_parents))  # [B, n, H]
+        self.block_features.extend(predicted.split(1, dim=1))
+        return self._logits(predicted)
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> Draft:
+        ids = request.token_ids  # [B, L]
+        if ids.shape[0] != 1:
+            raise NotImplementedError(f"the EAGLE drafter supports batch size 1 only, got {ids.shape[0]}")
+        pairs = ids.shape[1] - 1
+        if pairs == 0:  # a one-token prompt: no target feature exists yet, so nothing to draft from
+            return Draft.empty(device=ids.device)
+        if request.target_hidden is None or request.target_hidden.shape[1] != pairs:
+            got = None if request.target_hidden is None else tuple(request.target_hidden.shape)
+            raise ValueError(f"EAGLE needs target_hidden [B, L-1={pairs}, H] for {pairs + 1} committed tokens, got {got}")
+        features = request.target_hidden[:, self.consumed:]  # [B, n, H] pairs not yet in the cache
+        tokens = ids[:, self.consumed + 1:]  # [B, n] the token after each of those features
+        predicted = self._run(features, tokens, None)
+        self.consumed = pairs
+        self.root_feature = predicted[:, -1:]  # [B, 1, H] predicted feature of the root
+        self.block_tokens, self.block_parents, self.block_features, self.slot = [], [], [], {}
+        return grow_tree(request.shape, self._logits(self.root_feature)[:, -1], self._score,
+                         request.sampling, request.generator, request.max_depth)
+
+    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+        kept: list[int] = []
+        if not self.refresh:
+            # Walk the accepted tokens through the nodes this drafter ran (matched by token: the
+            # draft may have been re-indexed after growing) and keep exactly those cache entries.
+            parent = -1
+            for tok in (int(draft.tokens[0, i]) for i in acceptance.path):
+                slot = next((s for s, (t, p) in enumerate(zip(self.block_tokens, self.block_parents))
+                             if t == tok and p == parent), None)
+                if slot is None:
+                    break
+                kept.append(slot)
+                parent = slot
+        self.cache.keep(self.consumed, kept)
+        self.consumed += len(kept)
+
+
+def shipped_head_path(target: Target) -> Path:
+    """The shipped head for `target` (by name); FileNotFoundError naming the shipped ones if none."""
+    path = HEADS_DIR / f"{target.name}.safetensors"
+    if not path.exists():
+        shipped = sorted(p.stem for p in HEADS_DIR.glob("*.safetensors"))
+        raise FileNotFoundError(
+            f"no EAGLE head ships for target {target.name!r} (shipped: {', '.join(shipped) or 'none'}); "
+            "train one with scripts/train_eagle.py and pass head=PATH, or head='random' for an untrained head"
+        )
+    return path
+
+
+def random_head(target: Target, seed: int = 0) -> EagleHead:
+    """An untrained head for `target` (for tests), its draft vocabulary ranked by token id."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = EagleHead(HeadConfig.for_target(target, draft_vocab_size=target.vocab_size),
+                         draft_vocab=torch.arange(target.vocab_size))
+    return head
+
+
+@register("eagle")
+def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None, draft_vocab: int | None = None,
+                refresh: bool = True) -> EagleDrafter:
+    """EAGLE drafter. head: None = the head shipped for this target, a path to a `.safetensors`
+    head (with its `.json`), 'random' = untrained, or an EagleHead. draft_vocab: score only the N
+    most frequent training tokens (None = full vocabulary). refresh: see the module docstring."""
+    if head is None:
+        head = EagleHead.load(shipped_head_path(target))
+    elif isinstance(head, str) and head == "random":
+        head = random_head(target)
+    elif isinstance(head, (str, Path)):
+        head = EagleHead.load(head)
+    elif not isinstance(head, EagleHead):
+        raise TypeError(f"head must be None, a path, 'random' or an EagleHead, got {type(head).__name__}")
+    return EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh)
+
+
+build_eagle.test_options = {"head": "random"}

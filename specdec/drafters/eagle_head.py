@@ -1,0 +1,183 @@
+"""The EAGLE head: a one-layer autoregressive model over a target's features, and its file format.
+
+Owns `EagleHead` (the trainable nn.Module), `HeadConfig` (what a head was built for), the draft
+vocabulary (target token ids ranked by frequency in the training data, as EAGLE-3 does) and
+saving/loading a head as safetensors + a small JSON config. It does NOT own the target's embedding
+or lm_head: those stay the target's (frozen, shared) and are passed in by the caller, so a head file
+holds only the projection, one decoder layer and a norm (~4 M parameters for SmolLM2-135M).
+
+At position i the head reads the target's final hidden state h_i (the lm_head input) and the
+embedding of token t_{i+1}, and predicts h_{i+1}; the target's lm_head turns that into a guess of
+t_{i+2}:
+
+    x_i = fc(concat(embed(t_{i+1}), h_i))        # [B, n, 2H] -> [B, n, H]
+    f_i = norm(decoder_layer(x_i))               # predicted feature ~ h_{i+1}
+    logits_i = lm_head(f_i)                      # next-token logits after t_{i+1}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What an EAGLE head was built for, and its layer geometry (saved as `<name>.json`)."""
+
+    target_name: str
+    """Name of the target whose features the head reads (e.g. 'smollm2-135m')."""
+    hidden_size: int
+    """Target hidden size H (width of features, embeddings and the head)."""
+    vocab_size: int
+    """Target vocabulary size V (the lm_head the head is scored with)."""
+    num_attention_heads: int
+    """Query heads of the head's decoder layer."""
+    num_key_value_heads: int
+    """Key/value heads of the head's decoder layer."""
+    head_dim: int
+    """Per-head width of the head's decoder layer."""
+    intermediate_size: int
+    """MLP width of the head's decoder layer."""
+    rms_norm_eps: float = 1e-5
+    """Epsilon of the head's RMS norms."""
+    rope_theta: float = 10000.0
+    """RoPE base of the head's attention."""
+    draft_vocab_size: int = 0
+    """Length of the stored frequency-ranked draft vocabulary (0 = none stored)."""
+    format_version: int = FORMAT_VERSION
+    """Version of this file format."""
+
+    @staticmethod
+    def for_target(target, draft_vocab_size: int = 0) -> HeadConfig:
+        """The geometry of a head for `target` (a specdec Target): the shape of one of its layers."""
+        cfg = target.model.config.get_text_config()
+        heads = cfg.num_attention_heads
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        return HeadConfig(
+            target_name=target.name,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or target.hidden_size // heads,
+            intermediate_size=cfg.intermediate_size,
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-5)),
+            rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))),
+            draft_vocab_size=draft_vocab_size,
+        )
+
+    def check_target(self, target) -> None:
+        """Raise ValueError naming every mismatch between this head and `target`."""
+        problems = []
+        if self.hidden_size != target.hidden_size:
+            problems.append(f"hidden size {self.hidden_size} (target has {target.hidden_size})")
+        if self.vocab_size != target.vocab_size:
+            problems.append(f"vocabulary {self.vocab_size} (target has {target.vocab_size})")
+        if problems:
+            raise ValueError(
+                f"EAGLE head trained for {self.target_name!r} does not fit target {target.name!r}: "
+                + "; ".join(problems) + ". Train a head for this target with scripts/train_eagle.py."
+            )
+
+    def llama_config(self) -> LlamaConfig:
+        config = LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+        )
+        config._attn_implementation = "sdpa"
+        return config
+
+
+class EagleHead(nn.Module):
+    """fc(2H -> H) + one Llama decoder layer + RMS norm. Holds no embedding and no lm_head."""
+
+    def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = config
+        llama = config.llama_config()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        self.layer = LlamaDecoderLayer(llama, layer_idx=0)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(llama)
+        vocab = torch.empty(0, dtype=torch.long) if draft_vocab is None else draft_vocab.long()
+        self.register_buffer("draft_vocab", vocab, persistent=False)  # [N] target ids, most frequent first
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, n, H] target (or predicted) feature at the previous position
+        token_embeds: torch.Tensor,  # [B, n, H] target embedding of the token at each position
+        positions: torch.Tensor,  # [n] long
+        mask: torch.Tensor | None,  # [n, past + n] additive, None = plain causal (training)
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
+        """Predicted features [B, n, H] (inputs of the target's lm_head)."""
+        x = self.fc(torch.cat([token_embeds, features], -1).to(self.fc.weight.dtype))
+        position_ids = positions[None].to(x.device)  # [B, n]
+        cos_sin = self.rotary(x, position_ids)
+        if mask is None:
+            n = x.shape[1]
+            causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
+        x = self.layer(
+            x,
+            attention_mask=mask[None, None].to(device=x.device, dtype=x.dtype),  # [B, 1, n, past + n]
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=cos_sin,
+        )
+        return self.norm(x)
+
+    # ---- files ---------------------------------------------------------------------------------
+    def save(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write `<path>.safetensors` (weights in `dtype`, plus the draft vocabulary) and `<path>.json`."""
+        path = Path(path).with_suffix("")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        tensors["draft_vocab"] = self.draft_vocab.cpu().contiguous()
+        save_file(tensors, str(path.with_suffix(".safetensors")), metadata={"format": "specdec-eagle"})
+        config = {**asdict(self.config), "draft_vocab_size": int(self.draft_vocab.numel())}
+        path.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
+        return path.with_suffix(".safetensors")
+
+    @staticmethod
+    def load(path: str | Path, dtype: torch.dtype = torch.float32) -> EagleHead:
+        """Load a head written by `save` (safetensors only); weights cast to `dtype`."""
+        path = Path(path)
+        weights, meta = path.with_suffix(".safetensors"), path.with_suffix(".json")
+        for f in (weights, meta):
+            if not f.exists():
+                raise FileNotFoundError(f"EAGLE head file {f} is missing (a head is a .safetensors + .json pair)")
+        raw = json.loads(meta.read_text())
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{meta}: format_version {raw.get('format_version')!r}, this specdec reads {FORMAT_VERSION}")
+        config = HeadConfig(**raw)
+        tensors = load_file(str(weights))
+        vocab = tensors.pop("draft_vocab")
+        head = EagleHead(config, draft_vocab=vocab)
+        head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
+        return head.to(dtype).eval()
+
+
+def rank_vocabulary(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Target ids that occur in `token_ids`, most frequent first (ties: lower id first). [N] long."""
+    counts = torch.bincount(token_ids.flatten().long(), minlength=vocab_size)  # [V]
+    order = torch.argsort(-counts, stable=True)
+    return order[: int((counts > 0).sum())]

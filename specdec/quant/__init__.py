@@ -1,0 +1,38 @@
+"""Quantized targets: a registry of quantization backends selected by one spec string.
+
+    target = specdec.load_target("smollm2-135m", quant="rtn3_g64")      # or quantize_target(t, spec)
+    draft = specdec.quant.quantized_copy(target, "torchao_int4")          # original left untouched
+    specdec.quant.availability("bnb_nf4", "cpu")                          # ok + reasons
+    report = specdec.quant.quant_report(target, draft)                    # agreement, KL, latency curve
+
+Backends (see `names()`; each declares bits, group sizes, devices, library and pip extra):
+`none`, `bf16`, `fp16`, `rtn<2..8>[_g<N>|_pc][_sym]` (the project's own round-to-nearest, stored
+dequantized), `torchao_int4[_g<N>]`, `torchao_int8`, `dynamic_int8`, `dynamic_fp16`, `bnb_int8`,
+`bnb_nf4[_g<N>]`, `bnb_fp4[_g<N>]`, `hqq<1|2|3|4|8>[_g<N>]`, `gptq<2|3|4|8>[_g<N>|_pc][_asym]`.
+The default group size is 32 (`DEFAULT_GROUP_SIZE`). Importing this package imports every backend
+module, so each registers itself; optional libraries are imported only when a backend is applied
+or its availability is checked.
+"""
+
+import importlib
+import pkgutil
+
+from specdec.quant.layers import quantizable_linears, weight_bytes
+from specdec.quant.quantize import quantize_target, quantized_copy
+from specdec.quant.registry import (
+    DEFAULT_GROUP_SIZE, Availability, Backend, BackendUnavailableError, QuantSpec, QuantSpecError, availability,
+    example_specs, get, names, parse_spec,
+)
+from specdec.quant.report import ReportConfig, quant_report
+from specdec.quant.rtn import rtn_quantize
+
+_FRAMEWORK = {"layers", "quantize", "registry", "report", "texts"}
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in _FRAMEWORK:
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = [
+    "DEFAULT_GROUP_SIZE", "Availability", "Backend", "BackendUnavailableError", "QuantSpec", "QuantSpecError",
+    "ReportConfig", "availability", "example_specs", "get", "names", "parse_spec", "quant_report",
+    "quantizable_linears", "quantize_target", "quantized_copy", "rtn_quantize", "weight_bytes",
+]

@@ -1,0 +1,76 @@
+"""Quantizing a Target: the entry points the core and the drafters call.
+
+Owns `quantize_target` (quantize a target's model in place and return the quantized Target, with
+the spec and a weight report in `info["quant"]`) and `quantized_copy` (the same on a deep copy, the
+original left untouched: a low-bit self-draft). Checks, in order, that the spec parses, that its
+backend can run on the target's device with the libraries installed here, and that its group size
+divides every quantized layer; then applies the backend. Never substitutes another backend.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from specdec.models import Target
+from specdec.quant.layers import check_group_size, quantizable_linears, weight_bytes
+from specdec.quant.registry import BackendUnavailableError, QuantSpec, QuantSpecError, availability, get, parse_spec
+from specdec.quant.texts import calibration_description
+
+
+def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
+    """Quantize `target` by `spec` (e.g. "rtn4_g32", "torchao_int4", "bnb_nf4") and return it.
+
+    The given target's model is modified in place (the returned Target wraps it): do not use the
+    given Target afterwards. For a quantized copy that leaves the original usable, see
+    `quantized_copy`. Raises `QuantSpecError` (a ValueError) for a spec the backend does not support
+    (bits, group size, options, or a group size that does not divide a layer's width) and
+    `BackendUnavailableError` when the backend cannot run here (library missing: the message names
+    the pip extra; device unsupported).
+    """
+    spec = parse_spec(spec)
+    b = get(spec.backend)
+    available = availability(spec, target.device)
+    if not available.ok:
+        raise BackendUnavailableError(f"cannot quantize {target.name!r} with {spec.text!r}: {available.reason}")
+    previous = target.info.get("quant", {}).get("spec", "none")
+    if previous != "none":
+        raise QuantSpecError(f"{target.name!r} is already quantized ({previous}); quantize the unquantized model "
+                             f"instead (e.g. quantized_copy of the original target)")
+    model = target.model
+    if b.dtypes is not None and target.dtype not in b.dtypes:
+        raise QuantSpecError(f"{spec.text}: backend {b.name!r} quantizes models in {[str(d) for d in b.dtypes]}, "
+                             f"but {target.name!r} is {target.dtype}; load it in one of those dtypes")
+    check_group_size(model, spec)
+    layers = [] if b.name == "none" else quantizable_linears(model)
+    params = sum(p.numel() for p in model.parameters())  # before packing changes numel
+    quantized_params = sum(model.get_submodule(n).weight.numel() for n in layers)
+    bytes_before = weight_bytes(model)
+    model = b.apply(model, spec, target.tokenizer) if b.calibrated else b.apply(model, spec)
+    layer_bytes = sum(weight_bytes(model.get_submodule(n)) for n in layers)
+    info: dict[str, Any] = {
+        "spec": spec.text,
+        "backend": b.name,
+        "description": b.description,
+        "bits": spec.bits,
+        "group_size": spec.group_size,
+        "symmetric": spec.symmetric,
+        "packed": b.packed,
+        "layers_quantized": len(layers),
+        "params": params,
+        "quantized_params": quantized_params,
+        "weight_bytes_before": bytes_before,
+        "weight_bytes": weight_bytes(model),
+        "bits_per_param": 8 * weight_bytes(model) / params,
+        "bits_per_quantized_weight": 8 * layer_bytes / quantized_params if quantized_params else None,
+        "nominal_bits_per_quantized_weight": b.nominal_bits(spec) if b.nominal_bits else None,
+        "calibration": calibration_description() if b.calibrated else None,
+    }
+    return Target(model, target.tokenizer, name=f"{target.name}@{spec.text}",
+                  info={**target.info, "quant": info})
+
+
+def quantized_copy(target: Target, spec: str | QuantSpec) -> Target:
+    """A quantized deep copy of `target`; `target` itself is not modified."""
+    clone = Target(copy.deepcopy(target.model), target.tokenizer, name=target.name, info=dict(target.info))
+    return quantize_target(clone, spec)

@@ -1,0 +1,82 @@
+"""The project's own round-to-nearest (RTN) fake quantization, and the dtype casts.
+
+Owns `rtn_quantize` (a pure function: weight -> group-wise quantized-then-dequantized weight) and
+the backends `rtn` (2..8 bits, group size or per-channel, symmetric or asymmetric), `none`, `bf16`
+and `fp16`. RTN weights are stored dequantized in the model's dtype, so RTN changes numerics (and
+therefore acceptance) but not speed: the hardware-independent half of the grid. Needs only torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdec.quant.layers import quantizable_linears
+from specdec.quant.registry import QuantSpec, backend
+
+
+def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None, symmetric: bool) -> torch.Tensor:
+    """Round-to-nearest quantize `weight` [O, I] group-wise along I and return it dequantized.
+
+    Each row is cut into groups of `group_size` consecutive input weights (None: the whole row, i.e.
+    per output channel). Asymmetric: q = round((w - min) / s) in 0..2^b - 1 with s = (max - min) /
+    (2^b - 1), w' = min + q s (the min is a float offset, as in GGUF Q4_1; each group's min and max are
+    reproduced exactly). Symmetric: q = round(w / s) in -2^(b-1)..2^(b-1) - 1 with s = max|w| /
+    (2^(b-1) - 1), w' = q s (zero is exact; the most negative level goes unused).
+    Example: bits=2, asymmetric, group [0.0, 0.1, 0.5, 0.9] -> s = 0.3, q = [0, 0, 2, 3] ->
+    [0.0, 0.0, 0.6, 0.9]. Computed in float32 (float64 for float64 weights); returned in weight's dtype.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"rtn_quantize expects a 2-D weight [out, in], got shape {tuple(weight.shape)}")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"rtn_quantize supports 2..8 bits, got {bits}")
+    out_features, in_features = weight.shape
+    group = in_features if group_size is None else group_size
+    if group < 1 or in_features % group:
+        raise ValueError(f"group size {group_size} does not divide the input width {in_features}")
+    compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    w = weight.detach().to(compute).reshape(out_features, in_features // group, group)  # [O, G, g]
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        scale = w.abs().amax(-1, keepdim=True) / qmax  # [O, G, 1]
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        deq = torch.clamp(torch.round(w / scale), -qmax - 1, qmax) * scale
+    else:
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [O, G, 1]
+        scale = (hi - lo) / (2**bits - 1)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        deq = lo + torch.clamp(torch.round((w - lo) / scale), 0, 2**bits - 1) * scale
+    return deq.reshape(out_features, in_features).to(weight.dtype)
+
+
+def _rtn_nominal_bits(spec: QuantSpec) -> float:
+    """Bits per weight if packed: b bits plus an fp16 scale (and an fp16 min when asymmetric) per group."""
+    if spec.group_size is None:
+        return float(spec.bits)  # per-row metadata is negligible next to a row of weights
+    return spec.bits + (16 if spec.symmetric else 32) / spec.group_size
+
+
+@backend("rtn", description="round-to-nearest, group-wise, stored dequantized (numerics only, fp speed)",
+         bits=tuple(range(2, 9)), bits_in_name=True, grouped=True, per_channel=True, symmetric_option=True,
+         packed=False, nominal_bits=_rtn_nominal_bits)
+def apply_rtn(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    with torch.no_grad():
+        for name in quantizable_linears(model):
+            linear = model.get_submodule(name)
+            linear.weight.copy_(rtn_quantize(linear.weight, spec.bits, spec.group_size, spec.symmetric))
+    return model
+
+
+@backend("none", description="unquantized (as loaded)", packed=False)
+def apply_none(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    return model
+
+
+@backend("bf16", description="whole model cast to bfloat16 (weights and activations)", bits=(16,))
+def apply_bf16(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    return model.to(torch.bfloat16)
+
+
+@backend("fp16", description="whole model cast to float16 (weights and activations)", bits=(16,))
+def apply_fp16(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    return model.to(torch.float16)

@@ -1,0 +1,155 @@
+"""The EAGLE drafter: valid trees in every shape, greedy identity, sampling exactness, the head's
+cache after rollback, save/load, bad inputs, and training prompts disjoint from the evaluation suite.
+
+Tiny fp64 models use an untrained (random) head; the embedded target uses the shipped head.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec import tree as tree_ops
+from specdec.cache import KVCache
+from specdec.drafters import DraftRequest, build
+from specdec.drafters.eagle import HEADS_DIR, random_head
+from specdec.drafters.eagle_head import EagleHead
+from specdec.drafters.eagle_training import training_prompts
+from specdec.reference import reference_generate
+from specdec.sampling import SamplingConfig
+from specdec.shapes import parse_shape
+
+SHAPES = ["chain(1)", "chain(4)", "tree(1,1,1)", "tree(3,2,1)", "dynamic(top_k=1,depth=1,budget=1)",
+          "dynamic(top_k=4,depth=5,budget=12)"]
+PROMPT = [1, 5, 9, 13, 2, 7, 11, 3]
+EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+
+
+def request_for(target, token_ids, shape, max_depth=16, sampling=SamplingConfig()):
+    hidden = target.prefill(token_ids[:-1], KVCache()).hidden  # [B, L-1, H]
+    return DraftRequest(token_ids=torch.tensor([token_ids]), num_new=len(token_ids), target_hidden=hidden,
+                        shape=parse_shape(shape), sampling=sampling,
+                        generator=torch.Generator().manual_seed(0), max_depth=max_depth)
+
+
+def tree_depth(shape) -> int:
+    shape = parse_shape(shape)
+    return {"ChainShape": lambda s: s.k, "TreeShape": lambda s: len(s.widths),
+            "DynamicShape": lambda s: s.depth}[type(shape).__name__](shape)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("max_depth", [16, 2])
+def test_every_shape_gives_a_valid_tree(tiny, shape, max_depth):
+    drafter = build("eagle", target=tiny, head="random", draft_vocab=20)
+    draft = drafter.propose(request_for(tiny, PROMPT, shape, max_depth=max_depth))
+    parents = tree_ops.as_parents(draft.parents)  # raises unless parents precede children
+    assert 1 <= draft.num_nodes <= parse_shape(shape).max_nodes
+    assert int(tree_ops.depths(parents).max()) <= min(tree_depth(shape), max_depth)
+    allowed = set(drafter.vocab.tolist())
+    assert set(draft.tokens[0].tolist()) <= allowed, "a drafted token lies outside the draft vocabulary"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("options", [{}, {"draft_vocab": 24, "refresh": False}])
+def test_greedy_output_equals_reference(tiny, shape, options):
+    ref = reference_generate(tiny, PROMPT, max_new_tokens=16, stop_on_eos=False)
+    drafter = build("eagle", target=tiny, head="random", **options)
+    out = specdec.generate(tiny, drafter, PROMPT, shape=shape, max_new_tokens=16, stop_on_eos=False)
+    assert out.token_ids == ref
+
+
+def test_head_cache_after_rollback_equals_a_fresh_prefill(tiny):
+    """After several draft/verify/rollback steps (refresh mode) the head's cache and its predicted
+    root feature equal those of a fresh drafter run on the committed tokens at once."""
+    head = random_head(tiny)
+    used = build("eagle", target=tiny, head=head)
+    out = specdec.generate(tiny, used, PROMPT, shape="tree(2,2)", max_new_tokens=12, stop_on_eos=False)
+    committed = PROMPT + out.token_ids
+    used.propose(request_for(tiny, committed, "chain(1)"))
+    fresh = build("eagle", target=tiny, head=head)
+    fresh.propose(request_for(tiny, committed, "chain(1)"))
+    assert used.cache.length == fresh.cache.length == len(committed) - 1
+    for (k1, v1), (k2, v2) in zip(used.cache.tensors(), fresh.cache.tensors()):
+        torch.testing.assert_close(k1, k2)
+        torch.testing.assert_close(v1, v2)
+    torch.testing.assert_close(used.root_feature, fresh.root_feature)
+
+
+# T > 0: Pearson chi-square of the first LENGTH generated tokens against the exact target joint
+# distribution (tests/test_exactness.py's machinery: 3000 samples, cells with expected count < 5
+# pooled, pass when p >= 1e-3), with the EAGLE drafter's point-mass tree drafts.
+@pytest.mark.parametrize("shape", ["tree(2,2)", "dynamic(top_k=2,depth=2,budget=4)"])
+def test_sampling_matches_the_target_distribution(shape):
+    from test_exactness import ALPHA, VOCAB, sample_p_value
+
+    target = specdec.tiny_target("llama", vocab_size=VOCAB, hidden_size=16, dtype=torch.float64, seed=0,
+                                 logit_scale=6.0)
+    drafter = build("eagle", target=target, head="random")
+    p = sample_p_value(target, drafter, shape, SamplingConfig(temperature=1.0))
+    assert p >= ALPHA, f"EAGLE {shape}: chi-square p = {p:.2e} < {ALPHA}"
+
+
+def test_save_load_round_trip_gives_identical_drafts(tiny, tmp_path):
+    head = random_head(tiny)
+    path = head.save(tmp_path / "head", dtype=torch.float32)
+    loaded = EagleHead.load(path)
+    assert json.loads(path.with_suffix(".json").read_text())["vocab_size"] == tiny.vocab_size
+    for shape in ("chain(4)", "dynamic(top_k=3,depth=4,budget=10)"):
+        a = build("eagle", target=tiny, head=head, draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
+        b = build("eagle", target=tiny, head=str(path), draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
+        c = build("eagle", target=tiny, head=loaded, draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
+        for other in (b, c):
+            assert torch.equal(a.tokens, other.tokens) and torch.equal(a.parents, other.parents)
+
+
+def test_bad_inputs_name_what_mismatched(tiny):
+    other_vocab = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=80)
+    with pytest.raises(ValueError, match="vocabulary 64 \\(target has 80\\)"):
+        build("eagle", target=other_vocab, head=random_head(tiny))
+    other_width = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, hidden_size=48)
+    with pytest.raises(ValueError, match="hidden size 32 \\(target has 48\\)"):
+        build("eagle", target=other_width, head=random_head(tiny))
+    with pytest.raises(ValueError, match="larger than target"):
+        build("eagle", target=tiny, head="random", draft_vocab=65)
+    with pytest.raises(ValueError, match="draft_vocab must be an integer >= 1"):
+        build("eagle", target=tiny, head="random", draft_vocab=0)
+    with pytest.raises(FileNotFoundError, match="no EAGLE head ships for target 'tiny-llama'"):
+        build("eagle", target=tiny)
+    for bad, what in [("dynamic(top_k=4,depth=4,budget=0)", "budget"), ("dynamic(top_k=4,depth=0,budget=8)", "depth"),
+                      ("dynamic(top_k=0,depth=4,budget=8)", "top_k"), ("tree(2,0)", "width"), ("chain(0)", "k >= 1")]:
+        with pytest.raises(ValueError, match=what):
+            parse_shape(bad)
+
+
+def test_shipped_head_is_found_and_exact_on_the_embedded_target(embedded):
+    assert (HEADS_DIR / "smollm2-135m.safetensors").stat().st_size < 12e6
+    drafter = build("eagle", target=embedded)  # finds the shipped head by target name
+    prompt = embedded.encode_prompt("Name three colours of the rainbow.")
+    ref = reference_generate(embedded, prompt, max_new_tokens=24)
+    out = specdec.generate(embedded, drafter, prompt, shape="dynamic(top_k=6,depth=5,budget=24)", max_new_tokens=24)
+    assert out.token_ids == ref
+    assert out.stats.mean_acceptance_length > 1.5, "the shipped head barely helps: is it trained?"
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_training_prompts_share_no_long_ngram_with_the_evaluation_suite():
+    """Reads the evaluation suite (it must exist: the check is not skipped) and the training prompts
+    scripts/train_eagle.py uses by default (its num_prompts and seed)."""
+    rows = [json.loads(line) for line in EVAL_PROMPTS.read_text().splitlines() if line.strip()]
+    assert rows, f"{EVAL_PROMPTS} holds no prompts"
+    evaluation = set().union(*(_ngrams(turn, 8) for row in rows for turn in row["turns"]))
+    shared = [p for p in training_prompts(640, seed=0) if _ngrams(p, 8) & evaluation]
+    assert not shared, f"training prompts share an 8-word run with the evaluation suite: {shared[:3]}"

@@ -1,0 +1,239 @@
+"""The experiment runner end to end on a tiny model: a Hydra grid, the store, resume, SIGKILL, bad input.
+
+Grids run as `python -m experiments.run -m ...` subprocesses (Hydra's basic launcher, as a user runs
+them) on `model=tiny` with the `smoke` prompts; bad-input checks compose configs in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from experiments.config import CONF_DIR, DatasetConfig
+from experiments.leaderboard import main as leaderboard_cli
+from experiments.main import grid_overrides
+from experiments.questions import PromptSuiteError, load_questions
+from experiments.run import run_experiment
+from experiments.store import MANIFEST, ResultsStore, StoreError, load_rows
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["model=tiny", "dataset=smoke", "runner.warmup_tokens=2", "runner.progress=false"]
+
+
+def run_grid(results: Path, *overrides: str, extra_conf: Path | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"results.dir={results}", *overrides]
+    if extra_conf is not None:
+        command.append(f"hydra.searchpath=[file://{extra_conf}]")
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def snapshot(results: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(results)): p.read_bytes() for p in sorted((results / "cells").rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def extra_conf(tmp_path_factory) -> Path:
+    """An extra config dir with a quant preset the tiny model supports (width 32 needs group 32)."""
+    conf = tmp_path_factory.mktemp("conf")
+    (conf / "quant").mkdir()
+    (conf / "quant" / "q4g32.yaml").write_text("spec: rtn4_g32\nbits: 4\n")
+    return conf
+
+
+@pytest.fixture(scope="module")
+def tiny_grid(tmp_path_factory, extra_conf):
+    """A 2 x 2 x 2 grid (drafter x shape x quant) on the tiny model, 2 prompts, 8 new tokens."""
+    results = tmp_path_factory.mktemp("grid") / "results"
+    args = ("drafter=ngram,small", "shape=chain4,tree422", "quant=none,q4g32", "sampling.max_new_tokens=8",
+            "dataset.question_ids=[smoke-1,smoke-4]")
+    first = run_grid(results, *args, extra_conf=extra_conf)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return results, args, first
+
+
+def test_grid_fills_the_store(tiny_grid):
+    results, _, _ = tiny_grid
+    cells = sorted((results / "cells").iterdir())
+    assert len(cells) == 8 and all((c / "done").exists() for c in cells)
+    rows = load_rows(results)
+    assert len(rows) == 8 * 2
+    assert set(rows.drafter) == {"ngram", "small"} and set(rows.quant) == {"none", "rtn4_g32"}
+    assert set(rows["shape"]) == {"chain(4)", "tree(4,2,2)"}
+    assert (rows.groupby("cell_id").question_id.nunique() == 2).all()
+    # T = 0: speculative decoding is exact, so every drafted run equals its plain-loop run.
+    assert rows.same_tokens_as_baseline.all()
+    assert ((rows.mal - rows.mean_accepted_tokens - 1).abs() < 1e-9).all()
+    assert (rows.speedup > 0).all() and (rows.baseline_tokens_per_s > 0).all()
+    meta = json.loads((cells[0] / "cell.json").read_text())
+    assert meta["config"]["model"]["name"] == "tiny-llama"
+    assert {"git", "hardware", "versions", "key", "overrides"} <= set(meta)
+    assert meta["versions"]["torch"] and meta["hardware"]["cpu_count"]
+
+
+def test_rerun_does_no_work(tiny_grid, extra_conf):
+    results, args, _ = tiny_grid
+    before = snapshot(results)
+    again = run_grid(results, *args, extra_conf=extra_conf)
+    assert again.returncode == 0, again.stderr[-3000:]
+    log = again.stdout + again.stderr
+    assert log.count("is already stored: skipped") == 8
+    assert "loading target" not in log
+    assert snapshot(results) == before
+
+
+def test_leaderboard_of_the_grid(tiny_grid, tmp_path, capsys):
+    results, _, _ = tiny_grid
+    assert leaderboard_cli([str(results), "--out", str(tmp_path), "--bootstrap", "200"]) == 0
+    stdout = capsys.readouterr().out
+    assert "## T=0 | tiny-llama | smoke | 8 new tokens" in stdout
+    assert "### Ranked by MAL" in stdout and "### Ranked by speedup" in stdout
+    assert (tmp_path / "leaderboard.md").read_text().strip() == stdout.strip()
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "leaderboard.csv")
+    overall = table[table.category == "overall"]
+    assert len(overall) == 8 and sorted(overall.rank_mal.unique())[0] == 1
+    assert {"chat", "retrieval"} <= set(table.category)
+    for png in ("heatmap_T0_tiny-llama_smoke_8.png", "acceptance_T0_tiny-llama_smoke_8.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sigkill_mid_grid_then_rerun_stores_every_cell_once(tmp_path):
+    results = tmp_path / "results"
+    args = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"results.dir={results}",
+            "drafter=ngram,random", "shape=chain4,tree422", "sampling.max_new_tokens=24"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while not list((results / "cells").glob("*/done")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the grid ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    survivors = snapshot(results)
+    stored = ResultsStore(results).cell_ids()
+    assert 1 <= len(stored) < 4
+    assert all((results / "cells" / c / "done").exists() for c in os.listdir(results / "cells"))
+
+    rerun = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (rerun.stdout + rerun.stderr).count("is already stored: skipped") == len(stored)
+    after = snapshot(results)
+    assert {k: v for k, v in after.items() if k in survivors} == survivors  # nothing rewritten
+    rows = load_rows(results)
+    assert rows.cell_id.nunique() == 4 and len(os.listdir(results / "cells")) == 4
+    assert (rows.groupby("cell_id").size() == 4).all()  # every (cell, prompt) exactly once
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def composer():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield lambda *overrides: compose("config", overrides=list(overrides))
+
+
+def test_unknown_group_option(composer):
+    with pytest.raises(MissingConfigException, match=r"drafter/eaglee"):
+        composer("drafter=eaglee")
+
+
+@pytest.mark.parametrize("override", ["sampling.temprature=0.5", "drafter.nmae=x", "quant.bitz=4", "runner.warmup=1"])
+def test_misspelled_key(composer, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=rf"Could not override '{key}'") as err:
+        composer(override)
+    assert f"Key '{key.split('.')[-1]}' not in" in str(err.value.__cause__)
+    # Hydra lets `+key=value` append even to a structured node: the runner refuses it before any work.
+    with pytest.raises(KeyError, match=rf"unknown config key\(s\) \['{key}'\]"):
+        run_experiment(composer("+" + override))
+
+
+def test_correct_keys_compose(composer):
+    cfg = composer("sampling.temperature=0.5", "drafter.name=x", "quant.bits=4", "runner.warmup_tokens=1")
+    assert (cfg.sampling.temperature, cfg.drafter.name, cfg.quant.bits, cfg.runner.warmup_tokens) == (0.5, "x", 4, 1)
+
+
+def test_wrong_value_type(composer):
+    with pytest.raises(ConfigCompositionException, match="max_new_tokens"):
+        composer("sampling.max_new_tokens=many")
+
+
+def test_unregistered_drafter_preset_fails_before_work(composer, tmp_path):
+    cfg = composer("model=tiny", "drafter.name=not_a_drafter", f"results.dir={tmp_path / 'r'}")
+    with pytest.raises(KeyError, match="not registered; registered drafters: .*ngram"):
+        run_experiment(cfg)
+
+
+def test_every_registered_drafter_is_selectable_and_in_the_main_grid(composer):
+    from specdec import drafters
+
+    for name in drafters.names():
+        assert composer(f"drafter={name}").drafter.name == name
+    sweep = dict(o.split("=", 1) for o in grid_overrides([]))
+    assert sweep["drafter"].split(",") == [n for n in drafters.names() if n != "none"]
+    assert len(sweep["shape"].split(",")) >= 2 and len(sweep["quant"].split(",")) >= 3
+    assert dict(o.split("=", 1) for o in grid_overrides(["shape=chain4"]))["shape"] == "chain4"
+
+
+def test_empty_prompt_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(PromptSuiteError, match=r"empty.jsonl: the prompt file has no questions"):
+        load_questions(DatasetConfig(source=str(empty)))
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path, composer):
+    bad = tmp_path / "bad.jsonl"
+    good = json.dumps({"question_id": 1, "category": "chat", "turns": ["hi"]})
+    bad.write_text(f"{good}\n{good}\n{{\"question_id\": 3, \"turns\": [\n")
+    with pytest.raises(PromptSuiteError, match=rf"{bad}:3: not valid JSON"):
+        load_questions(DatasetConfig(source=str(bad)))
+    bad.write_text(f"{good}\n{json.dumps({'question_id': 2, 'category': 'chat'})}\n")
+    with pytest.raises(PromptSuiteError, match=rf"{bad}:2: missing key\(s\) \['turns'\]"):
+        load_questions(DatasetConfig(source=str(bad)))
+    cfg = composer("model=tiny", f"dataset.source={bad}", f"results.dir={tmp_path / 'r'}")
+    with pytest.raises(PromptSuiteError, match=rf"{bad}:2"):
+        run_experiment(cfg)
+
+
+def test_prompt_sources():
+    default = load_questions(DatasetConfig(source="default"))
+    assert {q.category for q in default} == {"chat", "code", "math", "summarization", "translation",
+                                              "extraction", "retrieval"}
+    assert any(len(q.turns) > 1 for q in default)
+    picked = load_questions(DatasetConfig(source="default", per_category=1, max_turns=1))
+    assert len(picked) == 7 and all(len(q.turns) == 1 for q in picked)
+    with pytest.raises(PromptSuiteError, match="neither a suite"):
+        load_questions(DatasetConfig(source="no_such_suite"))
+    with pytest.raises(PromptSuiteError, match="datasets|hub"):
+        load_questions(DatasetConfig(source="hf:some-org/some-bench"))
+
+
+def test_incompatible_store_is_refused_untouched(composer, tmp_path):
+    results = tmp_path / "old"
+    (results / "cells" / "some_cell").mkdir(parents=True)
+    (results / MANIFEST).write_text(json.dumps({"format": "specdec-results", "version": 99}))
+    (results / "cells" / "some_cell" / "rows.jsonl").write_text('{"x": 1}\n')
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    cfg = composer("model=tiny", "dataset=smoke", f"results.dir={results}")
+    with pytest.raises(StoreError, match="version 99.*version 1"):
+        run_experiment(cfg)
+    with pytest.raises(StoreError, match="version 99"):
+        load_rows(results)
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not a specdec results store"):
+        ResultsStore(stranger)
+    assert sorted(os.listdir(stranger)) == ["notes.txt"]
