@@ -113,6 +113,8 @@ class Target:
         one), a list of chat messages ({"role", "content"} dicts), or a list of token ids as is."""
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.flatten().tolist()
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty: give a non-empty string, chat messages or token ids")
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         elif isinstance(prompt, str) or isinstance(prompt, (list, tuple)):
