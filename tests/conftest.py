@@ -1,7 +1,5 @@
 """Shared fixtures: tiny fp64 targets built from configs, and the embedded target (loaded once)."""
 
-import os
-
 import pytest
 import torch
 
@@ -9,8 +7,9 @@ import specdec
 
 FAMILIES = ["llama", "qwen2", "mistral"]
 
-# Tiny models spend their time in thread hand-offs, not arithmetic: one intra-op thread makes them
-# ~10x faster on this 2-core machine. Fixtures for real models raise it while they run.
+# One intra-op thread: tiny models spend their time in thread hand-offs (1 thread is ~10x faster
+# for them), and on a 2-core machine with anything else running, 2 threads make even the embedded
+# model's decode >10x slower (OpenMP barriers), while 1 thread decodes it at ~80 ms/token.
 torch.set_num_threads(1)
 
 
@@ -30,10 +29,3 @@ def embedded():
     """The embedded default target, SmolLM2-135M-Instruct (fp32)."""
     return specdec.load_target("smollm2-135m")
 
-
-@pytest.fixture()
-def all_threads():
-    """Use every core while a test runs the embedded model."""
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield
-    torch.set_num_threads(1)
