@@ -100,7 +100,7 @@ def run_cell(
                 "question_id": question.question_id,
                 "category": question.category,
                 "turn": turn + 1,
-                "seed": seed,
+                "question_seed": seed,
                 "order": "drafted_first" if drafted_first else "baseline_first",
                 **_row(outputs[True], baseline),
             })

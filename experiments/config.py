@@ -113,6 +113,10 @@ class RunnerConfig:
     """Loaded targets kept in memory across the cells of one multirun (by model and quant spec)."""
     progress: bool = True
     """Show tqdm progress bars over cells and prompts."""
+    threads: int = 1
+    """torch intra-op threads (0 = torch's default). 1 by default: on a 2-core machine with anything
+    else running, 2 threads made the embedded model's decode >10x slower (OpenMP barriers). It does
+    change timings, so it is recorded in every cell's hardware metadata (`torch_threads`)."""
 
 
 @dataclass

@@ -25,7 +25,9 @@ import pandas as pd
 
 from experiments.store import load_rows
 
-SETTING = ["model", "dataset", "temperature", "top_k", "top_p", "max_new_tokens"]
+SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed", "max_new_tokens"]
+"""What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
+the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
 _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s"]
 
@@ -33,12 +35,16 @@ _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_
 def board_name(setting: dict) -> str:
     regime = "T=0" if setting["temperature"] == 0 else f"T={setting['temperature']:g}"
     sampling = "" if setting["temperature"] == 0 else f" top_k={setting['top_k']} top_p={setting['top_p']:g}"
-    return f"{regime}{sampling} | {setting['model']} | {setting['dataset']} | {setting['max_new_tokens']} new tokens"
+    prompts = f"{setting['dataset']} (prompts {setting['prompts'][:6]})"
+    length = f"{setting['max_new_tokens']} new tokens"
+    return f"{regime}{sampling} seed={setting['seed']} | {setting['model']} | {prompts} | {length}"
 
 
 def board_slug(setting: dict) -> str:
     regime = "T0" if setting["temperature"] == 0 else f"T{setting['temperature']:g}"
-    return "_".join([regime, str(setting["model"]), str(setting["dataset"]), str(setting["max_new_tokens"])]).replace("/", "-")
+    parts = [f"{regime}s{setting['seed']}", setting["model"], f"{setting['dataset']}-{setting['prompts'][:6]}",
+             setting["max_new_tokens"]]
+    return "_".join(map(str, parts)).replace("/", "-")
 
 
 def _stats(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +111,8 @@ def _ci(row: pd.Series, name: str, fmt: str) -> str:
 def to_markdown(table: pd.DataFrame) -> str:
     lines = ["# specdec leaderboard", "",
              "MAL = mean acceptance length (tokens per target forward, bonus included); speedup = tokens/s "
-             "over the plain loop at the same bit-width, measured in the same run; [95% bootstrap CI over questions].", ""]
+             "over the plain loop at the same bit-width, measured in the same run; "
+             "[95% bootstrap CI over questions].", ""]
     for board, part in table.groupby("board", sort=False):
         overall = part[part.category == "overall"]
         lines += [f"## {board}", ""]
@@ -124,7 +131,8 @@ def to_markdown(table: pd.DataFrame) -> str:
                   "|---|---|---|" + "---|" * len(categories)]
         for (drafter, shape, quant), entry in part.groupby(["drafter", "shape", "quant"], sort=True):
             cells = {r.category: f"{r.mal:.2f} / {r.speedup:.2f}x" for _, r in entry.iterrows()}
-            lines.append(f"| {drafter} | `{shape}` | {quant} | " + " | ".join(cells.get(c, "") for c in categories) + " |")
+            values = " | ".join(cells.get(c, "") for c in categories)
+            lines.append(f"| {drafter} | `{shape}` | {quant} | {values} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -135,29 +143,29 @@ def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import Normalize, TwoSlopeNorm
 
     drafters = sorted(overall.drafter.unique())
     quants = overall.sort_values("bits", ascending=False).drop_duplicates("quant")
     xlabels = [f"{q} ({b:g}b)" for q, b in zip(quants.quant, quants.bits)]
     shapes = sorted(overall["shape"].unique())
-    fig, axes = plt.subplots(2, len(drafters), figsize=(2.2 + 2.3 * len(quants) * len(drafters) / 2 + 1.5, 2.4 + 0.9 * len(shapes)),
-                             squeeze=False, constrained_layout=True)
-    speed_max = max(1.5, float(np.nanmax(overall.speedup)))
+    size = (3.7 + 1.15 * len(quants) * len(drafters), 2.4 + 0.9 * len(shapes))
+    fig, axes = plt.subplots(2, len(drafters), figsize=size, squeeze=False, constrained_layout=True)
+    mal_norm = Normalize(1.0, max(2.0, float(np.nanmax(overall.mal))))
+    speedups = overall.speedup.to_numpy(dtype=float)
+    speed_norm = TwoSlopeNorm(1.0, min(0.5, float(np.nanmin(speedups))), max(1.5, float(np.nanmax(speedups))))
     for col, drafter in enumerate(drafters):
         for row, (metric, label) in enumerate((("mal", "MAL"), ("speedup", "speedup"))):
             grid = np.full((len(shapes), len(quants)), np.nan)
             for _, r in overall[overall.drafter == drafter].iterrows():
                 grid[shapes.index(r["shape"]), list(quants.quant).index(r.quant)] = r[metric]
             ax = axes[row, col]
-            if metric == "mal":
-                image = ax.imshow(grid, cmap="viridis", vmin=1.0, vmax=max(2.0, float(np.nanmax(overall.mal))), aspect="auto")
-            else:
-                image = ax.imshow(grid, cmap="RdYlGn", norm=TwoSlopeNorm(1.0, min(0.5, float(np.nanmin(overall.speedup))), speed_max), aspect="auto")
+            norm, cmap = (mal_norm, "viridis") if metric == "mal" else (speed_norm, "RdYlGn")
+            image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
             for (i, j), v in np.ndenumerate(grid):
                 if not np.isnan(v):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
-                            color="white" if metric == "mal" and v < 1.6 else "black")
+                    dark = sum(image.cmap(image.norm(v))[:3]) < 1.5
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9, color="white" if dark else "black")
             ax.set_xticks(range(len(quants)), xlabels, rotation=30, ha="right", fontsize=8)
             ax.set_yticks(range(len(shapes)), shapes if col == 0 else [""] * len(shapes), fontsize=8)
             ax.set_title(f"{drafter}: {label}", fontsize=10)
@@ -195,7 +203,8 @@ def plot_acceptance(rows: pd.DataFrame, title: str, path: Path) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     axes[0, 0].set_ylabel("P(accepted path reaches depth | draft did)")
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110)

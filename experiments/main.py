@@ -4,37 +4,40 @@
     python -m experiments.main sampling.max_new_tokens=32 results.dir=results/quick
     python -m experiments.main --dry-run             # print the Hydra command only
 
-Owns the default grid: every registered drafter except the `none` baseline (read from the registry
-at start, so drafters added later join with no change here), the shapes and quantization specs of
-grids/main.yaml, its fixed settings, and any overrides given on the command line (which replace the
-grid's value for the same key). Runs it as one Hydra multirun (`python -m experiments.run -m ...`,
-cells one at a time in one process), then prints the leaderboard of the whole results store.
+Owns the default grid: every registered drafter except those grids/main.yaml excludes (`none`, the
+baseline; read from the registry at start, so drafters added later join with no change here), the
+shapes and quantization specs of grids/main.yaml, its fixed settings, and any overrides given on
+the command line (which replace the grid's value for the same key). Runs it as one Hydra multirun
+(`python -m experiments.run -m ...`, cells one at a time in one process), then prints the
+leaderboard of the whole results store and, as its last line, one JSON object (cells stored, the
+grid's exit status, the best entries by MAL and by speedup).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
-from experiments.leaderboard import write_leaderboard
+from experiments.leaderboard import ENTRY, write_leaderboard
 from experiments.store import ResultsStore, StoreError
 
 GRID_FILE = Path(__file__).parent / "grids" / "main.yaml"
-BASELINE_DRAFTER = "none"
 
 
 def grid_overrides(extra: list[str], grid_file: Path = GRID_FILE) -> list[str]:
-    """The multirun's overrides: drafters from the registry, the grid file's sweeps and fixed
-    values, then `extra` (an extra `KEY=...` replaces the grid's entry for KEY)."""
+    """The multirun's overrides: drafters from the registry (less the excluded), the grid file's
+    sweeps and fixed values, then `extra` (an extra `KEY=...` replaces the grid's entry for KEY)."""
     from specdec import drafters
 
     grid = OmegaConf.to_container(OmegaConf.load(grid_file))
     entries: dict[str, str] = {
-        "drafter": ",".join(n for n in drafters.names() if n != BASELINE_DRAFTER),
+        "drafter": ",".join(n for n in drafters.names() if n not in grid["exclude_drafters"]),
         **{key: ",".join(map(str, values)) for key, values in grid["sweep"].items()},
     }
     for item in [*grid["fixed"], *extra]:
@@ -69,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return status or 1
     print(markdown)
     print(f"leaderboard, CSV, heatmaps and acceptance curves: {out_dir}", flush=True)
+    table = pd.read_csv(out_dir / "leaderboard.csv")
+    overall = table[table.category == "overall"]
+    best = {metric: overall.loc[overall[metric].idxmax(), ["board", *ENTRY, "mal", "speedup"]].to_dict()
+            for metric in ("mal", "speedup")}
+    print(json.dumps({"results": str(results), "cells": len(ResultsStore(results).cell_ids()), "grid_exit": status,
+                      "best_mal": best["mal"], "best_speedup": best["speedup"]}, default=str))
     return status
 
 

@@ -58,7 +58,8 @@ def resolve_source(source: str) -> Path | str:
 def _question(record: object, where: str) -> Question:
     """Validate one record of the question format; `where` names it in errors (file:line)."""
     if not isinstance(record, dict):
-        raise PromptSuiteError(f"{where}: expected a JSON object with question_id, category, turns; got {type(record).__name__}")
+        raise PromptSuiteError(f"{where}: expected a JSON object with question_id, category, turns; "
+                               f"got {type(record).__name__}")
     missing = [k for k in ("question_id", "category", "turns") if k not in record]
     if missing:
         raise PromptSuiteError(f"{where}: missing key(s) {missing}; a question needs question_id, category and turns")

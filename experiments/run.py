@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -71,8 +72,8 @@ def _slug(text: str) -> str:
 def cell_id(key: dict[str, Any]) -> str:
     """Readable prefix + hash of the key, e.g. `tiny-llama__ngram__chain4__none__T0__1a2b3c4d5e`."""
     digest_ = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    parts = [_slug(Path(key["model"]["name"]).name), _slug(key["drafter"]["name"]), _slug(key["shape"]), _slug(key["quant"]),
-             f"T{key['sampling']['temperature']:g}", digest_]
+    names = [Path(key["model"]["name"]).name, key["drafter"]["name"], key["shape"], key["quant"]]
+    parts = [*map(_slug, names), f"T{key['sampling']['temperature']:g}", digest_]
     return "__".join(parts)
 
 
@@ -158,6 +159,8 @@ def run_experiment(cfg: DictConfig) -> str | None:
     check_keys(cfg)
     OmegaConf.set_readonly(cfg, True)
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
+    if exp.runner.threads:
+        torch.set_num_threads(exp.runner.threads)
     if exp.drafter.name not in specdec.drafters.names():
         raise KeyError(f"drafter {exp.drafter.name!r} (from drafter={exp.drafter.name}) is not registered; "
                        f"registered drafters: {', '.join(specdec.drafters.names())}")
@@ -180,7 +183,8 @@ def run_experiment(cfg: DictConfig) -> str | None:
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
         "quant": exp.quant.spec, "bits": exp.quant.bits, "dataset": exp.dataset.source,
-        **{k: v for k, v in key["sampling"].items() if k != "seed"},
+        "prompts": key["dataset"]["questions"],
+        **key["sampling"],
     }
     meta = {
         "key": key,
@@ -206,6 +210,7 @@ class CellProgress(Callback):
 
     def __init__(self) -> None:
         self.bar: tqdm | None = None
+        self.total = self.done = 0
         self.failed: list[str] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -214,8 +219,8 @@ class CellProgress(Callback):
         ResultsStore(config.results.dir)  # an incompatible store fails here, before any cell runs
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-        total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
-        self.bar = tqdm(total=total, desc="cells", unit="cell", position=0,
+        self.total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+        self.bar = tqdm(total=self.total, desc="cells", unit="cell", position=0,
                         disable=not config.runner.progress)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -223,10 +228,11 @@ class CellProgress(Callback):
             error = job_return._return_value  # the exception; `return_value` would raise it
             self.failed.append(f"{' '.join(job_return.overrides or [])}: {type(error).__name__}: {error}")
             log.error("cell failed: %s", self.failed[-1])
+        self.done += 1
         if self.bar is not None:
             self.bar.update()
-            if self.bar.n == self.bar.total:  # the last cell: the sweeper raises after it if any failed
-                self._finish()
+        if self.done == self.total:  # the last cell: the sweeper raises after it if any failed
+            self._finish()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._finish()
@@ -235,8 +241,9 @@ class CellProgress(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-            if self.failed:
-                log.error("%d cell(s) failed, the others are stored:\n  %s", len(self.failed), "\n  ".join(self.failed))
+        if self.failed:
+            log.error("%d cell(s) failed, the others are stored:\n  %s", len(self.failed), "\n  ".join(self.failed))
+            self.failed = []
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -30,7 +30,8 @@ def make_row(question: str, category: str, steps: int, accepted: int, wall: floa
 
 def labels(drafter: str, shape: str, quant: str, bits: float, temperature: float) -> dict:
     return {"cell_id": f"{drafter}-{shape}-{quant}-{temperature}", "model": "m", "drafter": drafter,
-            "shape": shape, "quant": quant, "bits": bits, "dataset": "suite", "temperature": temperature,
+            "shape": shape, "quant": quant, "bits": bits, "dataset": "suite", "prompts": "abcdef0123",
+            "temperature": temperature, "seed": 0,
             "top_k": 0, "top_p": 1.0, "max_new_tokens": 32}
 
 
@@ -90,12 +91,13 @@ def test_outputs_and_cli(store, tmp_path):
     table = pd.read_csv(out / "leaderboard.csv")
     assert len(table) == 2 * 8 * 3  # 2 boards x 8 entries x (overall + 2 categories)
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["acceptance_T0.7_m_suite_32.png", "acceptance_T0_m_suite_32.png",
-                    "heatmap_T0.7_m_suite_32.png", "heatmap_T0_m_suite_32.png"]
+    assert pngs == ["acceptance_T0.7s0_m_suite-abcdef_32.png", "acceptance_T0s0_m_suite-abcdef_32.png",
+                    "heatmap_T0.7s0_m_suite-abcdef_32.png", "heatmap_T0s0_m_suite-abcdef_32.png"]
     cli = subprocess.run([sys.executable, "scripts/leaderboard.py", str(store), "--bootstrap", "50"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
-    assert cli.stdout.startswith("# specdec leaderboard") and "## T=0.7 top_k=0 top_p=1" in cli.stdout
+    assert cli.stdout.startswith("# specdec leaderboard")
+    assert "## T=0.7 top_k=0 top_p=1 seed=0 | m | suite" in cli.stdout
     assert (store / "leaderboard" / "leaderboard.md").exists()
 
 

@@ -218,6 +218,20 @@ def test_requantizing_is_an_error(tiny):
         quant.quantized_copy(quant.quantized_copy(tiny, "rtn4_g32"), "rtn8_g32")
 
 
+def test_a_backend_that_skips_layers_is_an_error(monkeypatch, tiny):
+    lazy = registry.Backend(name="lazy", apply=lambda model, spec: model, description="test only", bits=(4,))
+    monkeypatch.setitem(registry._REGISTRY, "lazy", lazy)
+    with pytest.raises(RuntimeError, match="left 14 of 14 layers unquantized"):
+        quant.quantized_copy(tiny, "lazy")
+
+
+@pytest.mark.skipif(not quant.availability("torchao_int4").ok, reason="torchao int4 unavailable here")
+def test_packed_weight_bytes_are_measured(tiny):
+    info = quant.quantized_copy(tiny, "torchao_int4_g32").info["quant"]
+    assert info["bits_per_quantized_weight"] == 4 + 2 * 16 / 32  # int4 + bf16 scale and zero per 32
+    assert info["weight_bytes"] < info["weight_bytes_before"] / 4
+
+
 def test_wrong_model_dtype_is_an_error():
     fp64 = specdec.tiny_target("llama", vocab_size=64, hidden_size=64, dtype=torch.float64)
     with pytest.raises(quant.QuantSpecError, match="float64"):
@@ -265,5 +279,6 @@ def test_embedded_rtn8_is_close_and_g128_is_rejected(embedded):
     report = _kl(embedded, quant.quantized_copy(embedded, "rtn8_g32"))
     assert report["mean_kl"] < 1e-3 and report["top1_agreement"] >= 0.98
     assert report["confounds"] and "Q4_1" in report["confounds"][0]
-    with pytest.raises(quant.QuantSpecError, match=r"does not divide .*\(576\)"):
-        quant.quantized_copy(embedded, "rtn4_g128")
+    for spec in ("rtn4_g128", "torchao_int4_g128", "hqq4_g128"):  # torchao alone would skip layers silently
+        with pytest.raises(quant.QuantSpecError, match=r"does not divide .*\(576\).*\[32, 64\]"):
+            quant.check_quantizable(embedded, spec)

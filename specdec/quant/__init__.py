@@ -18,7 +18,7 @@ import importlib
 import pkgutil
 
 from specdec.quant.layers import quantizable_linears, weight_bytes
-from specdec.quant.quantize import quantize_target, quantized_copy
+from specdec.quant.quantize import check_quantizable, quantize_target, quantized_copy
 from specdec.quant.registry import (
     DEFAULT_GROUP_SIZE, Availability, Backend, BackendUnavailableError, QuantSpec, QuantSpecError, availability,
     example_specs, get, names, parse_spec,
@@ -33,6 +33,6 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "DEFAULT_GROUP_SIZE", "Availability", "Backend", "BackendUnavailableError", "QuantSpec", "QuantSpecError",
-    "ReportConfig", "availability", "example_specs", "get", "names", "parse_spec", "quant_report",
+    "ReportConfig", "availability", "check_quantizable", "example_specs", "get", "names", "parse_spec", "quant_report",
     "quantizable_linears", "quantize_target", "quantized_copy", "rtn_quantize", "weight_bytes",
 ]

@@ -2,9 +2,11 @@
 
 Owns `quantize_target` (quantize a target's model in place and return the quantized Target, with
 the spec and a weight report in `info["quant"]`) and `quantized_copy` (the same on a deep copy, the
-original left untouched: a low-bit self-draft). Checks, in order, that the spec parses, that its
-backend can run on the target's device with the libraries installed here, and that its group size
-divides every quantized layer; then applies the backend. Never substitutes another backend.
+original left untouched: a low-bit self-draft). Checks, in order, that the spec parses, that the
+target is not quantized already, that the backend takes the model's dtype, that the group size
+divides every quantized layer (errors in the spec, whatever is installed), and that the backend can
+run on the target's device with the libraries installed here; then applies the backend and checks that it quantized every layer it was given.
+Never substitutes another backend.
 """
 
 from __future__ import annotations
@@ -12,10 +14,42 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
+
 from specdec.models import Target
 from specdec.quant.layers import check_group_size, quantizable_linears, weight_bytes
 from specdec.quant.registry import BackendUnavailableError, QuantSpec, QuantSpecError, availability, get, parse_spec
 from specdec.quant.texts import calibration_description
+
+
+def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
+    """Every check `quantize_target` makes before touching the model; returns the parsed spec.
+
+    Raises `QuantSpecError` (a ValueError) for a spec the backend does not support (bits, group size,
+    options, a group size that does not divide a layer's width, the model's dtype) or a target that
+    is already quantized, and `BackendUnavailableError` when the backend cannot run here (library
+    missing: the message names the pip extra; device unsupported).
+    """
+    spec = parse_spec(spec)
+    b = get(spec.backend)
+    previous = target.info.get("quant", {}).get("spec", "none")
+    if previous != "none":
+        raise QuantSpecError(f"{target.name!r} is already quantized ({previous}); quantize the unquantized model "
+                             f"instead (e.g. quantized_copy of the original target)")
+    if b.dtypes is not None and target.dtype not in b.dtypes:
+        raise QuantSpecError(f"{spec.text}: backend {b.name!r} quantizes models in {[str(d) for d in b.dtypes]}, "
+                             f"but {target.name!r} is {target.dtype}; load it in one of those dtypes")
+    check_group_size(target.model, spec)
+    available = availability(spec, target.device)
+    if not available.ok:
+        raise BackendUnavailableError(f"cannot quantize {target.name!r} with {spec.text!r}: {available.reason}")
+    return spec
+
+
+def _layer_signature(module: torch.nn.Module) -> tuple:
+    """What a quantizing backend must change about a linear: its class, its weight's class or dtype."""
+    weight = getattr(module, "weight", None)
+    return type(module), type(weight), getattr(weight, "dtype", None)
 
 
 def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
@@ -23,30 +57,24 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
 
     The given target's model is modified in place (the returned Target wraps it): do not use the
     given Target afterwards. For a quantized copy that leaves the original usable, see
-    `quantized_copy`. Raises `QuantSpecError` (a ValueError) for a spec the backend does not support
-    (bits, group size, options, or a group size that does not divide a layer's width) and
-    `BackendUnavailableError` when the backend cannot run here (library missing: the message names
-    the pip extra; device unsupported).
+    `quantized_copy`. Raises what `check_quantizable` raises, and RuntimeError if a packed backend
+    left a layer it was given unquantized (never silently: torchao, for one, skips layers it cannot
+    take without an error).
     """
-    spec = parse_spec(spec)
+    spec = check_quantizable(target, spec)
     b = get(spec.backend)
-    available = availability(spec, target.device)
-    if not available.ok:
-        raise BackendUnavailableError(f"cannot quantize {target.name!r} with {spec.text!r}: {available.reason}")
-    previous = target.info.get("quant", {}).get("spec", "none")
-    if previous != "none":
-        raise QuantSpecError(f"{target.name!r} is already quantized ({previous}); quantize the unquantized model "
-                             f"instead (e.g. quantized_copy of the original target)")
     model = target.model
-    if b.dtypes is not None and target.dtype not in b.dtypes:
-        raise QuantSpecError(f"{spec.text}: backend {b.name!r} quantizes models in {[str(d) for d in b.dtypes]}, "
-                             f"but {target.name!r} is {target.dtype}; load it in one of those dtypes")
-    check_group_size(model, spec)
     layers = [] if b.name == "none" else quantizable_linears(model)
     params = sum(p.numel() for p in model.parameters())  # before packing changes numel
     quantized_params = sum(model.get_submodule(n).weight.numel() for n in layers)
     bytes_before = weight_bytes(model)
+    before = {n: _layer_signature(model.get_submodule(n)) for n in layers}
     model = b.apply(model, spec, target.tokenizer) if b.calibrated else b.apply(model, spec)
+    if b.packed:
+        skipped = [n for n in layers if _layer_signature(model.get_submodule(n)) == before[n]]
+        if skipped:
+            raise RuntimeError(f"{spec.text}: backend {b.name!r} left {len(skipped)} of {len(layers)} layers "
+                               f"unquantized ({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
     layer_bytes = sum(weight_bytes(model.get_submodule(n)) for n in layers)
     info: dict[str, Any] = {
         "spec": spec.text,
@@ -71,6 +99,8 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
 
 
 def quantized_copy(target: Target, spec: str | QuantSpec) -> Target:
-    """A quantized deep copy of `target`; `target` itself is not modified."""
+    """A quantized deep copy of `target`; `target` itself is not modified. Checks the spec before
+    copying, so a bad spec fails fast."""
+    check_quantizable(target, spec)
     clone = Target(copy.deepcopy(target.model), target.tokenizer, name=target.name, info=dict(target.info))
     return quantize_target(clone, spec)

@@ -66,10 +66,13 @@ class Availability:
     """Whether a backend can run on a device here, and if not, every reason why."""
 
     ok: bool
+    """True when the backend can quantize and run a model on the device asked about."""
     reasons: tuple[str, ...] = ()
+    """Each reason it cannot (device unsupported, library missing with its pip extra, probe failure)."""
 
     @property
     def reason(self) -> str:
+        """The reasons as one line ("available" when there are none)."""
         return "; ".join(self.reasons) if self.reasons else "available"
 
 
