@@ -15,24 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import specdec
-from specdec.metrics import GenerationStats
 
 from experiments.questions import Question
 
 
-def depth_counts(stats: GenerationStats) -> tuple[list[int], list[int]]:
-    """(reached, accepted) per draft depth d = 1..D: steps whose draft reached depth d, and among
-    them those whose accepted path reached d. accepted / reached = `stats.acceptance_rate_by_depth()`;
-    the counts let rates be pooled over prompts."""
-    depth = max((s.draft_depth for s in stats.steps), default=0)
-    reached = [sum(s.draft_depth >= d for s in stats.steps) for d in range(1, depth + 1)]
-    accepted = [sum(s.draft_depth >= d and s.accepted >= d for s in stats.steps) for d in range(1, depth + 1)]
-    return reached, accepted
-
-
 def _row(drafted: specdec.GenerationOutput, baseline: specdec.GenerationOutput) -> dict[str, Any]:
     stats, base = drafted.stats, baseline.stats
-    reached, accepted = depth_counts(stats)
+    reached, accepted = stats.acceptance_counts_by_depth()
     return {
         "prompt_tokens": len(drafted.prompt_ids),
         "new_tokens": stats.new_tokens,

@@ -72,14 +72,18 @@ class GenerationStats:
         decode = self.wall_time_s - self.prefill_time_s
         return self.new_tokens / decode if decode > 0 else 0.0
 
+    def acceptance_counts_by_depth(self) -> tuple[list[int], list[int]]:
+        """(reached, accepted) for depth d = 1..D: steps whose draft reached depth d, and among them
+        those whose accepted path reached d. Counts, so rates can be pooled over generations."""
+        depth = max((s.draft_depth for s in self.steps), default=0)
+        reached = [sum(s.draft_depth >= d for s in self.steps) for d in range(1, depth + 1)]
+        accepted = [sum(s.draft_depth >= d and s.accepted >= d for s in self.steps) for d in range(1, depth + 1)]
+        return reached, accepted
+
     def acceptance_rate_by_depth(self) -> list[float]:
         """Entry d-1: P(accepted path reaches depth d | the draft reached depth d)."""
-        depth = max((s.draft_depth for s in self.steps), default=0)
-        rates = []
-        for d in range(1, depth + 1):
-            reached = [s for s in self.steps if s.draft_depth >= d]
-            rates.append(sum(s.accepted >= d for s in reached) / len(reached))
-        return rates
+        reached, accepted = self.acceptance_counts_by_depth()
+        return [a / r for a, r in zip(accepted, reached)]
 
     def summary(self) -> dict:
         """Plain-number summary (JSON-ready)."""
