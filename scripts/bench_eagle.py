@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--head", default=None, help="head .safetensors (default: the shipped one)")
     parser.add_argument("--prompts", type=int, default=1000, help="at most this many prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--draft-vocab", type=int, default=8192, help="size of the reduced draft vocabulary")
+    parser.add_argument("--draft-vocab", type=int, default=4096, help="size of the reduced draft vocabulary")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
@@ -78,7 +78,8 @@ def main() -> None:
     print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {source}, T = 0, "
           f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
           f"{time.perf_counter() - started:.0f} s")
-    print(f"{'method':52s} {'MAL':>5s} {'drafted':>7s} {'tok/s':>7s} {'vs plain':>8s} {'draft ms':>8s} {'verify ms':>9s}")
+    print(f"{'method':52s} {'MAL':>5s} {'drafted':>7s} {'tok/s':>7s} {'vs plain':>8s} "
+          f"{'draft ms':>8s} {'verify ms':>9s}")
     rows = {}
     for name, s in merged.items():
         steps = max(1, s.num_steps)

@@ -167,7 +167,8 @@ class EagleHead(nn.Module):
                 raise FileNotFoundError(f"EAGLE head file {f} is missing (a head is a .safetensors + .json pair)")
         raw = json.loads(meta.read_text())
         if raw.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{meta}: format_version {raw.get('format_version')!r}, this specdec reads {FORMAT_VERSION}")
+            raise ValueError(f"{meta}: format_version {raw.get('format_version')!r}, "
+                             f"this specdec reads {FORMAT_VERSION}")
         config = HeadConfig(**raw)
         tensors = load_file(str(weights))
         vocab = tensors.pop("draft_vocab")

@@ -50,7 +50,8 @@ _CODE_TASKS = [
     "returns the largest element of a list", "merges two sorted lists", "computes a factorial",
     "removes duplicates from a list", "converts Celsius to Fahrenheit", "finds the median of a list",
     "checks whether a word is a palindrome", "sums the digits of an integer", "flattens a nested list",
-    "counts word frequencies in a text", "computes the nth Fibonacci number", "sorts a list of tuples by the second item",
+    "counts word frequencies in a text", "computes the nth Fibonacci number",
+    "sorts a list of tuples by the second item",
 ]
 _LANGS = ["Python", "JavaScript", "C", "Rust", "Go"]
 _PEOPLE = ["a pirate", "a detective", "a tour guide", "a chef", "a librarian", "an astronaut", "a gardener"]

@@ -63,20 +63,29 @@ class ModelDrafter:
                          request.sampling, request.generator, request.max_depth)
 
     def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
-        # Walk the accepted tokens through the nodes this drafter ran (matched by token, since the
-        # draft may have been re-indexed after growing) and keep exactly those cache entries.
-        accepted_tokens = [int(draft.tokens[0, i]) for i in acceptance.path]
-        kept: list[int] = []
-        parent = -1
-        for tok in accepted_tokens:
-            slot = next((s for s, (t, p) in enumerate(zip(self.block_tokens, self.block_parents))
-                         if t == tok and p == parent), None)
-            if slot is None:
-                break
-            kept.append(slot)
-            parent = slot
+        kept = accepted_block_slots(draft, acceptance, self.block_tokens, self.block_parents)
         self.cache.keep(self.consumed, kept)
         self.consumed += len(kept)
+
+
+def accepted_block_slots(draft: Draft, acceptance: Acceptance, block_tokens: list[int],
+                         block_parents: list[int]) -> list[int]:
+    """Cache-block slots of the accepted path's nodes that a drafter ran, root's child first.
+
+    The accepted tokens are walked through the block (token + parent slot), since the draft may
+    have been re-indexed after growing; the walk stops at the first accepted node never run (a
+    leaf). Example: block tokens [7, 9, 4] with parents [-1, -1, 1] and accepted tokens [9, 4, 5]
+    -> slots [1, 2] (token 5 was a leaf, never run).
+    """
+    kept: list[int] = []
+    parent = -1
+    for tok in (int(draft.tokens[0, i]) for i in acceptance.path):
+        slot = next((s for s, (t, p) in enumerate(zip(block_tokens, block_parents)) if t == tok and p == parent), None)
+        if slot is None:
+            break
+        kept.append(slot)
+        parent = slot
+    return kept
 
 
 def early_exit_copy(target: Target, layers: int) -> Target:
