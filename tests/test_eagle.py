@@ -172,3 +172,12 @@ def test_training_prompts_share_no_long_ngram_with_the_evaluation_suite():
     evaluation = set().union(*(_ngrams(turn, 8) for row in rows for turn in row["turns"]))
     shared = [p for p in training_prompts(1280, seed=0) if _ngrams(p, 8) & evaluation]
     assert not shared, f"training prompts share an 8-word run with the evaluation suite: {shared[:3]}"
+
+
+def test_a_quantized_target_finds_its_models_shipped_head():
+    from types import SimpleNamespace
+
+    from specdec.drafters.eagle import shipped_head_path
+
+    plain = shipped_head_path(SimpleNamespace(name="smollm2-135m"))
+    assert shipped_head_path(SimpleNamespace(name="smollm2-135m@rtn4_g64")) == plain

@@ -213,9 +213,19 @@ def test_missing_library_names_the_pip_extra(monkeypatch, tiny):
         quant.quantized_copy(tiny, "fakelib")
 
 
-def test_requantizing_is_an_error(tiny):
+def test_requantizing_a_packed_target_is_an_error(tiny):
     with pytest.raises(quant.QuantSpecError, match="already quantized"):
-        quant.quantized_copy(quant.quantized_copy(tiny, "rtn4_g32"), "rtn8_g32")
+        quant.quantized_copy(quant.quantized_copy(tiny, "bf16"), "rtn8_g32")
+
+
+def test_an_rtn_target_can_be_quantized_again(tiny):
+    """rtn weights are plain dequantized floats, so a low-bit copy of an rtn target is well defined."""
+    rtn4 = quant.quantized_copy(tiny, "rtn4_g32")
+    twice = quant.quantized_copy(rtn4, "rtn2_g32")
+    assert twice.info["quant"]["on_top_of"] == "rtn4_g32" and twice.info["quant"]["spec"] == "rtn2_g32"
+    w4 = rtn4.model.model.layers[0].mlp.up_proj.weight
+    w2 = twice.model.model.layers[0].mlp.up_proj.weight
+    assert not torch.equal(w4, w2)
 
 
 def test_a_backend_that_skips_layers_is_an_error(monkeypatch, tiny):

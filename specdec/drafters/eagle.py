@@ -135,8 +135,10 @@ class EagleDrafter:
 
 
 def shipped_head_path(target: Target) -> Path:
-    """The shipped head for `target` (by name); FileNotFoundError naming the shipped ones if none."""
-    path = HEADS_DIR / f"{target.name}.safetensors"
+    """The shipped head for `target` (by name; a quantized target "NAME@SPEC" gets NAME's head, trained
+    on the unquantized target's features); FileNotFoundError naming the shipped ones if none."""
+    base_name = target.name.split("@")[0]  # a quantized target ("name@spec") uses its model's head
+    path = HEADS_DIR / f"{base_name}.safetensors"
     if not path.exists():
         shipped = sorted(p.stem for p in HEADS_DIR.glob("*.safetensors"))
         raise FileNotFoundError(

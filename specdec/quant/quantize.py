@@ -3,7 +3,8 @@
 Owns `quantize_target` (quantize a target's model in place and return the quantized Target, with
 the spec and a weight report in `info["quant"]`) and `quantized_copy` (the same on a deep copy, the
 original left untouched: a low-bit self-draft). Checks, in order, that the spec parses, that the
-target is not quantized already, that the backend takes the model's dtype, that the group size
+target is not quantized already (in a packed format: an rtn target, whose weights are stored
+dequantized, may be quantized again, e.g. a low-bit self-draft of an rtn target), that the backend takes the model's dtype, that the group size
 divides every quantized layer (errors in the spec, whatever is installed), and that the backend can
 run on the target's device with the libraries installed here; then applies the backend and checks that it quantized every layer it was given.
 Never substitutes another backend.
@@ -33,9 +34,10 @@ def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     spec = parse_spec(spec)
     b = get(spec.backend)
     previous = target.info.get("quant", {}).get("spec", "none")
-    if previous != "none":
+    if get(parse_spec(previous).backend).packed:
         raise QuantSpecError(f"{target.name!r} is already quantized ({previous}); quantize the unquantized model "
-                             f"instead (e.g. quantized_copy of the original target)")
+                             f"instead (e.g. quantized_copy of the original target). Only targets whose weights "
+                             f"are stored dequantized (rtn) can be quantized again")
     if b.dtypes is not None and target.dtype not in b.dtypes:
         raise QuantSpecError(f"{spec.text}: backend {b.name!r} quantizes models in {[str(d) for d in b.dtypes]}, "
                              f"but {target.name!r} is {target.dtype}; load it in one of those dtypes")
@@ -93,6 +95,7 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
         "bits_per_quantized_weight": 8 * layer_bytes / quantized_params if quantized_params else None,
         "nominal_bits_per_quantized_weight": b.nominal_bits(spec) if b.nominal_bits else None,
         "calibration": calibration_description() if b.calibrated else None,
+        "on_top_of": target.info.get("quant", {}).get("spec"),
     }
     return Target(model, target.tokenizer, name=f"{target.name}@{spec.text}",
                   info={**target.info, "quant": info})
