@@ -100,8 +100,10 @@ def generate(
             max_depth=remaining - 1,
         )
         draft = drafter.propose(request)
-        if draft.num_nodes and int(tree_ops.depths(draft.parents).max()) > remaining - 1:
+        depth = int(tree_ops.depths(draft.parents).max()) if draft.num_nodes else 0
+        if depth > remaining - 1:
             draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
+            depth = remaining - 1
 
         # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
         t1 = time.perf_counter()
@@ -125,7 +127,7 @@ def generate(
         t2 = time.perf_counter()
         stats.steps.append(StepRecord(
             drafted=draft.num_nodes,
-            draft_depth=int(tree_ops.depths(draft.parents).max()) if draft.num_nodes else 0,
+            draft_depth=depth,
             accepted=acceptance.num_accepted,
             bonus=acceptance.bonus,
             draft_time_s=t1 - t0,
