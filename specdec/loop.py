@@ -3,7 +3,8 @@
 Owns `generate`, input validation, the target's KV cache for one generation (created here, rolled
 back here, nowhere else) and the per-step records. Plain autoregressive decoding is the same loop
 with a drafter that proposes nothing. Knows nothing about how a drafter builds its draft or how
-acceptance is decided beyond calling `verifier.verify`.
+acceptance is decided beyond calling `verifier.verify`, and keeps no drafter state: every drafter
+hears the same `drafter.commit(Step)` after the prefill and after each verification.
 
 State between steps (design): the target's cache holds every committed token except the last one,
 the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
@@ -20,6 +21,7 @@ import torch
 
 from specdec import tree as tree_ops
 from specdec.cache import KVCache
+from specdec.draft import Draft, Step
 from specdec.drafters.base import Drafter, DraftRequest, build
 from specdec.metrics import GenerationStats, StepRecord
 from specdec.models import Target
@@ -36,6 +38,21 @@ class GenerationOutput:
     """Decoded `token_ids` (special tokens skipped)."""
     prompt_ids: list[int]
     stats: GenerationStats
+
+
+def prefill(target: Target, cache: KVCache, token_ids: Sequence[int]) -> Step:
+    """Run every token but the last (the root of the first step) into an empty `cache`; returns the
+    prefill `Step` a drafter's `commit` takes. Also how tests and tools start a drafter at a prefix."""
+    count = len(token_ids) - 1
+    if count:
+        hidden = target.prefill(token_ids[:-1], cache).hidden  # [B, L-1, H]
+    else:
+        hidden = torch.empty(1, 0, target.hidden_size, dtype=target.dtype, device=target.device)
+    return Step(
+        token_ids=torch.tensor([list(token_ids)], dtype=torch.long), num_new=[len(token_ids)],
+        draft=Draft.empty(), acceptances=[], positions=torch.arange(count)[None], target_hidden=hidden,
+        _kv=lambda: cache.tail(count),
+    )
 
 
 def generate(
@@ -66,7 +83,7 @@ def generate(
     if len(prompt_ids) + max_new_tokens > target.context_length:
         raise ValueError(
             f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.name!r} "
+            f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.label!r} "
             f"({target.context_length}); shorten the prompt or lower max_new_tokens"
         )
     drafter = drafter if drafter is not None else build("none", target=target)
@@ -78,12 +95,8 @@ def generate(
 
     # Prefill every prompt token but the last, which becomes the root of the first step.
     cache = KVCache()
-    hidden = None  # [B, L-1, H] target hidden states of committed positions, for feature drafters
-    if len(prompt_ids) > 1:
-        out = target.prefill(prompt_ids[:-1], cache)
-        hidden = out.hidden if drafter.needs_target_hidden else None
     committed = list(prompt_ids)
-    num_new = len(prompt_ids)
+    drafter.commit(prefill(target, cache, committed))
     stats.prefill_time_s = time.perf_counter() - start
 
     while len(committed) - len(prompt_ids) < max_new_tokens:
@@ -92,22 +105,20 @@ def generate(
         t0 = time.perf_counter()
         request = DraftRequest(
             token_ids=torch.tensor([committed], dtype=torch.long),
-            num_new=num_new,
-            target_hidden=hidden,
             shape=shape,
             sampling=sampling,
             generator=generator,
             max_depth=remaining - 1,
         )
         draft = drafter.propose(request)
-        depth = int(tree_ops.depths(draft.parents).max()) if draft.num_nodes else 0
+        depth = draft.depth
         if depth > remaining - 1:
             draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
             depth = remaining - 1
 
         # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
         t1 = time.perf_counter()
-        past = cache.length
+        past = cache.next_position
         tokens = torch.cat([torch.tensor([[committed[-1]]]), draft.tokens.cpu()], 1)  # [B, 1 + N]
         parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # draft roots hang off block 0
         out = target.forward(tokens, cache, parents)
@@ -115,22 +126,25 @@ def generate(
         # 3. Accept.
         acceptance = verify(draft, out.logits, sampling, generator)
 
-        # 4. Commit: keep the root and the accepted path in the cache, append the new tokens.
+        # 4. Commit: keep the root and the accepted path in the cache, append the new tokens, and
+        #    tell the drafter (its rollback and whatever target state it reads).
         kept = [0] + [i + 1 for i in acceptance.path]
         cache.keep(past, kept)
-        if hidden is not None:
-            hidden = torch.cat([hidden, out.hidden[:, kept]], 1)
-        drafter.rollback(draft, acceptance)
-        new = [int(draft.tokens[0, i]) for i in acceptance.path] + [acceptance.next_token]
+        new = tokens[0, kept[1:]].tolist() + [acceptance.next_token]
         committed.extend(new)
-        num_new = len(new)
         t2 = time.perf_counter()
+        drafter.commit(Step(
+            token_ids=torch.tensor([committed], dtype=torch.long), num_new=[len(new)], draft=draft,
+            acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
+            target_hidden=out.hidden[:, kept], _kv=lambda n=len(kept): cache.tail(n),
+        ))
+        t3 = time.perf_counter()
         stats.steps.append(StepRecord(
             drafted=draft.num_nodes,
             draft_depth=depth,
             accepted=acceptance.num_accepted,
             bonus=acceptance.bonus,
-            draft_time_s=t1 - t0,
+            draft_time_s=(t1 - t0) + (t3 - t2),
             verify_time_s=t2 - t1,
         ))
         if eos and eos.intersection(new):

@@ -16,13 +16,15 @@ from typing import Any
 import torch
 
 from specdec import tree as tree_ops
-from specdec.cache import KVCache
+from specdec.cache import Cache
 
 
 def tree_attention(
-    parents: torch.Tensor | None, n: int, past: int, dtype: torch.dtype = torch.float32
+    parents: torch.Tensor | None, n: int, past: int, dtype: torch.dtype = torch.float32,
+    next_position: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [n] and additive attention mask [n, past + n] for n new tokens after `past` cached.
+    """Positions [n] and additive attention mask [n, past + n] for n new tokens after `past` cached
+    entries, the cache's next absolute position being `next_position` (default `past`: nothing evicted).
 
     `parents` (None = a chain) covers the *tree block*: the last M = len(parents) positions, i.e.
     the M - n newest cached entries followed by the n new tokens, with -1 meaning a child of the
@@ -30,14 +32,18 @@ def tree_attention(
     ancestors inside it, at position block_start + depth - 1.
 
     Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
-    new tokens [c, d] with block parents [-1, 0, 1, 0] -> the block starts at 8; c is a child of b
-    at position 10, d a child of a at position 9; d sees 0..7 and a, but not b or c.
+    new tokens [c, d] with block parents [-1, 0, 1, 0] -> the block starts at entry 8; c is a child
+    of b at position 10, d a child of a at position 9; d sees 0..7 and a, but not b or c. Had the
+    cache evicted 100 entries (next_position = 110), the same block would sit at positions 108.. and
+    c, d at 110 and 109, with the same mask.
     """
     parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
-    block_start = past - (parents.numel() - n)
-    if block_start < 0 or parents.numel() < n:
+    block = parents.numel() - n  # block entries already cached
+    block_start = past - block  # stored index of the block's first entry
+    if block_start < 0 or block < 0:
         raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new and {past} cached")
-    positions = block_start + tree_ops.depths(parents)[-n:] - 1  # [n]
+    first_position = (past if next_position is None else next_position) - block
+    positions = first_position + tree_ops.depths(parents)[-n:] - 1  # [n]
     visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
     visible = torch.cat([torch.ones(n, block_start, dtype=torch.bool), visible], 1)  # [n, past + n]
     if not dtype.is_floating_point:
@@ -60,6 +66,9 @@ class Target:
     model: Any  # transformers PreTrainedModel (causal LM)
     tokenizer: Any | None
     name: str
+    """The model's name (a built-in name, path or hub id), never decorated with its quantization."""
+    quant: str = "none"
+    """The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
 
@@ -70,6 +79,11 @@ class Target:
         self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
 
     # ---- facts ---------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        """`name`, or `name@quant` for a quantized target: for messages and result keys."""
+        return self.name if self.quant == "none" else f"{self.name}@{self.quant}"
+
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
@@ -149,11 +163,12 @@ class Target:
     def forward(
         self,
         tokens: torch.Tensor,  # [B, n] long, the new tokens
-        cache: KVCache,
+        cache: Cache,
         parents: torch.Tensor | None = None,  # [M] long, M >= n: parents over the tree block
         logits_rows: slice | torch.Tensor | None = None,
     ) -> ForwardOut:
-        """Score n new tokens after the cache, appending exactly n entries to `cache`.
+        """Score n new tokens after the cache, appending exactly n entries to `cache`, at the
+        absolute positions the cache gives them (`cache.next_position`, not its stored length).
 
         Without `parents` the new tokens form a causal chain after everything cached; with them,
         a tree block as described in `tree_attention`. `logits_rows` selects which new rows get
@@ -162,7 +177,8 @@ class Target:
         batch, n = tokens.shape
         if batch != 1:
             raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
-        positions, mask = tree_attention(parents, n, cache.length, self.base.get_input_embeddings().weight.dtype)
+        positions, mask = tree_attention(parents, n, cache.length, self.base.get_input_embeddings().weight.dtype,
+                                         cache.next_position)
         out = self.base(
             input_ids=tokens.to(self.device),
             attention_mask=mask[None, None].to(self.device),  # [B, 1, n, past + n]
@@ -177,7 +193,7 @@ class Target:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return ForwardOut(logits=logits, hidden=hidden)
 
-    def prefill(self, token_ids: Sequence[int], cache: KVCache) -> ForwardOut:
+    def prefill(self, token_ids: Sequence[int], cache: Cache) -> ForwardOut:
         """Run `token_ids` as a chain into `cache`, logits for the last row only."""
         tokens = torch.tensor([list(token_ids)], dtype=torch.long)
         return self.forward(tokens, cache, logits_rows=slice(-1, None))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.draft import Draft
 from specdec.sampling import SamplingConfig, target_probs_from_logits
 
 # score(node_ids, tokens, parent_ids) -> logits [B, n, V] of the token after each listed node.

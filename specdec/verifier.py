@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specdec import tree as tree_ops
-from specdec.drafters.base import Acceptance, Draft
+from specdec.draft import Acceptance, Draft
 from specdec.sampling import SamplingConfig, target_probs_from_logits
 
 

@@ -18,6 +18,7 @@ from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead
 from specdec.drafters.eagle_training import training_prompts
+from specdec.loop import prefill
 from specdec.reference import reference_generate
 from specdec.sampling import SamplingConfig
 from specdec.shapes import parse_shape
@@ -33,11 +34,16 @@ def tiny():
     return specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
 
 
-def request_for(target, token_ids, shape, max_depth=16, sampling=SamplingConfig()):
-    hidden = target.prefill(token_ids[:-1], KVCache()).hidden  # [B, L-1, H]
-    return DraftRequest(token_ids=torch.tensor([token_ids]), num_new=len(token_ids), target_hidden=hidden,
-                        shape=parse_shape(shape), sampling=sampling,
+def request_for(target, drafter, token_ids, shape, max_depth=16, sampling=SamplingConfig()):
+    """Start `drafter` afresh at `token_ids` (reset + the prefill Step) and ask for a draft."""
+    drafter.reset()
+    drafter.commit(prefill(target, KVCache(), token_ids))
+    return DraftRequest(token_ids=torch.tensor([token_ids]), shape=parse_shape(shape), sampling=sampling,
                         generator=torch.Generator().manual_seed(0), max_depth=max_depth)
+
+
+def _draft(drafter, target, shape):
+    return drafter.propose(request_for(target, drafter, PROMPT, shape))
 
 
 def tree_depth(shape) -> int:
@@ -50,7 +56,7 @@ def tree_depth(shape) -> int:
 @pytest.mark.parametrize("max_depth", [16, 2])
 def test_every_shape_gives_a_valid_tree(tiny, shape, max_depth):
     drafter = build("eagle", target=tiny, head="random", draft_vocab=20)
-    draft = drafter.propose(request_for(tiny, PROMPT, shape, max_depth=max_depth))
+    draft = drafter.propose(request_for(tiny, drafter, PROMPT, shape, max_depth=max_depth))
     parents = tree_ops.as_parents(draft.parents)  # raises unless parents precede children
     assert 1 <= draft.num_nodes <= parse_shape(shape).max_nodes
     assert int(tree_ops.depths(parents).max()) <= min(tree_depth(shape), max_depth)
@@ -73,10 +79,11 @@ def test_head_cache_after_rollback_equals_a_fresh_prefill(tiny):
     head = random_head(tiny)
     used = build("eagle", target=tiny, head=head)
     out = specdec.generate(tiny, used, PROMPT, shape="tree(2,2)", max_new_tokens=12, stop_on_eos=False)
-    committed = PROMPT + out.token_ids
-    used.propose(request_for(tiny, committed, "chain(1)"))
+    committed = PROMPT + out.token_ids  # the loop's last commit already told `used` about all of them
+    used.propose(DraftRequest(token_ids=torch.tensor([committed]), shape=parse_shape("chain(1)"),
+                              sampling=SamplingConfig(), generator=torch.Generator(), max_depth=16))
     fresh = build("eagle", target=tiny, head=head)
-    fresh.propose(request_for(tiny, committed, "chain(1)"))
+    fresh.propose(request_for(tiny, fresh, committed, "chain(1)"))
     assert used.cache.length == fresh.cache.length == len(committed) - 1
     for (k1, v1), (k2, v2) in zip(used.cache.tensors(), fresh.cache.tensors()):
         torch.testing.assert_close(k1, k2)
@@ -123,9 +130,9 @@ def test_save_load_round_trip_gives_identical_drafts(tiny, tmp_path):
     loaded = EagleHead.load(path)
     assert json.loads(path.with_suffix(".json").read_text())["vocab_size"] == tiny.vocab_size
     for shape in ("chain(4)", "dynamic(top_k=3,depth=4,budget=10)"):
-        a = build("eagle", target=tiny, head=head, draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
-        b = build("eagle", target=tiny, head=str(path), draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
-        c = build("eagle", target=tiny, head=loaded, draft_vocab=30).propose(request_for(tiny, PROMPT, shape))
+        a = _draft(build("eagle", target=tiny, head=head, draft_vocab=30), tiny, shape)
+        b = _draft(build("eagle", target=tiny, head=str(path), draft_vocab=30), tiny, shape)
+        c = _draft(build("eagle", target=tiny, head=loaded, draft_vocab=30), tiny, shape)
         for other in (b, c):
             assert torch.equal(a.tokens, other.tokens) and torch.equal(a.parents, other.parents)
 
@@ -179,5 +186,5 @@ def test_a_quantized_target_finds_its_models_shipped_head():
 
     from specdec.drafters.eagle import shipped_head_path
 
-    plain = shipped_head_path(SimpleNamespace(name="smollm2-135m"))
-    assert shipped_head_path(SimpleNamespace(name="smollm2-135m@rtn4_g64")) == plain
+    plain = shipped_head_path(SimpleNamespace(name="smollm2-135m", quant="none"))
+    assert shipped_head_path(SimpleNamespace(name="smollm2-135m", quant="rtn4_g64")) == plain

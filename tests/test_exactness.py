@@ -41,7 +41,6 @@ class OracleDrafter:
     first and the right token second (a chain gets the right token only)."""
 
     name = "oracle"
-    needs_target_hidden = False
 
     def __init__(self, truth: list[int], vocab: int, tree: bool):
         self.truth, self.vocab, self.tree = truth, vocab, tree
@@ -64,7 +63,7 @@ class OracleDrafter:
             return Draft.empty()
         return Draft(torch.tensor([tokens]), torch.tensor(parents))
 
-    def rollback(self, draft, acceptance):
+    def commit(self, step):
         pass
 
 

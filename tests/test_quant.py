@@ -139,7 +139,7 @@ def test_every_backend_runs_here_or_says_why_not(tiny, spec):
     logits = quantized.forward(torch.tensor([PROMPT]), specdec.cache.KVCache()).logits
     assert logits.shape == (1, len(PROMPT), tiny.vocab_size) and torch.isfinite(logits.float()).all()
     info = quantized.info["quant"]
-    assert info["spec"] == quant.parse_spec(spec).text and quantized.name.endswith("@" + info["spec"])
+    assert info["spec"] == quant.parse_spec(spec).text and quantized.quant == info["spec"]
     assert info["weight_bytes"] > 0 and info["bits_per_param"] > 0
 
 

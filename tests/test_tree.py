@@ -5,7 +5,9 @@ import torch
 
 import specdec
 from specdec import tree as tree_ops
+from specdec.cache import KVCache
 from specdec.drafters import DraftRequest, build_for_tests
+from specdec.loop import prefill
 from specdec.sampling import SamplingConfig
 from specdec.shapes import ChainShape, DynamicShape, TreeShape, parse_shape
 
@@ -54,8 +56,7 @@ def test_bad_shapes_name_the_value(bad, match):
 
 
 def _request(target, ids, shape, sampling, max_depth=100):
-    return DraftRequest(token_ids=torch.tensor([ids]), num_new=len(ids), target_hidden=None,
-                        shape=parse_shape(shape), sampling=sampling,
+    return DraftRequest(token_ids=torch.tensor([ids]), shape=parse_shape(shape), sampling=sampling,
                         generator=torch.Generator().manual_seed(0), max_depth=max_depth)
 
 
@@ -68,10 +69,8 @@ def test_every_drafter_yields_a_valid_tree_in_every_shape(name, shape, tiny_llam
         for max_depth in (100, 2):
             drafter = build_for_tests(name, target=tiny_llama64)
             drafter.reset()
+            drafter.commit(prefill(tiny_llama64, KVCache(), prompt))
             req = _request(tiny_llama64, prompt, shape, sampling, max_depth)
-            if drafter.needs_target_hidden:
-                cache = specdec.cache.KVCache()
-                req.target_hidden = tiny_llama64.prefill(prompt[:-1], cache).hidden
             draft = drafter.propose(req)
             parents = draft.parents
             assert (parents < torch.arange(parents.numel())).all()

@@ -8,10 +8,11 @@ adding one module with an `@register("name")` line, and the invariant tests pick
 import importlib
 import pkgutil
 
-from specdec.drafters.base import Acceptance, Draft, Drafter, DraftRequest, build, build_for_tests, names, register
+from specdec.draft import Acceptance, Draft, Step
+from specdec.drafters.base import Drafter, DraftRequest, build, build_for_tests, names, register
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["Acceptance", "Draft", "DraftRequest", "Drafter", "build", "build_for_tests", "names", "register"]
+__all__ = ["Acceptance", "Draft", "DraftRequest", "Drafter", "Step", "build", "build_for_tests", "names", "register"]

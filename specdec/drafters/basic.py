@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.draft import Draft, Step
+from specdec.drafters.base import DraftRequest, register
 from specdec.shapes import grow_tree
 
 
@@ -19,7 +20,6 @@ class NoDrafter:
     """Proposes an empty draft: the loop becomes plain autoregressive decoding."""
 
     name = "none"
-    needs_target_hidden = False
 
     def __init__(self, *, target) -> None:
         self.target = target
@@ -30,7 +30,7 @@ class NoDrafter:
     def propose(self, request: DraftRequest) -> Draft:
         return Draft.empty(device=request.token_ids.device)
 
-    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+    def commit(self, step: Step) -> None:
         pass
 
 
@@ -39,7 +39,6 @@ class RandomDrafter:
     """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape."""
 
     name = "random"
-    needs_target_hidden = False
 
     def __init__(self, *, target, seed: int = 1234) -> None:
         self.vocab_size = target.vocab_size
@@ -62,5 +61,5 @@ class RandomDrafter:
             request.max_depth,
         )
 
-    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+    def commit(self, step: Step) -> None:
         pass

@@ -2,8 +2,9 @@
 
 Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleHead`
 (specdec/drafters/eagle_head.py) with its own KV cache over *pairs*: pair i is (feature at position
-i, embedding of token i+1), so a prompt of L committed tokens gives L-1 pairs, whose features are
-the target's final hidden states (`DraftRequest.target_hidden`). The head's output at the last pair
+i, embedding of token i+1), so L committed tokens give L-1 pairs, whose features are the target's
+final hidden states, taken from each `Step` the loop commits (`Step.target_hidden`) and held here
+until the head has run them. The head's output at the last pair
 predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
 Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
 and each expanded level is one tree forward of the head (`specdec.models.tree_attention`).
@@ -11,8 +12,8 @@ and each expanded level is one tree forward of the head (`specdec.models.tree_at
 Rollback (`refresh=True`, EAGLE's recipe and the default): the head's entries for draft nodes were
 computed from *predicted* features, so all are dropped and the accepted tokens are re-run at the next
 `propose` with the target's true features. `refresh=False` keeps the accepted path's entries instead
-(keep-path rollback, matched by token as in ModelDrafter): one pair per step instead of k+1, at the
-price of stale features in the head's context.
+(keep-path rollback by node id, as in ModelDrafter): one pair per step instead of k+1, at the price
+of stale features in the head's context.
 
 Draft vocabulary: `draft_vocab=N` scores only the N most frequent tokens of the head's training
 data (EAGLE-3), returning -inf elsewhere (grow_tree takes full-vocabulary logits). Knows nothing
@@ -27,9 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from specdec.cache import KVCache
-from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.draft import Draft, Step
+from specdec.drafters.base import DraftRequest, register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
-from specdec.drafters.model import accepted_block_slots
+from specdec.drafters.model import BlockSlots
 from specdec.models import Target, tree_attention
 from specdec.shapes import grow_tree
 
@@ -39,8 +41,6 @@ HEADS_DIR = Path(__file__).parent / "heads"
 
 class EagleDrafter:
     """Drafts with an EAGLE head over `target`'s features (see the module docstring)."""
-
-    needs_target_hidden = True
 
     def __init__(self, head: EagleHead, *, target: Target, draft_vocab: int | None = None,
                  refresh: bool = True, name: str = "eagle") -> None:
@@ -52,6 +52,7 @@ class EagleDrafter:
         self.lm_weight = target.lm_head.weight  # [V, H]
         self.softcap = target.softcap
         self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
         self.vocab = None  # [N] target ids scored by the draft, None = all
         if draft_vocab is not None:
             stored = int(head.draft_vocab.numel())
@@ -71,10 +72,10 @@ class EagleDrafter:
     def reset(self) -> None:
         self.cache = KVCache()
         self.consumed = 0  # pairs whose KV is in self.cache (pair i = feature i + token i+1)
-        self.block_tokens: list[int] = []  # draft nodes run this step, in cache order after `consumed`
-        self.block_parents: list[int] = []  # their parents as block indices (-1 = root)
+        self.features = self.lm_weight.new_empty(1, 0, self.hidden_size)  # [B, P, H] target features of
+        # the positions consumed, consumed + 1, ...: pairs not yet run by the head
+        self.block = BlockSlots()
         self.block_features: list[torch.Tensor] = []  # [B, 1, H] predicted feature per block entry
-        self.slot: dict[int, int] = {}  # draft node id -> block index
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits [B, n, V] (float32) of predicted features [B, n, H]; -inf outside
@@ -96,14 +97,9 @@ class EagleDrafter:
         return self.head(features, embeds, positions, mask, self.cache.hf)
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
-        feats = []
-        for node, tok, parent in zip(node_ids, tokens[0].tolist(), parent_ids):
-            slot = self.slot[parent] if parent >= 0 else -1
-            feats.append(self.root_feature if slot < 0 else self.block_features[slot])
-            self.slot[node] = len(self.block_tokens)
-            self.block_tokens.append(tok)
-            self.block_parents.append(slot)
-        predicted = self._run(torch.cat(feats, 1), tokens, torch.tensor(self.block_parents))  # [B, n, H]
+        feats = [self.block_features[self.block.slot[p]] if p >= 0 else self.root_feature for p in parent_ids]
+        parents = self.block.add(node_ids, parent_ids)
+        predicted = self._run(torch.cat(feats, 1), tokens, parents)  # [B, n, H]
         self.block_features.extend(predicted.split(1, dim=1))
         return self._logits(predicted)
 
@@ -115,30 +111,34 @@ class EagleDrafter:
         pairs = ids.shape[1] - 1
         if pairs == 0:  # a one-token prompt: no target feature exists yet, so nothing to draft from
             return Draft.empty(device=ids.device)
-        if request.target_hidden is None or request.target_hidden.shape[1] != pairs:
-            got = None if request.target_hidden is None else tuple(request.target_hidden.shape)
-            raise ValueError(f"EAGLE needs target_hidden [B, L-1={pairs}, H] for {pairs + 1} committed tokens, "
-                             f"got {got}")
-        features = request.target_hidden[:, self.consumed:]  # [B, n, H] pairs not yet in the cache
-        tokens = ids[:, self.consumed + 1:]  # [B, n] the token after each of those features
-        predicted = self._run(features, tokens, None)
+        if self.consumed + self.features.shape[1] != pairs:
+            raise ValueError(f"EAGLE holds features for {self.consumed + self.features.shape[1]} positions but "
+                             f"{pairs + 1} tokens are committed: every Step must reach commit()")
+        tokens = ids[:, self.consumed + 1:]  # [B, n] the token after each pending feature
+        predicted = self._run(self.features, tokens, None)
         self.consumed = pairs
+        self.features = self.features[:, :0]
         self.root_feature = predicted[:, -1:]  # [B, 1, H] predicted feature of the root
-        self.block_tokens, self.block_parents, self.block_features, self.slot = [], [], [], {}
+        self.block, self.block_features = BlockSlots(), []
         return grow_tree(request.shape, self._logits(self.root_feature)[:, -1], self._score,
                          request.sampling, request.generator, request.max_depth)
 
-    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
-        kept = [] if self.refresh else accepted_block_slots(draft, acceptance, self.block_tokens, self.block_parents)
-        self.cache.keep(self.consumed, kept)
-        self.consumed += len(kept)
+    def commit(self, step: Step) -> None:
+        """Roll the head's cache back (refresh: drop every draft entry; else keep the accepted path's)
+        and queue the target's features of the committed positions that the head has not run."""
+        if not step.is_prefill:
+            kept = [] if self.refresh else self.block.accepted(step)
+            self.cache.keep(self.consumed, kept)
+            self.consumed += len(kept)
+        first = int(step.positions[0, 0]) if step.positions.numel() else self.consumed
+        features = step.target_hidden.to(self.features.dtype)  # [B, K, H] at positions first, first + 1, ...
+        self.features = torch.cat([self.features, features[:, max(0, self.consumed - first):]], 1)
 
 
 def shipped_head_path(target: Target) -> Path:
-    """The shipped head for `target` (by name; a quantized target "NAME@SPEC" gets NAME's head, trained
+    """The shipped head for `target` (by model name: a quantized target gets its model's head, trained
     on the unquantized target's features); FileNotFoundError naming the shipped ones if none."""
-    base_name = target.name.split("@")[0]  # a quantized target ("name@spec") uses its model's head
-    path = HEADS_DIR / f"{base_name}.safetensors"
+    path = HEADS_DIR / f"{target.name}.safetensors"
     if not path.exists():
         shipped = sorted(p.stem for p in HEADS_DIR.glob("*.safetensors"))
         raise FileNotFoundError(

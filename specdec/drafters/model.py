@@ -2,8 +2,9 @@
 
 Owns `ModelDrafter`, which runs a draft `Target` with its own KV cache: before each draft it feeds
 the committed tokens it has not seen yet, then grows the requested shape with `grow_tree`, scoring
-each expanded level in one tree forward. Its rollback keeps, in its own cache, exactly the draft
-nodes on the accepted path that it had run (the rest of the path is fed with the next request).
+each expanded level in one tree forward. On `commit` it keeps, in its own cache, exactly the draft
+nodes on the accepted path that it had run, found by node id (`BlockSlots`); the rest of the path
+is fed with the next request.
 
 `small` builds one from `model=` (a built-in name, path, hub id or a loaded `Target`); without
 one it uses the target's first `layers` decoder layers with the target's own final norm and lm_head
@@ -17,75 +18,80 @@ import copy
 import torch
 
 from specdec.cache import KVCache
-from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.draft import Draft, Step
+from specdec.drafters.base import DraftRequest, register
 from specdec.models import Target
 from specdec.shapes import grow_tree
+
+
+class BlockSlots:
+    """Where a drafter's cache holds the draft nodes it ran this step: node id -> block slot.
+
+    The *block* is the run of cache entries a drafter appended while growing a draft, after its
+    committed prefix; `parents` records each entry's parent slot (-1 = the root), which is what a
+    tree forward of the next level needs. `accepted(step)` turns the accepted path into the slots to
+    keep, by a gather on node ids. Example: nodes 0, 1, 5 ran into slots 0, 1, 2 and the accepted
+    path has node ids [1, 5, 7] -> slots [1, 2] (node 7 was a leaf, never run).
+    """
+
+    def __init__(self) -> None:
+        self.parents: list[int] = []  # parent slot per block entry, -1 = the root
+        self.slot: dict[int, int] = {}  # node id -> block slot
+
+    def add(self, node_ids: list[int], parent_ids: list[int]) -> torch.Tensor:
+        """Record nodes about to be run; returns the block's parents [M] for the tree forward."""
+        for node, parent in zip(node_ids, parent_ids):
+            self.slot[node] = len(self.parents)
+            self.parents.append(self.slot[parent] if parent >= 0 else -1)
+        return torch.tensor(self.parents, dtype=torch.long)
+
+    def accepted(self, step: Step) -> list[int]:
+        """Block slots of the accepted path's nodes that were run, root's child first."""
+        kept = []
+        for node in step.accepted_node_ids().tolist():
+            if node not in self.slot:  # a node that was never run has no run descendants either
+                break
+            kept.append(self.slot[node])
+        return kept
 
 
 class ModelDrafter:
     """Drafts with `draft_model`, a Target sharing the target's vocabulary."""
 
-    needs_target_hidden = False
-
     def __init__(self, draft_model: Target, *, target: Target, name: str) -> None:
         if draft_model.vocab_size != target.vocab_size:
             raise ValueError(
-                f"draft model {draft_model.name!r} has vocabulary {draft_model.vocab_size}, target "
-                f"{target.name!r} has {target.vocab_size}: a draft model must share the target's vocabulary"
+                f"draft model {draft_model.label!r} has vocabulary {draft_model.vocab_size}, target "
+                f"{target.label!r} has {target.vocab_size}: a draft model must share the target's vocabulary"
             )
         self.name = name
         self.model = draft_model
-        self.cache = KVCache()
-        self.consumed = 0  # committed tokens whose KV is in self.cache
-        self.block_tokens: list[int] = []  # draft nodes run this step, in cache order after `consumed`
-        self.block_parents: list[int] = []  # their parents as block indices (-1 = root)
+        self.reset()
 
     def reset(self) -> None:
         self.cache = KVCache()
-        self.consumed = 0
+        self.consumed = 0  # committed tokens whose KV is in self.cache
+        self.block = BlockSlots()
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
-        parent_slot = [self.slot[p] if p >= 0 else -1 for p in parent_ids]
-        for node, tok, p in zip(node_ids, tokens[0].tolist(), parent_slot):
-            self.slot[node] = len(self.block_tokens)
-            self.block_tokens.append(tok)
-            self.block_parents.append(p)
-        out = self.model.forward(tokens, self.cache, torch.tensor(self.block_parents))
-        return out.logits.float()  # [B, n, V]
+        parents = self.block.add(node_ids, parent_ids)
+        return self.model.forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
 
     def propose(self, request: DraftRequest) -> Draft:
         ids = request.token_ids[0].tolist()
         pending = ids[self.consumed:]  # always includes the root
         out = self.model.forward(torch.tensor([pending]), self.cache, logits_rows=slice(-1, None))
         self.consumed = len(ids)
-        self.block_tokens, self.block_parents, self.slot = [], [], {}
+        self.block = BlockSlots()
         return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
                          request.sampling, request.generator, request.max_depth)
 
-    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
-        kept = accepted_block_slots(draft, acceptance, self.block_tokens, self.block_parents)
+    def commit(self, step: Step) -> None:
+        if step.is_prefill:
+            return
+        kept = self.block.accepted(step)
         self.cache.keep(self.consumed, kept)
         self.consumed += len(kept)
-
-
-def accepted_block_slots(draft: Draft, acceptance: Acceptance, block_tokens: list[int],
-                         block_parents: list[int]) -> list[int]:
-    """Cache-block slots of the accepted path's nodes that a drafter ran, root's child first.
-
-    The accepted tokens are walked through the block (token + parent slot), since the draft may
-    have been re-indexed after growing; the walk stops at the first accepted node never run (a
-    leaf). Example: block tokens [7, 9, 4] with parents [-1, -1, 1] and accepted tokens [9, 4, 5]
-    -> slots [1, 2] (token 5 was a leaf, never run).
-    """
-    kept: list[int] = []
-    parent = -1
-    for tok in (int(draft.tokens[0, i]) for i in acceptance.path):
-        slot = next((s for s, (t, p) in enumerate(zip(block_tokens, block_parents)) if t == tok and p == parent), None)
-        if slot is None:
-            break
-        kept.append(slot)
-        parent = slot
-    return kept
 
 
 def early_exit_copy(target: Target, layers: int) -> Target:
@@ -102,7 +108,7 @@ def early_exit_copy(target: Target, layers: int) -> Target:
     shallow.config = copy.copy(target.model.config)
     shallow.config.num_hidden_layers = layers
     shallow.model.config = shallow.config
-    return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]")
+    return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]", quant=target.quant)
 
 
 @register("small")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec.drafters.base import Acceptance, Draft, DraftRequest, register
+from specdec.draft import Draft, Step
+from specdec.drafters.base import DraftRequest, register
 from specdec.shapes import ChainShape, DynamicShape, Shape, TreeShape
 
 
@@ -34,7 +35,6 @@ class NgramDrafter:
     """Prompt-lookup drafter (point-mass drafts in any shape)."""
 
     name = "ngram"
-    needs_target_hidden = False
 
     def __init__(self, *, target=None, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 8) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -84,5 +84,5 @@ class NgramDrafter:
             return Draft.empty(device=request.token_ids.device)
         return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long))
 
-    def rollback(self, draft: Draft, acceptance: Acceptance) -> None:
+    def commit(self, step: Step) -> None:
         pass

@@ -33,7 +33,7 @@ def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     """
     spec = parse_spec(spec)
     b = get(spec.backend)
-    previous = target.info.get("quant", {}).get("spec", "none")
+    previous = target.quant
     if get(parse_spec(previous).backend).packed:
         raise QuantSpecError(f"{target.name!r} is already quantized ({previous}); quantize the unquantized model "
                              f"instead (e.g. quantized_copy of the original target). Only targets whose weights "
@@ -95,15 +95,15 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
         "bits_per_quantized_weight": 8 * layer_bytes / quantized_params if quantized_params else None,
         "nominal_bits_per_quantized_weight": b.nominal_bits(spec) if b.nominal_bits else None,
         "calibration": calibration_description() if b.calibrated else None,
-        "on_top_of": target.info.get("quant", {}).get("spec"),
+        "on_top_of": None if target.quant == "none" else target.quant,
     }
-    return Target(model, target.tokenizer, name=f"{target.name}@{spec.text}",
-                  info={**target.info, "quant": info})
+    return Target(model, target.tokenizer, name=target.name, quant=spec.text, info={**target.info, "quant": info})
 
 
 def quantized_copy(target: Target, spec: str | QuantSpec) -> Target:
     """A quantized deep copy of `target`; `target` itself is not modified. Checks the spec before
     copying, so a bad spec fails fast."""
     check_quantizable(target, spec)
-    clone = Target(copy.deepcopy(target.model), target.tokenizer, name=target.name, info=dict(target.info))
+    clone = Target(copy.deepcopy(target.model), target.tokenizer, name=target.name, quant=target.quant,
+                   info=dict(target.info))
     return quantize_target(clone, spec)

@@ -125,7 +125,7 @@ def quant_report(reference: Target, quantized: Target, config: ReportConfig = Re
     ids = eval_token_ids(reference, min(config.eval_tokens, reference.context_length))
     report: dict[str, Any] = {
         "reference": reference.name,
-        "quantized": quantized.name,
+        "quantized": quantized.label,
         "quant": quantized.info.get("quant", {"spec": "none"}),
         "eval_text": {"id": EVAL_ID, "sha256_12": text_fingerprint(EVAL_TEXT),
                       "tokenized": reference.tokenizer is not None},

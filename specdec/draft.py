@@ -1,0 +1,145 @@
+"""The data that flows between the loop, the drafters and the verifier: draft, acceptance, step.
+
+Owns three plain records and nothing else:
+- `Draft`: the one shape every drafter returns (tokens, `parents`, optional `draft_probs`, and the
+  drafter's own `node_ids`, which survive pruning so a drafter finds its nodes again by a gather);
+- `Acceptance`: the verifier's decision for one sequence (accepted node indices, the next token);
+- `Step`: what the loop tells a drafter after each verification (and once after the prefill)
+  through `drafter.commit(step)`: the committed tokens, the accepted nodes, and the target's
+  hidden states and a read-only view of its KV entries for the positions just committed.
+Knows nothing about models, caches or acceptance rules; imports only `tree` (geometry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec import tree as tree_ops
+
+KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
+"""(keys, values) per decoder layer, each [B, kv_heads, S, head_dim]."""
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A draft tree. A chain is the tree with parents [-1, 0, 1, ...].
+
+    Node i proposes token `tokens[0, i]` as a continuation of its parent (or of the root, the last
+    committed token, when `parents[i] == -1`). Parents precede children.
+    """
+
+    tokens: torch.Tensor  # [B, N] long
+    parents: torch.Tensor  # [N] long, -1 = child of the root
+    draft_probs: torch.Tensor | None = None
+    """[B, N, V]: the distribution node i was drawn from (given its parent and, for siblings, given
+    the earlier siblings). None = point-mass draft: every node is a deterministic proposal."""
+    node_ids: torch.Tensor | None = None
+    """[N] long: the drafter's own id of each node (e.g. its index in growth order), kept by
+    `subtree`, so the drafter maps accepted nodes back to its state by a gather. None = 0..N-1."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parents", tree_ops.as_parents(self.parents))
+        n = self.parents.numel()
+        if self.tokens.dim() != 2 or self.tokens.shape[1] != n:
+            raise ValueError(
+                f"Draft.tokens must be [B, N] with N = len(parents) = {n}, got shape {tuple(self.tokens.shape)}"
+            )
+        if self.draft_probs is not None and self.draft_probs.shape[:2] != self.tokens.shape:
+            raise ValueError(
+                f"Draft.draft_probs must be [B, N, V] matching tokens {tuple(self.tokens.shape)}, "
+                f"got {tuple(self.draft_probs.shape)}"
+            )
+        ids = torch.arange(n) if self.node_ids is None else torch.as_tensor(self.node_ids, dtype=torch.long).cpu()
+        if ids.shape != (n,):
+            raise ValueError(f"Draft.node_ids must be [N] with N = {n}, got shape {tuple(ids.shape)}")
+        object.__setattr__(self, "node_ids", ids)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.parents.numel()
+
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node (0 for an empty draft)."""
+        return int(tree_ops.depths(self.parents).max()) if self.num_nodes else 0
+
+    @staticmethod
+    def empty(batch: int = 1, device: torch.device | str = "cpu") -> Draft:
+        return Draft(torch.empty(batch, 0, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long))
+
+    def subtree(self, keep: torch.Tensor) -> Draft:
+        """The draft restricted to nodes `keep` (ascending, ancestor-closed); node ids are kept."""
+        keep = torch.as_tensor(keep, dtype=torch.long).cpu()
+        probs = None if self.draft_probs is None else self.draft_probs[:, keep.to(self.draft_probs.device)]
+        return Draft(self.tokens[:, keep.to(self.tokens.device)], tree_ops.reindex(self.parents, keep), probs,
+                     self.node_ids[keep])
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The verifier's decision for one sequence and one step."""
+
+    path: list[int]
+    """Draft node indices accepted, root's child first (length = accepted tokens this step)."""
+    next_token: int
+    """The token sampled by the target after the accepted path: the *bonus* token when the whole
+    path to a leaf was accepted, else the *recovered* token drawn from the residual."""
+    bonus: bool
+    """True when next_token is a bonus token (the last accepted node had no children left to try)."""
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
+
+
+@dataclass
+class Step:
+    """What the loop tells a drafter after the target committed tokens (`Drafter.commit`).
+
+    Sent once after the prefill (`draft` empty, `acceptances` empty) and after every verification.
+    The *kept rows* are the target positions whose state was just made permanent: after the prefill,
+    every prompt token but the last (the root, which the target has not run yet); after a step, the
+    root and the accepted draft nodes. In both cases they are the committed tokens
+    `token_ids[:, L - num_new - 1 : L - 1]` (clipped at 0), at absolute positions `positions`.
+
+    Worked example: 10 committed tokens, root at position 9, draft of 5 nodes, accepted nodes [1, 4]
+    plus a recovered token -> num_new = 3, kept rows = root + nodes 1, 4 at positions [9, 10, 11],
+    token_ids has 13 columns, and the next root is token_ids[:, 12] (not yet run by the target).
+    """
+
+    token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root
+    num_new: list[int]
+    """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the
+    whole prompt)."""
+    draft: Draft
+    acceptances: list[Acceptance]
+    """One per sequence; empty after the prefill."""
+    positions: torch.Tensor  # [B, K] absolute positions of the kept rows
+    target_hidden: torch.Tensor  # [B, K, H] the target's final hidden state (lm_head input) per kept row
+    _kv: Callable[[], KVLayers] = field(repr=False, default=list)
+
+    @property
+    def is_prefill(self) -> bool:
+        return not self.acceptances
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """The one sequence's acceptance (B = 1; raises after the prefill or for B > 1)."""
+        if len(self.acceptances) != 1:
+            raise ValueError(f"Step.acceptance needs exactly one sequence, this step has {len(self.acceptances)}")
+        return self.acceptances[0]
+
+    def accepted_node_ids(self, row: int = 0) -> torch.Tensor:
+        """[A] the drafter's node ids (`Draft.node_ids`) of sequence `row`'s accepted path."""
+        if self.is_prefill:
+            return torch.empty(0, dtype=torch.long)
+        return self.draft.node_ids[torch.tensor(self.acceptances[row].path, dtype=torch.long)]
+
+    def target_kv(self) -> KVLayers:
+        """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]:
+        views into the target's cache, valid until the loop's next step. Copy what you keep; never
+        write into them. Built on demand, so drafters that ignore it cost nothing."""
+        return self._kv()

@@ -1,0 +1,189 @@
+"""A target's measured latency curve: forward time as a function of width and context length.
+
+Owns `LatencyCurve` (the measurement, as data, with interpolation and JSON round-trip),
+`measure_latency` (times `Target.forward` of w tokens after c cached ones, widths interleaved) and
+`cached_latency` (measure once per target x device x dtype x quantization x machine x threads, keep
+it under the specdec cache). The curve is what turns acceptance into speed: the `auto` draft shape
+and the grid's cost model both read it. Knows nothing about drafters or shapes.
+
+Width w is a tree block of w tokens (all children of the cached prefix): the same attention work
+as any tree of w nodes, so one curve serves chains and trees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.models import Target
+
+SCHEMA = "specdec.latency/1"
+
+
+def machine_name(device: torch.device | str = "cpu") -> str:
+    """The processor a timing ran on: `lscpu`'s model name, or the CUDA device name."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Median forward seconds of a target per (context length, width)."""
+
+    target: str
+    """The target's label (`name` or `name@quant`)."""
+    device: str
+    dtype: str
+    machine: str
+    """`machine_name()` of the device the times were taken on."""
+    threads: int
+    """torch intra-op threads during the measurement."""
+    widths: tuple[int, ...]
+    """Tokens per forward, ascending, starting at 1."""
+    contexts: tuple[int, ...]
+    """Cached tokens before the forward, ascending."""
+    seconds: tuple[tuple[float, ...], ...]
+    """seconds[c][w]: median time of one forward at contexts[c], widths[w]."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        object.__setattr__(self, "contexts", tuple(int(c) for c in self.contexts))
+        object.__setattr__(self, "seconds", tuple(tuple(float(t) for t in row) for row in self.seconds))
+        if not self.widths or list(self.widths) != sorted(set(self.widths)) or self.widths[0] != 1:
+            raise ValueError(f"latency widths must be ascending, distinct and start at 1, got {self.widths}")
+        if not self.contexts or list(self.contexts) != sorted(set(self.contexts)):
+            raise ValueError(f"latency contexts must be ascending and distinct, got {self.contexts}")
+        if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.widths) for r in self.seconds):
+            raise ValueError(f"latency seconds must be [contexts={len(self.contexts)}][widths={len(self.widths)}]")
+
+    def at(self, width: int, context: int | None = None) -> float:
+        """Seconds of one forward of `width` tokens after `context` cached (default: the smallest
+        context measured), linear between measured points and beyond the last two."""
+        row = self._row(context)
+        return _interp(self.widths, row, width)
+
+    def ratio(self, width: int, context: int | None = None) -> float:
+        """Cost of a `width`-token forward in units of a one-token forward."""
+        return self.at(width, context) / self.at(1, context)
+
+    def _row(self, context: int | None) -> list[float]:
+        if context is None or len(self.contexts) == 1:
+            return list(self.seconds[0])
+        return [_interp(self.contexts, [r[w] for r in self.seconds], context) for w in range(len(self.widths))]
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @staticmethod
+    def from_json(data: dict, source: str = "<dict>") -> LatencyCurve:
+        """Parse a curve saved by `to_json`; ValueError naming `source` and the missing keys if not one."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError(f"{source} is not a latency curve: expected a JSON object with "
+                             f"\"schema\": \"{SCHEMA}\" (write one with specdec.latency.measure_latency)")
+        fields = ("target", "device", "dtype", "machine", "threads", "widths", "contexts", "seconds")
+        missing = [f for f in fields if f not in data]
+        if missing:
+            raise ValueError(f"latency curve {source} lacks {', '.join(missing)}")
+        return LatencyCurve(**{f: data[f] for f in fields})
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: str | Path) -> LatencyCurve:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read latency curve {path}: {err}") from None
+        return LatencyCurve.from_json(data, str(path))
+
+
+def _interp(xs: tuple[int, ...] | list[int], ys: list[float], x: float) -> float:
+    if len(xs) == 1:
+        return ys[0]
+    i = 1
+    while i < len(xs) - 1 and xs[i] < x:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+                    contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0) -> LatencyCurve:
+    """Time one forward of each width after each context (median of `repeats`, widths interleaved
+    within each repeat so drift hits all widths alike; one warm-up pass first)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    longest = max(contexts) + max(widths)
+    if longest > target.context_length:
+        raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
+                         f"context length {target.context_length}")
+    gen = torch.Generator().manual_seed(seed)
+    table = []
+    for context in contexts:
+        cache = KVCache()
+        prefix = torch.randint(0, target.vocab_size, (context,), generator=gen).tolist()
+        if prefix:
+            target.prefill(prefix, cache)
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        for rep in range(repeats + 1):
+            for w in widths:
+                tokens = torch.randint(0, target.vocab_size, (1, w), generator=gen)
+                _sync(target.device)
+                t0 = time.perf_counter()
+                target.forward(tokens, cache, torch.full((w,), -1, dtype=torch.long))
+                _sync(target.device)
+                if rep:  # rep 0 warms up
+                    times[w].append(time.perf_counter() - t0)
+                cache.truncate(context)
+        table.append([statistics.median(times[w]) for w in widths])
+    return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
+                        machine=machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
+                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table))
+
+
+def cache_dir() -> Path:
+    """Where measured curves are kept: $SPECDEC_CACHE/latency (else ~/.cache/specdec/latency)."""
+    root = os.environ.get("SPECDEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+    return Path(root) / "latency"
+
+
+def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+                   contexts: tuple[int, ...] = (256,), repeats: int = 5) -> LatencyCurve:
+    """`measure_latency` once per target x device x dtype x machine x threads x grid; later calls
+    read the saved curve."""
+    key = "_".join([target.label, str(target.device), str(target.dtype).replace("torch.", ""),
+                    machine_name(target.device), f"t{torch.get_num_threads()}",
+                    "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"])
+    path = cache_dir() / ("".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key) + ".json")
+    if path.exists():
+        return LatencyCurve.load(path)
+    curve = measure_latency(target, widths, contexts, repeats)
+    curve.save(path)
+    return curve
