@@ -39,6 +39,9 @@ class Draft:
     node_ids: torch.Tensor | None = None
     """[N] long: the drafter's own id of each node (e.g. its index in growth order), kept by
     `subtree`, so the drafter maps accepted nodes back to its state by a gather. None = 0..N-1."""
+    scores: torch.Tensor | None = None
+    """[N] float, optional: the drafter's cumulative log-probability of each node's path (what a
+    dynamic tree ranks by), for tools that re-rank a recorded draft. None = not recorded."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parents", tree_ops.as_parents(self.parents))
@@ -56,6 +59,8 @@ class Draft:
         if ids.shape != (n,):
             raise ValueError(f"Draft.node_ids must be [N] with N = {n}, got shape {tuple(ids.shape)}")
         object.__setattr__(self, "node_ids", ids)
+        if self.scores is not None and tuple(self.scores.shape) != (n,):
+            raise ValueError(f"Draft.scores must be [N] with N = {n}, got shape {tuple(self.scores.shape)}")
 
     @property
     def num_nodes(self) -> int:
@@ -74,8 +79,9 @@ class Draft:
         """The draft restricted to nodes `keep` (ascending, ancestor-closed); node ids are kept."""
         keep = torch.as_tensor(keep, dtype=torch.long).cpu()
         probs = None if self.draft_probs is None else self.draft_probs[:, keep.to(self.draft_probs.device)]
+        scores = None if self.scores is None else self.scores[keep.to(self.scores.device)]
         return Draft(self.tokens[:, keep.to(self.tokens.device)], tree_ops.reindex(self.parents, keep), probs,
-                     self.node_ids[keep])
+                     self.node_ids[keep], scores)
 
 
 @dataclass(frozen=True)
