@@ -1,13 +1,17 @@
-"""Benchmark the shipped EAGLE head: MAL and tokens/s vs the plain loop, per draft shape and vocabulary.
+"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop, per head, draft shape and vocabulary;
+or the rollout throughput of training-data generation per batch size.
 
-    python scripts/bench_eagle.py                                  # the real run (quiet machine!)
+    python scripts/bench_eagle.py                                  # the shipped head on the default suite
+    python scripts/bench_eagle.py --suite experiments/prompts/chat_heldout.jsonl \\
+        --heads old=shipped new=outputs/eagle/head-best.safetensors          # old vs new side by side
+    python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
     python scripts/bench_eagle.py --prompts 1 --max-new-tokens 16  # a smoke run
+    python scripts/bench_eagle.py --rollout-batches 1 32 --prompts 32 --max-new-tokens 64  # rollout tokens/s
 
-Prompts: the first turn of each question in experiments/prompts/default.jsonl (the evaluation
-suite; chat template applied); if that file is missing, a small built-in list, and the card says so.
-Greedy (T = 0). For every prompt the plain loop (`specdec.generate(target, None, ...)`) and every
-EAGLE configuration run back to back, so load drift hits all of them alike. Prints a human card,
-then one JSON line.
+Prompts: the first turn of each question in `--suite` (default experiments/prompts/default.jsonl;
+chat template applied). At T = 0 every configuration must reproduce the plain greedy output (else
+AssertionError). For every prompt the plain loop and every EAGLE configuration run back to back, so
+load drift hits all of them alike. Prints a human card, then one JSON line.
 """
 
 from __future__ import annotations
@@ -23,59 +27,110 @@ import torch
 import specdec
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
-BUILTIN = [
-    "What are the main causes of ocean tides?",
-    "Write a Python function that checks whether a string is a valid IPv4 address.",
-    "Give a short summary of how a bill becomes law in the United States.",
-    "Tell me a short story about a lighthouse keeper.",
-]
 SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]
 
 
-def load_prompts(limit: int) -> tuple[list[str], str]:
-    if SUITE.exists():
-        rows = [json.loads(line) for line in SUITE.read_text().splitlines() if line.strip()]
-        return [row["turns"][0] for row in rows][:limit], str(SUITE)
-    return BUILTIN[:limit], f"built-in list ({SUITE} not found)"
+def load_prompts(suite: Path, limit: int) -> list[str]:
+    if not suite.exists():
+        raise FileNotFoundError(f"prompt suite {suite} does not exist (give --suite a .jsonl of {{'turns': [...]}} rows)")
+    rows = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"prompt suite {suite} holds no prompts")
+    return [row["turns"][0] for row in rows][:limit]
+
+
+def parse_heads(items: list[str]) -> dict[str, str | None]:
+    """['old=shipped', 'new=path'] -> {'old': None, 'new': 'path'} (None = the shipped head)."""
+    heads = {}
+    for item in items:
+        label, _, path = item.partition("=")
+        if not label or not path:
+            raise ValueError(f"--heads entries read LABEL=PATH or LABEL=shipped, got {item!r}")
+        heads[label] = None if path == "shipped" else path
+    return heads
+
+
+def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_tokens: int) -> dict:
+    """Generated tokens/s of eagle_training.rollout_batch (greedy) over `prompts`, per batch size,
+    interleaved batch by batch so that load drift hits every size alike."""
+    from specdec.drafters.eagle_training import rollout_batch
+
+    tokens = {b: 0 for b in batches}
+    seconds = {b: 0.0 for b in batches}
+    largest = max(batches)
+    rollout_batch(target, prompts[:1], max_new_tokens=4, temperature=0.0)  # warm-up
+    for start in range(0, len(prompts), largest):
+        group = prompts[start:start + largest]
+        for b in batches:
+            for s in range(0, len(group), b):
+                t0 = time.perf_counter()
+                out = rollout_batch(target, group[s:s + b], max_new_tokens=max_new_tokens, temperature=0.0)
+                seconds[b] += time.perf_counter() - t0
+                tokens[b] += sum(q.numel() - n for q, n in zip(out.sequences, out.prompt_len))
+    return {b: {"generated_tokens": tokens[b], "seconds": round(seconds[b], 2),
+                "tokens_per_s": tokens[b] / seconds[b]} for b in batches}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--head", default=None, help="head .safetensors (default: the shipped one)")
+    parser.add_argument("--heads", nargs="+", default=["shipped=shipped"],
+                        help="LABEL=PATH (a head .safetensors) or LABEL=shipped, compared side by side")
+    parser.add_argument("--suite", type=Path, default=SUITE, help="prompt suite (.jsonl with 'turns')")
     parser.add_argument("--prompts", type=int, default=1000, help="at most this many prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--draft-vocab", type=int, default=4096, help="size of the reduced draft vocabulary")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
+                        help="instead: measure training-rollout tokens/s at these batch sizes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     target = specdec.load_target(args.target)
-    prompts, source = load_prompts(args.prompts)
+    prompts = load_prompts(args.suite, args.prompts)
+    machine = platform.processor() or platform.machine()
+    if args.rollout_batches:
+        started = time.perf_counter()
+        rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens)
+        print(f"Rollout bench: target {target.name}, {len(prompts)} prompts from {args.suite}, greedy, "
+              f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
+              f"{time.perf_counter() - started:.0f} s")
+        base = rows[min(rows)]["tokens_per_s"]
+        for b, row in rows.items():
+            print(f"batch {b:4d}: {row['generated_tokens']:6d} tokens in {row['seconds']:7.1f} s = "
+                  f"{row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x batch {min(rows)})")
+        print(json.dumps({"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
+                          "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                          "machine": machine, "results": rows}))
+        return
+
     methods: dict[str, tuple[object, str]] = {"plain": (None, "chain(1)")}
-    for vocab in (None, args.draft_vocab):
-        drafter = specdec.drafters.build("eagle", target=target, head=args.head, draft_vocab=vocab)
-        for shape in args.shapes:
-            methods[f"eagle {shape} vocab={vocab or target.vocab_size}"] = (drafter, shape)
+    for label, head in parse_heads(args.heads).items():
+        for vocab in (None, args.draft_vocab):
+            drafter = specdec.drafters.build("eagle", target=target, head=head, draft_vocab=vocab)
+            for shape in args.shapes:
+                methods[f"{label} {shape} vocab={vocab or target.vocab_size}"] = (drafter, shape)
 
     specdec.generate(target, None, prompts[0], max_new_tokens=4)  # warm-up
     stats: dict[str, list[specdec.GenerationStats]] = {name: [] for name in methods}
     started = time.perf_counter()
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         plain_tokens = None
         for name, (drafter, shape) in methods.items():
-            out = specdec.generate(target, drafter, prompt, shape=shape, max_new_tokens=args.max_new_tokens)
+            out = specdec.generate(target, drafter, prompt, shape=shape, max_new_tokens=args.max_new_tokens,
+                                   temperature=args.temperature, seed=i)
             if plain_tokens is None:
                 plain_tokens = out.token_ids
-            elif out.token_ids != plain_tokens:
+            elif args.temperature == 0 and out.token_ids != plain_tokens:
                 raise AssertionError(f"{name} diverged from the plain greedy output on {prompt[:60]!r}")
             stats[name].append(out.stats)
     merged = {name: specdec.GenerationStats.merge(s) for name, s in stats.items()}
     plain_speed = merged["plain"].decode_tokens_per_s
 
-    print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {source}, T = 0, "
+    print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {args.suite}, T = {args.temperature}, "
           f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
           f"{time.perf_counter() - started:.0f} s")
     print(f"{'method':52s} {'MAL':>5s} {'drafted':>7s} {'tok/s':>7s} {'vs plain':>8s} "
@@ -90,9 +145,9 @@ def main() -> None:
               f"{row['decode_tokens_per_s']:7.1f} {row['speedup_vs_plain']:7.2f}x "
               f"{row['draft_ms_per_step']:8.1f} {row['verify_ms_per_step']:9.1f}")
     print("MAL = mean acceptance length (bonus/recovered token included); tok/s = decode tokens/s (prefill excluded).")
-    print(json.dumps({"bench": "eagle", "target": target.name, "prompts": len(prompts), "source": source,
-                      "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-                      "machine": platform.processor() or platform.machine(), "results": rows}))
+    print(json.dumps({"bench": "eagle", "target": target.name, "prompts": len(prompts), "source": str(args.suite),
+                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                      "threads": torch.get_num_threads(), "machine": machine, "results": rows}))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,15 @@ class HeadConfig:
                 + "; ".join(problems) + ". Train a head for this target with scripts/train_eagle.py."
             )
 
+    def check_same_geometry(self, other: HeadConfig, source: str | Path) -> None:
+        """ValueError naming `source` (the file `self` came from) and every field where this head's
+        target or geometry differs from `other` (the head a run expects); the draft vocabulary may differ."""
+        mine, theirs = asdict(self), asdict(other)
+        diff = {k: (mine[k], theirs[k]) for k in mine if k != "draft_vocab_size" and mine[k] != theirs[k]}
+        if diff:
+            raise ValueError(f"{source} holds a head for another target or head configuration "
+                             f"({{field: (in file, expected)}}: {diff}); start from a matching head or from scratch")
+
     def llama_config(self) -> LlamaConfig:
         config = LlamaConfig(
             vocab_size=self.vocab_size,

@@ -1,189 +1,290 @@
-"""Self-distillation data and loss for the EAGLE head: training prompts, target rollouts, the loss.
+"""Self-distillation for the EAGLE head: batched target rollouts, the multi-depth loss, validation.
 
-Owns `training_prompts` (the project's own training instructions), `build_dataset` (the target's
-own continuations of those prompts and its final hidden states, i.e. what the head must imitate)
-and `eagle_loss` (EAGLE's recipe: feature regression + cross-entropy against the target's
-next-token distribution). Knows nothing about Hydra, files or drafting; scripts/train_eagle.py
-drives it.
+Owns `rollout_batch` (the target's own greedy or sampled continuations of many prompts per forward,
+left-padded with an attention mask, KV-cached, recording its final hidden states: the data),
+`self_instruct` (prompts the target writes itself), `TrainBatch`/`make_batch` (right-padded training
+batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed back for depths
+2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
+per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
+`acceptance_per_depth` (validation). Knows nothing about Hydra, files or drafting: prompt sources
+live in specdec/drafters/training_prompts/, shards in specdec/drafters/eagle_shards.py and
+scripts/train_eagle.py drives it all.
 
-How training prompts stay disjoint from the evaluation suite (experiments/prompts/default.jsonl):
-they come from a different generator. Every training prompt is produced here by filling a fixed
-set of instruction templates (`_TEMPLATES`, written for this module) with subjects from this
-module's own topic lists, under a fixed seed; nothing is read from the evaluation file or any
-other prompt set. The evaluation prompts are hand-written by another author in a separate file.
-tests/test_eagle.py checks the result: no training prompt shares a run of 8 consecutive words
-(lowercased, punctuation stripped) with any evaluation prompt turn.
+Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
+pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
+(predicted feature of depth s-1, token t_{j+s}) at position j+s-1, attending to the depth-1 entries
+0..j (the committed context at drafting time) and to its own chain's entries of depths 2..s-1, and
+predicts h_{j+s}. With s = 3 and j = 4: position 6 reads (out_2[4], t_7), attends depth-1 keys 0..4,
+the depth-2 key of j = 4 and itself, and is scored against h_7 (whose lm_head argmax is t_8). That is
+exactly what a chain draft from root t_5 computes at its third node, so validation acceptance per depth
+below equals chain drafting's greedy acceptance on the same sequences.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
-_TOPICS = [
-    "photosynthesis", "black holes", "the French Revolution", "compound interest", "vaccines",
-    "plate tectonics", "the water cycle", "machine learning", "the Roman Empire", "supply and demand",
-    "climate change", "the immune system", "quantum computing", "jazz music", "the printing press",
-    "volcanoes", "honeybees", "the stock market", "renewable energy", "the human heart",
-    "electric cars", "coral reefs", "the Silk Road", "public libraries", "sleep", "coffee",
-    "the moon landing", "recycling", "earthquakes", "chess", "the Olympic Games", "rainforests",
-    "inflation", "DNA", "the internet", "ancient Egypt", "meditation", "bread baking", "tides",
-    "the Renaissance", "solar panels", "friendship", "urban gardening", "whales", "democracy",
-    "antibiotics", "the periodic table", "glaciers", "board games", "public speaking",
-    "time management", "the Great Wall of China", "magnets", "bicycles", "the Amazon river",
-    "nutrition", "robots", "origami", "wind turbines", "the solar system", "volunteering",
-    "migration of birds", "cryptography", "museums", "deserts", "composting", "the violin",
-    "smartphones", "hiking", "the Industrial Revolution", "rainbows", "penguins", "budgeting",
-    "photography", "the Byzantine Empire", "lightning", "team sports", "fermentation",
-    "space telescopes", "languages", "mountains", "electric circuits", "kindness", "maps",
-]
-_SKILLS = [
-    "learning to cook", "starting to run", "studying for exams", "keeping a journal",
-    "learning a new language", "saving money", "staying focused at work", "making new friends",
-    "writing clearly", "planting a garden", "moving to a new city", "learning to draw",
-]
-_CODE_TASKS = [
-    "reverses a string", "checks whether a number is prime", "counts the vowels in a sentence",
-    "returns the largest element of a list", "merges two sorted lists", "computes a factorial",
-    "removes duplicates from a list", "converts Celsius to Fahrenheit", "finds the median of a list",
-    "checks whether a word is a palindrome", "sums the digits of an integer", "flattens a nested list",
-    "counts word frequencies in a text", "computes the nth Fibonacci number",
-    "sorts a list of tuples by the second item",
-]
-_LANGS = ["Python", "JavaScript", "C", "Rust", "Go"]
-_PEOPLE = ["a pirate", "a detective", "a tour guide", "a chef", "a librarian", "an astronaut", "a gardener"]
-_TEMPLATES = [
-    "Explain {topic} to a ten-year-old.",
-    "Give me three interesting facts about {topic}.",
-    "What are the main advantages and disadvantages of {topic}?",
-    "Summarize the history of {topic} in a short paragraph.",
-    "Write a haiku about {topic}.",
-    "Write a short poem about {topic}.",
-    "Write a very short story that involves {topic}.",
-    "List five questions a student might ask about {topic}.",
-    "Why does {topic} matter today? Answer briefly.",
-    "Describe {topic} in exactly three sentences.",
-    "Compare {topic} and {topic2}. How are they alike and how do they differ?",
-    "What is a common misconception about {topic}?",
-    "Write a tweet announcing a new book about {topic}.",
-    "Pretend you are {person} and describe {topic}.",
-    "Give me a beginner's guide to {skill}.",
-    "What mistakes do people often make when {skill}?",
-    "Share some practical tips for {skill}.",
-    "Write a {lang} function that {code}.",
-    "Show how to write a program in {lang} that {code}, and explain it.",
-    "What is {a} plus {b}? Explain step by step.",
-    "If a shop sells {a} apples a day, how many apples does it sell in {b} days?",
-    "Compute {a} times {b} and show your work.",
-    "A train travels {a} kilometers in {b} hours. What is its average speed?",
-    "Translate into French: 'I would like to learn more about {topic}.'",
-    "Write an email to a friend inviting them to a talk on {topic}.",
-]
+from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore
+from specdec.drafters.training_prompts import Prompt, prompt_text
+from specdec.drafters.training_prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
 
 
-def training_prompts(n: int, seed: int = 0) -> list[str]:
-    """`n` distinct instructions made from this module's templates and topic lists (see the module
-    docstring). Deterministic for a given (n, seed)."""
-    rng = random.Random(seed)
-    prompts: list[str] = []
-    seen: set[str] = set()
-    while len(prompts) < n:
-        topic, topic2 = rng.sample(_TOPICS, 2)
-        text = rng.choice(_TEMPLATES).format(
-            topic=topic, topic2=topic2, person=rng.choice(_PEOPLE), skill=rng.choice(_SKILLS),
-            lang=rng.choice(_LANGS), code=rng.choice(_CODE_TASKS), a=rng.randint(3, 99), b=rng.randint(2, 12),
-        )
-        if text not in seen:
-            seen.add(text)
-            prompts.append(text)
-        if len(seen) > 50 * n + 10_000:
-            raise ValueError(f"cannot make {n} distinct training prompts from the templates")
-    return prompts
-
-
-@dataclass
-class Rollouts:
-    """The target's own sequences and final hidden states (the training data)."""
-
-    sequences: list[torch.Tensor]  # each [L] long: chat-formatted prompt + the target's continuation
-    hidden: list[torch.Tensor]  # each [L, H] float32: target final hidden state at every position
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.numel() for s in self.sequences)
+def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
+    """Token ids of a chat (a one-turn chat encodes like its text), a string or a list of token ids."""
+    if isinstance(prompt, tuple) and prompt and isinstance(prompt[0], dict):
+        return target.encode_prompt(prompt[0]["content"] if len(prompt) == 1 else list(prompt))
+    return target.encode_prompt(prompt)
 
 
 @torch.inference_mode()
-def build_dataset(target, prompts: list[str], *, max_new_tokens: int, batch_size: int,
-                  temperature: float, seed: int, progress=None) -> Rollouts:
-    """Let `target` continue every prompt (temperature 0 = greedy) in left-padded batches with a KV
-    cache, recording its final hidden state at every position it processes. A sequence ends at EOS
-    or after `max_new_tokens`; its last token (whose hidden state was never computed) is dropped."""
-    from transformers import DynamicCache
+def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
+                  generator: torch.Generator | None = None) -> Rollouts:
+    """Let `target` continue every prompt at once (temperature 0 = greedy): one left-padded batch,
+    an attention mask over the padding, a KV cache. A sequence ends at EOS or after
+    `max_new_tokens`; the token whose hidden state was never computed (the last) is dropped.
+    Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty)."""
+    device = target.device
+    pad = getattr(target.tokenizer, "pad_token_id", None) or 0  # never attended to: any id will do
+    eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
+    encoded = [_encode(target, p) for p in prompts]
+    b, width = len(encoded), max(map(len, encoded))
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # [b, width] left-padded
+    # Worked example: lengths 3 and 5, width 5 -> mask rows [0 0 1 1 1] and [1 1 1 1 1], positions
+    # [0 0 0 1 2] and [0 1 2 3 4]: every real token gets the position it has unpadded.
+    mask = (torch.arange(width, device=device)[None]
+            >= torch.tensor([width - len(e) for e in encoded], device=device)[:, None]).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
+    cache = DynamicCache()
+    h = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True).last_hidden_state  # [b, width, H]
+    steps_h, steps_tok = [h], []  # hidden [b, 1, H] per processed step, tokens [b] per step
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    last = positions[:, -1]
+    for _ in range(max_new_tokens):
+        logits = target.lm_head(steps_h[-1][:, -1]).float()  # [b, V]
+        if target.softcap:
+            logits = torch.tanh(logits / target.softcap) * target.softcap
+        if temperature > 0:
+            probs = (logits / temperature).softmax(-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
+        else:
+            nxt = logits.argmax(-1)
+        nxt = torch.where(done, pad, nxt)
+        steps_tok.append(nxt)
+        done |= torch.isin(nxt, eos)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long, device=device)], 1)
+        last = last + 1
+        steps_h.append(target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
+                                   cache=cache, use_cache=True).last_hidden_state)
+    gen_tok = torch.stack(steps_tok, 1).cpu()  # [b, steps]
+    gen_h = torch.cat(steps_h[1:], 1).float().cpu() if len(steps_h) > 1 else h[:, :0].float().cpu()
+    h = h.float().cpu()
+    out = Rollouts([], [])
+    for row, e in enumerate(encoded):
+        toks = gen_tok[row].tolist()
+        stop = next((i for i, t in enumerate(toks) if t in target.eos_token_ids), len(toks) - 1)
+        keep = min(stop, gen_h.shape[1])  # generated tokens whose hidden state exists
+        out.sequences.append(torch.tensor(e + toks[:keep]))
+        out.hidden.append(torch.cat([h[row, width - len(e):], gen_h[row, :keep]]).clone())
+        out.prompt_len.append(len(e))
+        out.temperature.append(float(temperature))
+    return out
 
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0
-    eos = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long)
+
+def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int]], *, shard_prompts: int,
+                batch_size: int, max_new_tokens: int, sampled_fraction: float = 0.0, temperature: float = 0.7,
+                seed: int = 0, hidden_dtype: torch.dtype = torch.bfloat16, deadline: float = float("inf"),
+                max_shards: int | None = None, desc: str = "rollouts") -> None:
+    """Write every shard of `prompts` that `store` lacks, in index order, until time.perf_counter()
+    passes `deadline` or `max_shards` were written. Shard i holds prompts [i * shard_prompts,
+    (i + 1) * shard_prompts); it is sampled (at `temperature`) when sampled_fraction > 0 and
+    i % round(1 / sampled_fraction) is the last residue, else greedy; its sampling seed depends on
+    (seed, i) only, so a shard's content does not depend on which run wrote it."""
+    import time
+
+    from tqdm import tqdm
+
+    every = round(1 / sampled_fraction) if sampled_fraction > 0 else 0
+    num_shards = -(-len(prompts) // shard_prompts)
+    texts = [prompt_text(p) if isinstance(p, tuple) else str(p) for p in prompts]
+    for i in store.done():
+        if i >= num_shards:
+            raise ShardError(f"{store.root} records shard {i} but the prompt list has only {num_shards} shards")
+        store.check_prompts(i, texts[i * shard_prompts:(i + 1) * shard_prompts])
+    todo = [i for i in range(num_shards) if i not in store.done()][:max_shards]
+    bar = tqdm(todo, desc=desc, unit="shard")
+    tokens, started = 0, time.perf_counter()
+    for i in bar:
+        if time.perf_counter() > deadline:
+            print(f"{desc}: deadline reached with {len(store.done())}/{num_shards} shards recorded; rerun to continue",
+                  flush=True)
+            break
+        rows = range(i * shard_prompts, min(len(prompts), (i + 1) * shard_prompts))
+        shard_temperature = temperature if every and i % every == every - 1 else 0.0
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        parts = []
+        for start in range(rows.start, rows.stop, batch_size):
+            batch_rows = list(range(start, min(rows.stop, start + batch_size)))
+            part = rollout_batch(target, [prompts[r] for r in batch_rows], max_new_tokens=max_new_tokens,
+                                 temperature=shard_temperature, generator=generator)
+            part.prompt_index = batch_rows
+            parts.append(part)
+            tokens += sum(s.numel() - n for s, n in zip(part.sequences, part.prompt_len))
+            bar.set_postfix(gen_tok_per_s=f"{tokens / (time.perf_counter() - started):.0f}")
+        store.write(i, Rollouts.concat(parts), [texts[r] for r in rows], hidden_dtype)
+
+
+def self_instruct(target, topics: list[str], n: int, *, seed: int = 0, batch_size: int = 16,
+                  max_new_tokens: int = 40) -> list[Prompt]:
+    """Up to `n` distinct questions the target writes when asked to pose one on each seed topic
+    (sampled at temperature 0.9; the first line ending in '?' is kept)."""
+    import random
+
+    rng = random.Random(f"self-instruct-{seed}")
+    asks = ["Write one question a curious person might ask an AI assistant about {t}. Reply with the question only.",
+            "Suggest a question about {t} that someone could ask a chatbot. Only write the question.",
+            "Write a request a user might send to an assistant that involves {t}. Reply with the request only."]
     generator = torch.Generator().manual_seed(seed)
-    sequences, hidden = [], []
-    for start in range(0, len(prompts), batch_size):
-        encoded = [target.encode_prompt(p) for p in prompts[start:start + batch_size]]
-        b, width = len(encoded), max(map(len, encoded))
-        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # [b, width] left padded
-        mask = (torch.arange(width)[None] >= torch.tensor([width - len(e) for e in encoded])[:, None]).long()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]; pads get 0, never attended to
-        cache = DynamicCache()
-        h = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                        use_cache=True).last_hidden_state  # [b, width, H]
-        steps_h, steps_tok = [h], []  # hidden [b, 1, H] per processed step, tokens [b] per step
-        done = torch.zeros(b, dtype=torch.bool)
-        last = positions[:, -1]
-        for _ in range(max_new_tokens):
-            logits = target.lm_head(steps_h[-1][:, -1]).float()  # [b, V]
-            if temperature > 0:
-                nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[:, 0]
-            else:
-                nxt = logits.argmax(-1)
-            nxt = torch.where(done, pad, nxt)
-            steps_tok.append(nxt)
-            done |= torch.isin(nxt, eos)
-            if bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
-            last = last + 1
-            steps_h.append(target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                                       cache=cache, use_cache=True).last_hidden_state)
-        gen_tok = torch.stack(steps_tok, 1)  # [b, steps]
-        gen_h = torch.cat(steps_h[1:], 1) if len(steps_h) > 1 else h[:, :0]  # [b, steps_with_hidden, H]
-        for row, e in enumerate(encoded):
-            toks = gen_tok[row].tolist()
-            stop = next((i for i, t in enumerate(toks) if t in target.eos_token_ids), len(toks) - 1)
-            keep = min(stop, gen_h.shape[1])  # generated tokens whose hidden state exists
-            sequences.append(torch.tensor(e + toks[:keep]))
-            hidden.append(torch.cat([h[row, width - len(e):], gen_h[row, :keep]]).float().clone())
-        if progress is not None:
-            progress.update(b)
-    return Rollouts(sequences, hidden)
+    out, seen = [], set()
+    for _ in range(max(1, 3 * n // batch_size + 1)):
+        if len(out) >= n:
+            break
+        asked = [rng.choice(asks).format(t=rng.choice(topics)) for _ in range(batch_size)]
+        batch = rollout_batch(target, asked, max_new_tokens=max_new_tokens, temperature=0.9, generator=generator)
+        for seq, plen in zip(batch.sequences, batch.prompt_len):
+            text = target.decode(seq[plen:].tolist()).strip()
+            line = next((ln.strip().strip('"') for ln in text.splitlines() if ln.strip().endswith("?")), "")
+            if 4 <= len(line.split()) <= 40 and line not in seen and len(out) < n:
+                seen.add(line)
+                out.append(({"role": "user", "content": line},))
+    return out
 
 
-def eagle_loss(
-    predicted: torch.Tensor,  # [B, n, H] head output at positions 0..n-1 (predicts h_1..h_n)
-    next_hidden: torch.Tensor,  # [B, n, H] target features h_1..h_n
-    valid: torch.Tensor,  # [B, n] bool, False on padding
-    vocab_weight: torch.Tensor,  # [N, H] lm_head rows the cross-entropy runs over (draft vocabulary)
-    ce_weight: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """EAGLE's loss: SmoothL1(predicted, target feature) + ce_weight * CE(target probs, head probs),
-    both averaged over valid positions; the target's distribution is its lm_head on the true next
-    feature, restricted to the rows in `vocab_weight`."""
-    p, h = predicted[valid], next_hidden[valid]  # [M, H]
-    regression = F.smooth_l1_loss(p, h)
-    with torch.no_grad():
-        teacher = F.linear(h, vocab_weight).softmax(-1)  # [M, N]
-    log_student = F.linear(p, vocab_weight).log_softmax(-1)
-    ce = -(teacher * log_student).sum(-1).mean()
-    with torch.no_grad():
-        top1 = (log_student.argmax(-1) == teacher.argmax(-1)).float().mean()
-    return regression + ce_weight * ce, {"regression": regression.item(), "ce": ce.item(), "top1": top1.item()}
+@dataclass
+class TrainBatch:
+    """Right-padded training rows: pair j of row b = (hidden[b, j], tokens[b, j + 1])."""
+
+    tokens: torch.Tensor  # [B, L] long (0 on padding)
+    hidden: torch.Tensor  # [B, L, H] float32 target features
+    length: torch.Tensor  # [B] real tokens per row
+    generated: torch.Tensor  # [B, L] bool: the token is the target's continuation (not prompt, not padding)
+
+
+def make_batch(data: Rollouts, rows: list[int], max_len: int, device: torch.device | str = "cpu") -> TrainBatch:
+    """Rows of `data` (each cropped to its first `max_len` tokens) as one right-padded batch."""
+    lengths = [min(data.sequences[r].numel(), max_len) for r in rows]
+    width, hsize = max(lengths), data.hidden[rows[0]].shape[-1]
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    hidden = torch.zeros(len(rows), width, hsize)
+    generated = torch.zeros(len(rows), width, dtype=torch.bool)
+    for b, (r, n) in enumerate(zip(rows, lengths)):
+        tokens[b, :n], hidden[b, :n] = data.sequences[r][:n], data.hidden[r][:n].float()
+        generated[b, data.prompt_len[r]:n] = True
+    return TrainBatch(tokens.to(device), hidden.to(device), torch.tensor(lengths, device=device), generated.to(device))
+
+
+def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive mask [n, step * n] for depth `step` (1-based) over the cached depths 1..step: query j
+    sees depth-1 keys 0..j and, at each deeper depth, only its own chain's key j.
+    Example n = 3, step = 2 (1 = visible): [[1 0 0 | 1 0 0], [1 1 0 | 0 1 0], [1 1 1 | 0 0 1]]."""
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    visible = torch.cat([torch.ones(n, n, dtype=torch.bool, device=device).tril()] + [eye] * (step - 1), 1)
+    return torch.zeros(n, step * n, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+
+
+def unroll(head, embed, batch: TrainBatch, depth: int, noise: float = 0.0,
+           generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The head's predicted features for depths 1..depth, each [B, n, H] with n = L - 1 pairs; entry
+    j of depth s predicts h_{j+s} (see the module docstring). Depth 1 reads the true features (plus
+    uniform noise of width `noise`, EAGLE's robustness trick); deeper depths read the previous depth's
+    predictions (gradients flow through them)."""
+    n = batch.tokens.shape[1] - 1
+    feats = batch.hidden[:, :n]  # [B, n, H]
+    if noise > 0:
+        feats = feats + (torch.rand(feats.shape, generator=generator).to(feats.device) - 0.5) * noise
+    dtype = head.fc.weight.dtype
+    cache = DynamicCache()
+    outs = []
+    for s in range(1, depth + 1):
+        tokens = F.pad(batch.tokens[:, s:], (0, s - 1))  # [B, n]: t_{j+s}, 0 past the end
+        embeds = embed(tokens).to(dtype)
+        positions = torch.arange(n, device=tokens.device) + (s - 1)
+        mask = ttt_mask(n, s, dtype, tokens.device)
+        feats = head(feats.to(dtype), embeds, positions, mask, cache)
+        outs.append(feats)
+    return outs
+
+
+def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per depth s: (h_{j+s} [B, n, H], valid [B, n] bool: j + s < length)."""
+    n = batch.tokens.shape[1] - 1
+    j = torch.arange(n, device=batch.tokens.device)
+    out = []
+    for s in range(1, depth + 1):
+        target = F.pad(batch.hidden[:, s:], (0, 0, 0, s - 1))  # [B, n, H]
+        out.append((target, (j[None] + s) < batch.length[:, None]))
+    return out
+
+
+def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
+                 ce_weight: float, depth_decay: float = 1.0, truncate: bool = False
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
+    true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
+    `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
+    number of depth-1 positions, so depths are weighted by how often they are reached. truncate: a
+    position counts at depth s only if the head's top token was right at depths 1..s-1 (Spec-AUF)."""
+    targets = depth_targets(batch, len(predicted))
+    count = targets[0][1].sum().clamp(min=1)
+    reached = targets[0][1]  # [B, n]
+    total = predicted[0].new_zeros(())
+    stats: dict[str, float] = {}
+    for s, (pred, (true, valid)) in enumerate(zip(predicted, targets), start=1):
+        use = valid & reached if truncate else valid
+        p, h = pred[use].float(), true[use]  # [M, H]
+        regression = F.smooth_l1_loss(p, h, reduction="none").mean(-1)  # [M]
+        with torch.no_grad():
+            teacher_logits = F.linear(h, vocab_weight)  # [M, N]
+        log_student = F.linear(p, vocab_weight).log_softmax(-1)
+        ce = -(teacher_logits.softmax(-1) * log_student).sum(-1)  # [M]
+        total = total + depth_decay ** (s - 1) * (regression + ce_weight * ce).sum() / count
+        with torch.no_grad():
+            right = torch.zeros_like(valid)
+            right[use] = log_student.argmax(-1) == teacher_logits.argmax(-1)
+            reached = reached & right
+            stats[f"top1@{s}"] = float(right[valid].float().mean()) if valid.any() else 0.0
+    return total, stats
+
+
+@torch.no_grad()
+def acceptance_per_depth(head, embed, vocab_weight: torch.Tensor, vocab: torch.Tensor, batches: list[TrainBatch],
+                         depth: int) -> dict[str, float]:
+    """Greedy chain acceptance on target sequences: for every pair j whose next `depth + 1` tokens are
+    the target's greedy continuation, the draft token of depth s (argmax over `vocab` of the head's
+    prediction) is compared with t_{j+s+1}. Returns `acc@s` = P(depth s right | depths 1..s-1 right)
+    and `chain_mal` = 1 + sum_s P(depths 1..s right) (mean acceptance length of chain(depth), bonus
+    included). vocab_weight [N, H] are the lm_head rows of `vocab` [N]."""
+    reach = torch.zeros(depth + 1)
+    for batch in batches:
+        outs = unroll(head, embed, batch, depth)
+        n = batch.tokens.shape[1] - 1
+        j = torch.arange(n, device=batch.tokens.device)
+        # counted pairs: t_{j+2} .. t_{j+depth+1} all exist and are the target's (greedy) continuation
+        ok = F.pad(batch.generated[:, 2:], (0, 1)) & ((j[None] + depth + 1) < batch.length[:, None])  # [B, n]
+        reach[0] += ok.sum().item()
+        alive = ok
+        for s, pred in enumerate(outs, start=1):
+            draft = vocab[F.linear(pred.float(), vocab_weight).argmax(-1)]  # [B, n] draft token ids
+            truth = F.pad(batch.tokens[:, s + 1:], (0, s))  # [B, n] t_{j+s+1}
+            alive = alive & (draft == truth)
+            reach[s] += alive.sum().item()
+    stats = {f"acc@{s}": float(reach[s] / reach[s - 1]) if reach[s - 1] > 0 else 0.0 for s in range(1, depth + 1)}
+    stats["chain_mal"] = float(1 + reach[1:].sum() / reach[0]) if reach[0] > 0 else 1.0
+    stats["positions"] = int(reach[0])
+    return stats

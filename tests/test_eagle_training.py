@@ -1,0 +1,194 @@
+"""EAGLE training pipeline: shards (round trip, corruption named, resume without duplicates or gaps),
+batched rollouts equal one-at-a-time ones, the training-time-test unroll equals chain drafting, the
+multi-depth loss decreases, every prompt source is disjoint from every evaluation suite, and bad
+inputs give clear errors. Tiny fp32 models only.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import build
+from specdec.drafters.eagle import random_head
+from specdec.drafters.eagle_head import EagleHead, HeadConfig
+from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore
+from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
+                                             rollout_batch, unroll)
+from specdec.drafters.training_prompts import SOURCES, check_disjoint, collect, prompt_text, shared_ngrams, split, user
+
+from specdec.cache import KVCache
+from specdec.drafters import DraftRequest
+from specdec.loop import prefill
+from specdec.sampling import SamplingConfig
+from specdec.shapes import parse_shape
+
+SUITES = sorted((Path(__file__).resolve().parents[1] / "experiments" / "prompts").glob("*.jsonl"))
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [2, 9, 4, 4], [7], [1, 1, 2, 3, 5, 8], [13, 2], [6, 6, 6]]
+FINGERPRINT = {"target": "tiny-llama", "max_new_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return specdec.tiny_target("llama", vocab_size=64, dtype=torch.float32, seed=0, logit_scale=4.0)
+
+
+def fill(tiny, store, **kw):
+    fill_shards(tiny, store, PROMPTS, shard_prompts=3, batch_size=2, max_new_tokens=6, sampled_fraction=0.5,
+                hidden_dtype=torch.float32, **kw)
+
+
+def test_batched_rollouts_equal_one_prompt_at_a_time(tiny):
+    batched = rollout_batch(tiny, PROMPTS[:4], max_new_tokens=8, temperature=0.0)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        single = rollout_batch(tiny, [prompt], max_new_tokens=8, temperature=0.0)
+        assert batched.sequences[i].tolist() == single.sequences[0].tolist()
+        torch.testing.assert_close(batched.hidden[i], single.hidden[0], atol=1e-4, rtol=1e-4)
+        assert batched.prompt_len[i] == len(prompt)
+
+
+def test_shards_round_trip_and_name_a_corrupt_truncated_or_missing_file(tiny, tmp_path):
+    store = ShardStore(tmp_path, FINGERPRINT)
+    fill(tiny, store)
+    again = ShardStore(tmp_path, FINGERPRINT).read_all()
+    direct = rollout_batch(tiny, PROMPTS[:3], max_new_tokens=6, temperature=0.0)
+    assert [s.tolist() for s in again.sequences[:3]] == [s.tolist() for s in direct.sequences]
+    assert again.prompt_index == list(range(len(PROMPTS)))
+    assert again.temperature[3:6] == pytest.approx([0.7] * 3) and again.temperature[:3] == [0.0] * 3  # shard 1 sampled
+    path = tmp_path / "shard-00001.safetensors"
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-7])
+    with pytest.raises(ShardError, match="shard-00001.safetensors is truncated"):
+        ShardStore(tmp_path, FINGERPRINT).read_all()
+    path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    with pytest.raises(ShardError, match="shard-00001.safetensors is corrupt"):
+        ShardStore(tmp_path, FINGERPRINT).read_all()
+    path.unlink()
+    with pytest.raises(ShardError, match="shard-00001.safetensors is recorded .* but missing"):
+        ShardStore(tmp_path, FINGERPRINT).read_all()
+    with pytest.raises(ShardError, match="manifest.json was written for another configuration"):
+        ShardStore(tmp_path, {**FINGERPRINT, "target": "smollm2-135m"})
+    with pytest.raises(ShardError, match="already recorded"):
+        store.write(0, direct, ["x"])
+    with pytest.raises(ShardError, match="holds no recorded shards"):
+        ShardStore(tmp_path / "empty", FINGERPRINT).read_all()
+
+
+def test_a_resumed_run_never_duplicates_or_loses_a_shard(tiny, tmp_path):
+    whole = ShardStore(tmp_path / "whole", FINGERPRINT)
+    fill(tiny, whole)
+    parts = ShardStore(tmp_path / "parts", FINGERPRINT)
+    fill(tiny, parts, max_shards=1)  # the first run stops after one shard
+    assert parts.done() == {0}
+    (tmp_path / "parts" / "shard-00002.safetensors").write_bytes(b"half-written by a crashed run")  # unrecorded
+    fill(tiny, ShardStore(tmp_path / "parts", FINGERPRINT))  # resumes: shards 1 and 2 only
+    a, b = whole.read_all(), ShardStore(tmp_path / "parts", FINGERPRINT).read_all()
+    assert b.prompt_index == list(range(len(PROMPTS))), "a prompt was lost or duplicated"
+    assert [s.tolist() for s in a.sequences] == [s.tolist() for s in b.sequences]
+    with pytest.raises(ShardError, match="generated from other prompts"):
+        fill_shards(tiny, ShardStore(tmp_path / "parts", FINGERPRINT), PROMPTS[::-1], shard_prompts=3,
+                    batch_size=2, max_new_tokens=6)
+
+
+def test_unroll_predicts_what_chain_drafting_drafts(tiny):
+    """Depth s of the training-time test at the root's pair equals the s-th node of a chain draft."""
+    head = random_head(tiny).float()
+    prompt, depth = [5, 6, 7, 8, 9, 10, 3], 4
+    drafter = build("eagle", target=tiny, head=head, draft_vocab=None)
+    drafter.reset()
+    drafter.commit(prefill(tiny, KVCache(), prompt))
+    request = DraftRequest(token_ids=torch.tensor([prompt]), shape=parse_shape(f"chain({depth})"),
+                           sampling=SamplingConfig(), generator=torch.Generator().manual_seed(0), max_depth=16)
+    draft = drafter.propose(request).tokens[0].tolist()
+    seq = prompt + draft  # the draft taken as accepted: the tokens the unroll reads
+    rollout = rollout_batch(tiny, [prompt], max_new_tokens=1, temperature=0.0)  # true features of the prompt
+    data = Rollouts([torch.tensor(seq)], [torch.cat([rollout.hidden[0], torch.zeros(depth, tiny.hidden_size)])],
+                    [0], [len(prompt)], [0.0])
+    outs = unroll(head, tiny.base.get_input_embeddings(), make_batch(data, [0], 64), depth)
+    j = len(prompt) - 2  # the pair (h_{m-1}, t_m) of root t_m
+    drafted = [int(tiny.lm_head(o[0, j]).argmax()) for o in outs]
+    assert drafted == draft
+
+
+def test_multi_depth_loss_decreases_and_validation_reports_every_depth(tiny):
+    torch.manual_seed(0)
+    data = rollout_batch(tiny, PROMPTS, max_new_tokens=12, temperature=0.0)
+    data.prompt_index = list(range(len(PROMPTS)))
+    embed = tiny.base.get_input_embeddings()
+    rows = tiny.lm_head.weight.detach()
+    batch = make_batch(data, list(range(len(PROMPTS))), 64)
+    def full_loss(head):  # untruncated: comparable across steps (a truncated loss grows as more depths count)
+        return depth_losses(unroll(head, embed, batch, 3), batch, rows, ce_weight=0.5)[0].item()
+
+    for truncate in (False, True):
+        head = random_head(tiny).float().train()
+        opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+        before = full_loss(head)
+        for _ in range(30):
+            loss, stats = depth_losses(unroll(head, embed, batch, 3), batch, rows, ce_weight=0.5, truncate=truncate)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        after = full_loss(head)
+        assert after < 0.85 * before, f"truncate={truncate}: loss {before:.3f} -> {after:.3f}"
+        assert set(stats) == {"top1@1", "top1@2", "top1@3"}
+    full, _ = depth_losses(unroll(head, embed, batch, 3), batch, rows, ce_weight=0.5)
+    truncated, stats = depth_losses(unroll(head, embed, batch, 3), batch, rows, ce_weight=0.5, truncate=True)
+    assert truncated.item() <= full.item() + 1e-6, "truncation may only drop positions"
+    stats = acceptance_per_depth(head.eval(), embed, rows, torch.arange(64), [batch], 3)
+    assert stats["positions"] > 0 and 1.0 <= stats["chain_mal"] <= 4.0
+    assert all(0.0 <= stats[f"acc@{s}"] <= 1.0 for s in (1, 2, 3))
+
+
+def _suite_turns() -> list[str]:
+    assert SUITES, "no evaluation suites found: the disjointness check must not be skipped"
+    return [t for f in SUITES for line in f.read_text().splitlines() if line.strip() for t in json.loads(line)["turns"]]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_every_prompt_source_is_disjoint_from_every_evaluation_suite(source):
+    """No prompt shares an 8-word run with any turn of experiments/prompts/*.jsonl (chat_heldout
+    included) or contains a whole shorter turn; 3,000 prompts per source (the counts trained on)."""
+    prompts = SOURCES[source](3000, 0)
+    assert prompts, f"source {source!r} is empty"
+    overlap = shared_ngrams(prompts, _suite_turns())
+    assert not overlap, f"{source}: {len(overlap)} prompts overlap an evaluation suite, e.g. {overlap[:2]}"
+
+
+def test_chat_prompts_vary_in_task_length_and_turns():
+    prompts = SOURCES["chat"](2000, 0)
+    turns = {len(p) for p in prompts}
+    lengths = [len(prompt_text(p).split()) for p in prompts]
+    assert 3 in turns and 1 in turns
+    assert min(lengths) <= 6 and max(lengths) >= 40
+    text = " ".join(prompt_text(p) for p in prompts)
+    for marker in ("function", "Translate", "Rewrite", "JSON", "step by step", "?"):
+        assert marker in text
+
+
+def test_split_is_disjoint_and_an_overlapping_validation_set_is_an_error():
+    prompts = collect({"chat": 300, "stdlib": 40}, seed=1)
+    train, val = split(prompts, 30, seed=1)
+    assert len(val) == 30 and not shared_ngrams(train, [prompt_text(p) for p in val])
+    leaked = train[:5] + [user(prompt_text(val[0]) + " Please.")]
+    with pytest.raises(ValueError, match="share a 8-word run with the validation split"):
+        check_disjoint(leaked, val)
+
+
+def test_bad_inputs_give_clear_errors(tiny, tmp_path):
+    with pytest.raises(ValueError, match="no training prompts"):
+        collect({"chat": 0})
+    with pytest.raises(ValueError, match="unknown prompt source"):
+        collect({"wikipedia": 10})
+    SOURCES["empty-for-test"] = lambda n, seed: []
+    try:
+        with pytest.raises(ValueError, match="empty-for-test.*gave no prompts"):
+            collect({"empty-for-test": 5, "chat": 5})
+    finally:
+        del SOURCES["empty-for-test"]
+    other = specdec.tiny_target("llama", vocab_size=80, dtype=torch.float32)
+    path = random_head(other).save(tmp_path / "other-head")
+    with pytest.raises(ValueError, match="other-head.safetensors holds a head for another target or head config"):
+        EagleHead.load(path).config.check_same_geometry(HeadConfig.for_target(tiny), path)
