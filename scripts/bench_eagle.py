@@ -80,7 +80,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1000, help="at most this many prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--draft-vocab", type=int, default=4096, help="size of the reduced draft vocabulary")
+    parser.add_argument("--vocabs", nargs="+", default=["full", "4096"],
+                        help="draft vocabularies: 'full' and/or sizes of the reduced one")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
@@ -109,7 +110,7 @@ def main() -> None:
 
     methods: dict[str, tuple[object, str]] = {"plain": (None, "chain(1)")}
     for label, head in parse_heads(args.heads).items():
-        for vocab in (None, args.draft_vocab):
+        for vocab in (None if v == "full" else int(v) for v in args.vocabs):
             drafter = specdec.drafters.build("eagle", target=target, head=head, draft_vocab=vocab)
             for shape in args.shapes:
                 methods[f"{label} {shape} vocab={vocab or target.vocab_size}"] = (drafter, shape)

@@ -87,13 +87,14 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
 
 def shared_ngrams(prompts: Iterable[Prompt], others: Iterable[str], n: int = 8) -> list[str]:
     """Texts of `prompts` that share an n-word run with any of the `others` texts, or contain the
-    whole of an `others` text shorter than n words (so 'Why do cats purr?' is caught too)."""
+    whole of an `others` text of 4..n-1 words (so 'Why do cats purr?' is caught too; shorter texts
+    such as 'Say hello.' are common phrases, not prompts a training set could leak)."""
     others = list(others)
     banned = set().union(set(), *(ngrams(t, n) for t in others))
     short: dict[int, set[tuple[str, ...]]] = {}
     for t in others:
         words = tuple(re.findall(r"[a-z0-9]+", t.lower()))
-        if 0 < len(words) < n:
+        if 4 <= len(words) < n:
             short.setdefault(len(words), set()).add(words)
 
     def hit(text: str) -> bool:
