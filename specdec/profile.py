@@ -7,6 +7,7 @@ the greedy tokens and answers two questions without running a model:
 - `simulate(other_shape)`: the mean acceptance length (MAL, bonus included) that a real greedy
   `specdec.generate` run with `other_shape` would get, for every shape whose drafts can be cut out
   of the recorded ones (`derive`);
+- `pooled_mal(profiles, shape)`: the same over several prompts, steps pooled;
 - `counts()`: how often the draft reached / the target accepted each depth, and which sibling rank
   the accepted node had (for `auto` shapes and the cost model).
 
@@ -140,6 +141,15 @@ class AcceptanceProfile:
         return ProfileCounts(reached=reached, accepted=accepted, by_rank=by_rank, positions=len(self.drafts))
 
 
+def pooled_mal(profiles: Sequence[AcceptanceProfile], shape: str | Shape) -> float:
+    """MAL of greedy runs in `shape` over several profiles (e.g. a prompt suite), steps pooled as
+    `GenerationStats.merge` pools them: 1 + accepted tokens / steps."""
+    if not profiles:
+        raise ValueError("pooled_mal needs at least one profile")
+    steps = [accepted for prof in profiles for accepted in prof.accepted_per_step(shape)]
+    return 1.0 + sum(steps) / len(steps)
+
+
 def _greedy_only(temperature: float, what: str) -> None:
     if temperature != 0.0:
         raise ValueError(f"an acceptance profile is {what} at temperature 0 only, got {temperature}: at T > 0 "
@@ -172,7 +182,8 @@ def _derivable(recorded: Shape, wanted: Shape, draft: Draft | None) -> torch.Ten
         recorded = TreeShape((1,) * recorded.k)
     if isinstance(wanted, TreeShape) and isinstance(recorded, TreeShape):
         if len(wanted.widths) > len(recorded.widths):
-            fail(f"it is {len(wanted.widths)} deep, the recorded drafts only {len(recorded.widths)}; record a deeper shape")
+            fail(f"it is {len(wanted.widths)} deep, the recorded drafts only {len(recorded.widths)}; "
+                 "record a deeper shape")
         wider = [d + 1 for d, (w, r) in enumerate(zip(wanted.widths, recorded.widths)) if w > r]
         if wider:
             fail(f"it is wider than the recorded drafts at depth {wider[0]}; record a wider shape")

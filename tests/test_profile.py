@@ -14,7 +14,7 @@ import torch
 import specdec
 from specdec.draft import Draft
 from specdec.drafters import build_for_tests
-from specdec.profile import UnderivableShapeError, profile
+from specdec.profile import UnderivableShapeError, pooled_mal, profile
 from specdec.reference import next_token_logits
 
 PROMPT = [1, 5, 9, 5, 9, 5, 9, 13, 2, 5, 9]
@@ -61,6 +61,8 @@ def test_replay_of_a_smaller_dynamic_budget(tiny_llama64):
     recorded = "dynamic(top_k=3,depth=4,budget=12)"
     prof = profile(tiny_llama64, ScoredDrafter(inner, inner.model), PROMPT, shape=recorded, max_new_tokens=TOKENS,
                    stop_on_eos=False)
+    smaller = "dynamic(top_k=3,depth=4,budget=5)"
+    assert pooled_mal([prof, prof], smaller) == prof.simulate(smaller)
     for budget in (2, 5, 12):
         shape = f"dynamic(top_k=3,depth=4,budget={budget})"
         assert prof.simulate(shape) == _real_mal(tiny_llama64, inner, shape), shape
