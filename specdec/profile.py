@@ -52,6 +52,9 @@ class ProfileCounts:
 
     reached: list[int]
     """reached[d - 1]: positions whose draft had a node at depth d."""
+    tried: list[int]
+    """tried[d - 1]: positions whose accepted path reached depth d - 1 at a node with children (the
+    target looked for a depth-d token among the draft's)."""
     accepted: list[int]
     """accepted[d - 1]: positions whose accepted path reached depth d."""
     by_rank: list[list[int]]
@@ -61,13 +64,8 @@ class ProfileCounts:
     """Positions recorded."""
 
     def rate_by_depth(self) -> list[float]:
-        """P(accept depth d | accepted depth d - 1 and the draft reaches d), per d (NaN if never)."""
-        rates, before = [], self.positions
-        for reached, accepted in zip(self.reached, self.accepted):
-            trials = min(before, reached)
-            rates.append(accepted / trials if trials else math.nan)
-            before = accepted
-        return rates
+        """P(a depth-d node is accepted | depth d - 1 was and has children), per d (NaN if never tried)."""
+        return [a / t if t else math.nan for a, t in zip(self.accepted, self.tried)]
 
 
 @dataclass
@@ -126,19 +124,22 @@ class AcceptanceProfile:
     def counts(self) -> ProfileCounts:
         """Per-depth and per-rank acceptance of the recorded drafts at every position."""
         depth = max((d.depth for d in self.drafts), default=0)
-        reached, accepted = [0] * depth, [0] * depth
+        reached, tried, accepted = [0] * depth, [0] * depth, [0] * depth
         widest = max((len(k) for d in self.drafts for k in tree_ops.children(d.parents)), default=0)
         by_rank = [[0] * widest for _ in range(depth)]
         for position, draft in enumerate(self.drafts):
             for d in range(draft.depth):
                 reached[d] += 1
             kids = tree_ops.children(draft.parents)
-            parent = -1
-            for d, node in enumerate(self.accepted_at(position, draft)):
-                accepted[d] += 1
-                by_rank[d][kids[parent].index(node)] += 1
-                parent = node
-        return ProfileCounts(reached=reached, accepted=accepted, by_rank=by_rank, positions=len(self.drafts))
+            path = self.accepted_at(position, draft)
+            for d, parent in enumerate([-1] + path):
+                if kids[parent]:
+                    tried[d] += 1
+                if d < len(path):
+                    accepted[d] += 1
+                    by_rank[d][kids[parent].index(path[d])] += 1
+        return ProfileCounts(reached=reached, tried=tried, accepted=accepted, by_rank=by_rank,
+                             positions=len(self.drafts))
 
 
 def pooled_mal(profiles: Sequence[AcceptanceProfile], shape: str | Shape) -> float:

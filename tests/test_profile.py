@@ -73,7 +73,8 @@ def test_counts_per_depth_and_rank(tiny_llama64):
     counts = profile(tiny_llama64, drafter, PROMPT, shape="tree(3,2)", max_new_tokens=TOKENS).counts()
     assert counts.positions == TOKENS
     assert counts.reached == [TOKENS - 1, TOKENS - 2]  # the last positions may draft only shallower
-    assert all(a <= r for a, r in zip(counts.accepted, counts.reached))
+    assert all(a <= t <= r for a, t, r in zip(counts.accepted, counts.tried, counts.reached))
+    assert counts.tried[0] == counts.reached[0] and counts.tried[1] <= counts.accepted[0]
     assert counts.accepted[1] <= counts.accepted[0]
     assert [sum(row) for row in counts.by_rank] == counts.accepted
     assert all(0 <= rate <= 1 for rate in counts.rate_by_depth())
