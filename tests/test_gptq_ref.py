@@ -1,14 +1,11 @@
 """The GPTQ reference backend: its defining property against RTN, its spec grammar, end to end."""
 
-import copy
-
 import pytest
 import torch
 
 import specdec
 from specdec import quant
-from specdec.models import Target
-from specdec.quant.gptq_ref import gptq_quantize, gptq_quantize_model, layer_hessians
+from specdec.quant.gptq_ref import gptq_quantize, layer_hessians
 from specdec.reference import reference_generate
 
 
@@ -66,21 +63,15 @@ def test_bad_inputs():
 
 
 def test_gptqref_target_runs_end_to_end(tiny_llama64):
-    """A GPTQ-quantized tiny target (calibrated on token ids: tiny models have no tokenizer) drafts
-    for the fp64 target, and the speculative output stays the target's greedy output."""
-    spec = quant.parse_spec("gptqref4_g16")
-    model = gptq_quantize_model(copy.deepcopy(tiny_llama64.model), spec, _samples(tiny_llama64.vocab_size))
-    draft = Target(model, None, name="tiny", quant=spec.text)
-    changed = [n for n in quant.quantizable_linears(model)
-               if not torch.equal(model.get_submodule(n).weight, tiny_llama64.model.get_submodule(n).weight)]
-    assert changed == quant.quantizable_linears(model)
+    """A GPTQ-quantized copy of a tiny target (no tokenizer: calibrated on fixed pseudo-random ids)
+    drafts for the fp64 target, and the speculative output stays the target's greedy output."""
+    draft = quant.quantized_copy(tiny_llama64, "gptqref4_g16")
+    assert draft.quant == "gptqref4_g16" and draft.info["quant"]["calibration"] is not None
+    layers = quant.quantizable_linears(draft.model)
+    assert all(not torch.equal(draft.model.get_submodule(n).weight, tiny_llama64.model.get_submodule(n).weight)
+               for n in layers)
     prompt = [1, 5, 9, 5, 9, 5, 9, 13]
     drafter = specdec.drafters.build("small", target=tiny_llama64, model=draft)
     out = specdec.generate(tiny_llama64, drafter, prompt, shape="chain(3)", max_new_tokens=16, stop_on_eos=False)
     assert out.token_ids == reference_generate(tiny_llama64, prompt, max_new_tokens=16, stop_on_eos=False)
     assert out.stats.mean_acceptance_length > 1.5  # a 4-bit copy of the target agrees with it
-
-
-def test_gptqref_needs_a_tokenizer(tiny_llama64):
-    with pytest.raises(ValueError, match="tokenizer"):
-        quant.quantized_copy(tiny_llama64, "gptqref4_g16")

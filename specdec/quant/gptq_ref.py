@@ -151,4 +151,13 @@ def gptq_quantize_model(model: nn.Module, spec: QuantSpec, samples: Sequence[Seq
          symmetric_option=True, default_group_size=64, packed=False, nominal_bits=_rtn_nominal_bits,
          calibrated=True)
 def apply_gptqref(model: nn.Module, spec: QuantSpec, tokenizer: Any) -> nn.Module:
-    return gptq_quantize_model(model, spec, calibration_samples(tokenizer))
+    return gptq_quantize_model(model, spec, _calibration(model, tokenizer))
+
+
+def _calibration(model: nn.Module, tokenizer: Any) -> list[list[int]]:
+    """The calibration texts' token ids; for a model without a tokenizer (the tiny test models, which
+    have no text), 8 fixed pseudo-random sequences of 64 ids, as the quantization report does."""
+    if tokenizer is not None:
+        return calibration_samples(tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.config.vocab_size, (8, 64), generator=generator).tolist()
