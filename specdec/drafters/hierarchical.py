@@ -1,0 +1,129 @@
+"""Hierarchical drafting (SpecMQuant): a tree drafter's tree, verified by a cheaper intermediate
+model, becomes the chain the target verifies.
+
+Owns `HierarchicalDrafter`, registered as `hierarchical`. Each step:
+1. the *top* drafter (default `eagle`) proposes a tree in the requested shape;
+2. the *intermediate* model (default: a `torchao_int4` copy of the target; any `Target`) runs the
+   committed tokens it has not seen, the root and the tree in one tree forward on its own KV cache,
+   and accepts greedily against its own argmax (`verifier.accept_greedy`);
+3. the draft handed to the loop is the intermediate's accepted path plus its own next token: a
+   point-mass chain, so the target's verification stays exact at any temperature (the target never
+   sees the intermediate's probabilities, only its proposal).
+On `commit` the intermediate keeps, in its cache, the root and the tree nodes the target accepted,
+and the top drafter hears a `Step` in *its own* draft's node ids: its tree, extended by the
+intermediate's next token as one extra leaf (node id `EXTRA_NODE_ID`, which no drafter issues)
+under the last path node, with the accepted path translated back to tree nodes.
+
+Worked example: the tree has nodes 0..5, the intermediate accepts tree nodes [1, 4] and adds token
+x, so the chain is [tok1, tok4, x]. The target accepts 3 chain nodes and adds y: the top drafter's
+Step has draft = tree + leaf 6 (token x, parent 4, id EXTRA_NODE_ID), path [1, 4, 6], next token y.
+Had the target accepted 1 chain node: path [1], next token = the target's.
+Knows nothing about how the top drafter drafts or how the target verifies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdec import tree as tree_ops
+from specdec.cache import KVCache
+from specdec.draft import Acceptance, Draft, Step
+from specdec.drafters.base import DraftRequest, Drafter, build, register
+from specdec.models import Target
+from specdec.verifier import accept_greedy
+
+EXTRA_NODE_ID = -1
+"""Node id of the intermediate's own next token in the top drafter's Step: a node the top drafter
+never proposed (drafters keep state only for ids they issued, so they skip it)."""
+
+
+class HierarchicalDrafter:
+    """A top drafter whose trees an intermediate model verifies (see the module docstring)."""
+
+    def __init__(self, top: Drafter, mid: Target, *, target: Target) -> None:
+        if mid.vocab_size != target.vocab_size:
+            raise ValueError(f"intermediate model {mid.label!r} has vocabulary {mid.vocab_size}, target "
+                             f"{target.label!r} has {target.vocab_size}: it must share the target's vocabulary")
+        self.name = "hierarchical"
+        self.top = top
+        self.mid = mid
+        self.reset()
+
+    def reset(self) -> None:
+        self.top.reset()
+        self.cache = KVCache()  # the intermediate's: committed tokens but the root, then this step's block
+        self.consumed = 0  # committed tokens in self.cache
+        self.root_position = 0  # where this step's root entry sits in self.cache
+        self.tree = Draft.empty()  # the top drafter's draft of this step
+        self.path: list[int] = []  # tree nodes the intermediate accepted
+        self.mid_token: int | None = None
+
+    def propose(self, request: DraftRequest) -> Draft:
+        ids = request.token_ids[0].tolist()
+        self.tree = tree = self.top.propose(request)
+        # One tree forward: the pending committed tokens and the root as a chain, then the tree.
+        #   pending + root = m tokens at block slots 0..m-1; tree node i at slot m + i, its parent
+        #   -1 (the root) at slot m - 1. E.g. m = 2, tree parents [-1, 0, -1] -> [-1, 0, 1, 2, 1].
+        pending = ids[self.consumed:]
+        m = len(pending)
+        parents = torch.cat([torch.arange(m) - 1, torch.where(tree.parents < 0, m - 1, tree.parents + m)])
+        tokens = torch.cat([torch.tensor([pending]), tree.tokens.cpu()], 1)  # [B, m + N]
+        logits = self.mid.forward(tokens, self.cache, parents, logits_rows=slice(m - 1, None)).logits  # [B, 1 + N, V]
+        self.root_position = self.consumed + m - 1
+        mid = accept_greedy(tree, logits[0].argmax(-1))
+        self.path, self.mid_token = mid.path, mid.next_token
+        chain = tree.tokens[0, mid.path].tolist() + [mid.next_token]
+        chain = chain[:max(request.max_depth, 0)]
+        if not chain:
+            return Draft.empty(device=request.token_ids.device)
+        return Draft(torch.tensor([chain], device=request.token_ids.device), tree_ops.chain_parents(len(chain)))
+
+    def commit(self, step: Step) -> None:
+        if step.is_prefill:
+            self.top.commit(step)
+            return
+        accepted = step.acceptance.num_accepted  # chain nodes the target accepted
+        tree_path = self.path[:accepted]
+        # The intermediate keeps the root and the accepted tree nodes (offsets from the root's entry:
+        # tree node i is at 1 + i); a committed token it never ran is fed with the next request.
+        self.cache.keep(self.root_position, [0] + [1 + i for i in tree_path])
+        self.consumed = self.root_position + 1 + len(tree_path)
+        self.top.commit(self._top_step(step, tree_path, accepted > len(self.path)))
+
+    def _top_step(self, step: Step, tree_path: list[int], took_extra: bool) -> Step:
+        """`step` re-expressed in the top drafter's draft (see the module docstring)."""
+        tree, path = self.tree, list(tree_path)
+        if took_extra:
+            last = self.path[-1] if self.path else -1
+            tree = Draft(torch.cat([tree.tokens, torch.tensor([[self.mid_token]], device=tree.tokens.device)], 1),
+                         torch.cat([tree.parents, torch.tensor([last])]), None,
+                         torch.cat([tree.node_ids, torch.tensor([EXTRA_NODE_ID])]))
+            path.append(tree.num_nodes - 1)
+        kids = tree_ops.children(tree.parents)
+        next_token = step.acceptance.next_token
+        acceptance = Acceptance(path=path, next_token=next_token, bonus=not kids[path[-1] if path else -1])
+        return Step(token_ids=step.token_ids, num_new=step.num_new, draft=tree, acceptances=[acceptance],
+                    positions=step.positions, target_hidden=step.target_hidden, _kv=step.target_kv)
+
+
+DEFAULT_MID_QUANT = "torchao_int4"
+"""The intermediate model by default: the low-bit self-draft's spec (`lowbit.DEFAULT_QUANT`)."""
+
+
+@register("hierarchical")
+def build_hierarchical(*, target: Target, top: str = "eagle", top_options: dict[str, Any] | None = None,
+                       mid: Target | None = None, mid_quant: str = DEFAULT_MID_QUANT) -> HierarchicalDrafter:
+    """top: the tree drafter's registered name, built with `top_options`; mid: the intermediate
+    model (a Target sharing the vocabulary), by default `quantized_copy(target, mid_quant)`."""
+    if top == "hierarchical":
+        raise ValueError("the top drafter of a hierarchical drafter cannot be 'hierarchical' itself")
+    if mid is None:
+        from specdec.quant import quantized_copy
+
+        mid = quantized_copy(target, mid_quant)
+    return HierarchicalDrafter(build(top, target=target, **(top_options or {})), mid, target=target)
+
+
+build_hierarchical.test_options = {"top_options": {"head": "random"}, "mid_quant": "rtn8_pc"}
