@@ -54,10 +54,10 @@ def extra_conf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory, extra_conf):
-    """A 2 x 2 x 3 grid (drafter x shape x quant: fp32, a packed kernel, numerics only) on the tiny
-    model, 2 prompts, 8 new tokens."""
+    """A 2 x 2 x 2 grid (drafter x shape x quant: fp32 and a packed kernel) on the tiny model,
+    2 prompts, 8 new tokens."""
     results = tmp_path_factory.mktemp("grid") / "results"
-    args = ("drafter=ngram,small", "shape=chain4,tree422", "quant=none,torchao_int4,q4g32", "max_new_tokens=8",
+    args = ("drafter=ngram,small", "shape=chain4,tree422", "quant=none,torchao_int4", "max_new_tokens=8",
             "dataset.question_ids=[smoke-1,smoke-4]")
     first = run_grid(results, *args, extra_conf=extra_conf)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -67,14 +67,12 @@ def tiny_grid(tmp_path_factory, extra_conf):
 def test_grid_fills_the_store(tiny_grid):
     results, _, first = tiny_grid
     cells = sorted((results / "cells").iterdir())
-    assert len(cells) == 12 and all((c / "done").exists() for c in cells)
+    assert len(cells) == 8 and all((c / "done").exists() for c in cells)
     rows = load_rows(results)
-    assert len(rows) == 12 * 2
-    assert set(rows.drafter) == {"ngram", "small"} and set(rows.quant) == {"none", "torchao_int4_g32", "rtn4_g32"}
-    # The bits label and "numerics only" come from the quantization registry, not from the presets.
+    assert len(rows) == 8 * 2
+    assert set(rows.drafter) == {"ngram", "small"} and set(rows.quant) == {"none", "torchao_int4_g32"}
     labels = rows.drop_duplicates("quant").set_index("quant")
-    assert labels.bits.to_dict() == {"none": 32.0, "torchao_int4_g32": 4.0, "rtn4_g32": 4.0}
-    assert labels.numerics_only.to_dict() == {"none": False, "torchao_int4_g32": False, "rtn4_g32": True}
+    assert labels.bits.to_dict() == {"none": 32.0, "torchao_int4_g32": 4.0}
     # Three speedups per row; on the unquantized target the reference is the plain run itself.
     none = rows[rows.quant == "none"]
     assert (none.speedup_quant == 1.0).all() and (none.speedup_compound == none.speedup).all()
@@ -83,7 +81,7 @@ def test_grid_fills_the_store(tiny_grid):
     assert ((quantized.speedup * quantized.speedup_quant / quantized.speedup_compound - 1).abs() < 1e-9).all()
     # Each cell prints its numbers when it ends.
     summaries = [line for line in first.stdout.splitlines() if line.startswith("cell ")]
-    assert len(summaries) == 12 and all("MAL" in s and "speculation" in s and "compound" in s for s in summaries)
+    assert len(summaries) == 8 and all("MAL" in s and "speculation" in s and "compound" in s for s in summaries)
     assert set(rows["shape"]) == {"chain(4)", "tree(4,2,2)"}
     assert (rows.groupby("cell_id").question_id.nunique() == 2).all()
     # T = 0: speculative decoding is exact, so every drafted run equals its plain-loop run.
@@ -103,7 +101,7 @@ def test_rerun_does_no_work(tiny_grid, extra_conf):
     again = run_grid(results, *args, extra_conf=extra_conf)
     assert again.returncode == 0, again.stderr[-3000:]
     log = again.stdout + again.stderr
-    assert log.count("is already stored: skipped") == 12
+    assert log.count("is already stored: skipped") == 8
     assert "loading target" not in log
     assert snapshot(results) == before
 
@@ -119,7 +117,7 @@ def test_leaderboard_of_the_grid(tiny_grid, tmp_path, capsys):
 
     table = pd.read_csv(tmp_path / "leaderboard.csv")
     overall = table[table.category == "overall"]
-    assert len(overall) == 12 and sorted(overall.rank_mal.unique())[0] == 1
+    assert len(overall) == 8 and sorted(overall.rank_mal.unique())[0] == 1
     assert {"chat", "retrieval"} <= set(table.category)
     pngs = sorted(tmp_path.glob("*.png"))
     assert [p.name.split("_")[0] for p in pngs] == ["acceptance", "heatmap"]
@@ -240,13 +238,33 @@ def test_every_registered_drafter_is_selectable_and_the_main_grid_picks_new_ones
         assert first["quant"] == "none,bf16" and any("gptqref4" in n for n in notes)
 
 
-def test_main_dry_run_prints_commands_that_paste_as_they_are():
+def test_bits_label_and_numerics_only_come_from_the_quant_registry():
+    import specdec
+
+    from experiments.run import quant_labels
+
+    tiny = specdec.load_target("tiny-llama")
+    assert quant_labels("none", tiny) == {"quant": "none", "bits": 32.0, "numerics_only": False}
+    assert quant_labels("rtn4", tiny) == {"quant": "rtn4_g64", "bits": 4.0, "numerics_only": True}
+    assert quant_labels("torchao_int4", tiny) == {"quant": "torchao_int4_g32", "bits": 4.0, "numerics_only": False}
+    assert quant_labels("bf16", tiny)["bits"] == 16.0
+    for preset in (CONF_DIR / "quant").glob("*.yaml"):  # presets hold a spec only: nothing hand-kept
+        assert set(yaml_keys(preset)) == {"spec"}, preset
+
+
+def yaml_keys(path: Path) -> list[str]:
+    from omegaconf import OmegaConf
+
+    return list(OmegaConf.load(path).keys())
+
+
+def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    out = subprocess.run([sys.executable, "-m", "experiments.main", "--dry-run"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
+    from experiments.main import main as main_job
+
+    assert main_job(["--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert lines
     for line in lines:
         words = shlex.split(line)
