@@ -45,7 +45,7 @@ def _quant_note(preset: str) -> str | None:
     try:
         quant.parse_spec(spec)
     except quant.QuantSpecError as err:
-        return f"quant={preset} dropped: {err}"
+        return f"quant={preset} dropped: its spec {spec!r} does not parse with the backends registered here ({err})"
     return None
 
 
