@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.leaderboard import _SUMS, SPEEDUPS, _stats, entry_stats
+from experiments.leaderboard import _SUMS, SETTING, SPEEDUPS, _stats, entry_stats
 from experiments.store import load_rows, open_existing
 from specdec import costmodel
 from specdec.latency import LatencyCurve
@@ -128,6 +128,10 @@ def load_cells(results: str | os.PathLike) -> list[Cell]:
             f"({names}): they were written by an older runner. Rerun them with this one into a new results.dir "
             "(python -m experiments.run -m ... results.dir=NEW, or python -m experiments.main results.dir=NEW); "
             "each cell then stores its target's latency curve (runner.latency_widths / latency_contexts)")
+    settings = {tuple(str(part[k].iloc[0]) for k in SETTING) for _, part in rows.groupby("cell_id")}
+    if len(settings) > 1:
+        raise ReportError(f"{results} holds {len(settings)} settings ({', '.join(SETTING)} differ between cells); the "
+                          "report compares cells of one setting: give each setting its own results.dir")
     for cell in cells:
         cell.labels = {**cell.rows.iloc[0][["drafter", "shape", "quant", "bits", "model", "dataset", "prompts",
                                             "temperature", "max_new_tokens"]].to_dict(),
@@ -143,6 +147,8 @@ def _paired(a: Cell, b: Cell, metric: str, n_boot: int, rng: np.random.Generator
     """metric(a) / metric(b) with a 95% bootstrap CI, questions resampled jointly (shared questions only)."""
     qa, qb = (c.rows.groupby("question_id")[_SUMS].sum() for c in (a, b))
     shared = sorted(set(qa.index) & set(qb.index))
+    if not shared:
+        return float("nan"), float("nan"), float("nan")
     xa, xb = qa.loc[shared].to_numpy(float), qb.loc[shared].to_numpy(float)  # [Q, 8]
     point = _stats(xa.sum(0))[metric] / _stats(xb.sum(0))[metric]
     idx = rng.integers(0, len(shared), size=(n_boot, len(shared)))  # [B, Q]

@@ -143,3 +143,12 @@ def test_cli_bad_input_is_one_line_and_a_nonzero_exit(store, tmp_path, capsys, a
     assert report_cli(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("report: error:") and message in err[0]
+
+
+def test_a_store_of_several_settings_is_refused(store):
+    s = ResultsStore(store)
+    cid = write_cell(s, "other", "none", MALS)
+    rows = (store / "cells" / cid / "rows.jsonl").read_text().replace('"max_new_tokens": 32', '"max_new_tokens": 64')
+    (store / "cells" / cid / "rows.jsonl").write_text(rows)
+    with pytest.raises(ReportError, match="holds 2 settings"):
+        write_report(store, n_boot=10)
