@@ -69,17 +69,18 @@ def _stats(sums: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def question_sums(rows: pd.DataFrame) -> pd.DataFrame:
-    """`_SUMS` summed per question (a question's turns stay together when resampled)."""
+    """`_SUMS` summed per question (a question's turns stay together when resampled). Rows of an older
+    runner have no reference run: their quantization and compound speedups are NaN."""
     missing = [c for c in _SUMS if c not in rows.columns]
-    if missing:
-        raise LeaderboardError(f"rows lack {missing}: they were written by an older runner (no reference run); "
-                               "rerun those cells into a new results store")
-    return rows.groupby("question_id")[_SUMS].sum()
+    if set(missing) - {"reference_new_tokens", "reference_wall_time_s"}:
+        raise LeaderboardError(f"rows lack {missing}: they were not written by the experiments runner")
+    return rows.assign(**{c: np.nan for c in missing}).groupby("question_id")[_SUMS].sum(min_count=1)
 
 
 def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> dict:
     """Pooled statistics of one entry's rows, with bootstrap intervals over questions."""
-    per_question = question_sums(rows).to_numpy(dtype=float)  # [Q, 8]
+    sums = question_sums(rows)
+    per_question = sums.to_numpy(dtype=float)  # [Q, 8]
     point = _stats(per_question.sum(0))
     out = {"questions": len(per_question), "turns": len(rows), "mal": float(point["mal"]),
            "mean_accepted_tokens": float(point["mal"]) - 1.0, **{k: float(point[k]) for k in SPEEDUPS}}
@@ -87,9 +88,10 @@ def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> di
         idx = rng.integers(0, len(per_question), size=(n_boot, len(per_question)))  # [B, Q]
         boot = _stats(per_question[idx].sum(1))  # each [B]
         for name in ("mal", *SPEEDUPS):
-            out[f"{name}_lo"] = np.nanpercentile(boot[name], 2.5)
-            out[f"{name}_hi"] = np.nanpercentile(boot[name], 97.5)
-    totals = rows[_SUMS].sum()
+            finite = boot[name][~np.isnan(boot[name])]
+            out[f"{name}_lo"] = np.percentile(finite, 2.5) if finite.size else np.nan
+            out[f"{name}_hi"] = np.percentile(finite, 97.5) if finite.size else np.nan
+    totals = sums.sum()
     out["tokens_per_s"] = totals["new_tokens"] / totals["wall_time_s"]
     out["baseline_tokens_per_s"] = totals["baseline_new_tokens"] / totals["baseline_wall_time_s"]
     out["same_tokens_as_baseline"] = float(rows["same_tokens_as_baseline"].mean())

@@ -120,3 +120,13 @@ def test_cli_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, capsys):
         assert leaderboard_cli([str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("leaderboard: error:") and "not a specdec results store" in err[0]
+
+
+def test_rows_without_a_reference_run_still_rank(tmp_path):
+    s = ResultsStore(tmp_path / "r")
+    lab = labels("d", "chain(4)", "none", 32.0, 0.0)
+    old = [{k: v for k, v in {**lab, **make_row(f"q{i}", "chat", 8, 8, 1.0, 2.0)}.items()
+            if not k.startswith("reference_")} for i in range(3)]
+    s.write_cell("c", {}, old)
+    row = build_table(load_rows(tmp_path / "r"), n_boot=50).iloc[0]
+    assert row.speedup == pytest.approx(2.0) and pd.isna(row.speedup_quant) and pd.isna(row.speedup_compound_lo)
