@@ -5,7 +5,9 @@ wrong type fails at composition), the registration of that schema, and one auto-
 preset per registered drafter that has no YAML preset, so a drafter added to the registry can be
 selected as `drafter=NAME` with no change here. Presets (`conf/<group>/<name>.yaml`) only fill in
 values. The composed config is made read-only by the runner; these dataclasses are not declared
-`frozen` because Hydra merges presets into them while composing.
+`frozen` because Hydra merges presets into them while composing. The `sampling` group is the
+library's own `specdec.SamplingConfig` (frozen): `register_configs` lifts its read-only flag in the
+schema so presets can be merged into it, and `OmegaConf.to_object` builds (and validates) it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+from specdec.sampling import SamplingConfig
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -54,18 +58,19 @@ class ShapeConfig:
 
 @dataclass
 class QuantConfig:
-    """The target's quantization; the plain-loop baseline of a cell runs at the same spec."""
+    """The target's quantization; the plain-loop baseline of a cell runs at the same spec, and the
+    unquantized target's plain loop is the cell's reference (the bits label is derived from the spec)."""
 
     spec: str = "none"
-    """A quantization spec for `load_target(quant=...)` (`none`, `bf16`, `rtn4_g64`, ...)."""
-    bits: float = 32.0
-    """Nominal bits per weight: a label and sort key for the leaderboard, never read by the runner."""
+    """A quantization spec for `load_target(quant=...)` (`none`, `bf16`, `torchao_int4`, `rtn4_g64`, ...)."""
 
 
 @dataclass
 class DatasetConfig:
     """Which prompts a cell runs."""
 
+    name: str = ""
+    """The selection's name in board titles (e.g. `main`); empty = `source`."""
     source: str = "default"
     """A suite name in experiments/prompts (`default`, `smoke`), a path to a JSONL file in the
     Spec-Bench / MT-bench question format, or `hf:HUB_ID[:SPLIT]` for a `datasets` hub dataset."""
@@ -77,22 +82,6 @@ class DatasetConfig:
     """Keep at most this many questions per category (first in file order); None = all."""
     max_turns: Optional[int] = None
     """Run at most this many turns of each question; None = every turn."""
-
-
-@dataclass
-class SamplingConfig:
-    """Decoding settings shared by the drafted run and its baseline."""
-
-    temperature: float = 0.0
-    """0 = greedy; > 0 samples from the target distribution (after top-k / top-p)."""
-    top_k: int = 0
-    """Keep the k most likely tokens (0 = off)."""
-    top_p: float = 1.0
-    """Nucleus mass in (0, 1] (1 = off)."""
-    seed: int = 0
-    """Seed of question i is seed + i, for the drafted run and its baseline alike."""
-    max_new_tokens: int = 64
-    """New tokens per turn."""
 
 
 @dataclass
@@ -113,6 +102,13 @@ class RunnerConfig:
     """Loaded targets kept in memory across the cells of one multirun (by model and quant spec)."""
     progress: bool = True
     """Show tqdm progress bars over cells and prompts."""
+    latency_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    """Widths of the target latency curve stored in every cell (`specdec.latency.cached_latency`, measured
+    once per target per machine); the cost model reads it. Must start at 1."""
+    latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
+    """Context lengths of that curve."""
+    latency_repeats: int = 3
+    """Timed repeats per point of that curve (median kept)."""
     threads: int = 1
     """torch intra-op threads (0 = torch's default). 1 by default: on a 2-core machine with anything
     else running, 2 threads made the embedded model's decode >10x slower (OpenMP barriers). It does
@@ -129,6 +125,9 @@ class ExperimentConfig:
     quant: QuantConfig = MISSING
     dataset: DatasetConfig = MISSING
     sampling: SamplingConfig = MISSING
+    """`specdec.SamplingConfig`; question i of a cell uses seed `sampling.seed + i` (both runs)."""
+    max_new_tokens: int = 64
+    """New tokens per turn."""
     results: ResultsConfig = field(default_factory=ResultsConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 
@@ -160,7 +159,10 @@ def register_configs() -> None:
     from specdec import drafters
 
     store = ConfigStore.instance()
-    store.store(name="experiment_schema", node=ExperimentConfig)
+    schema = OmegaConf.structured(ExperimentConfig)
+    schema.sampling = OmegaConf.structured(SamplingConfig)
+    OmegaConf.set_readonly(schema.sampling, False)  # frozen in the library; presets merge into it
+    store.store(name="experiment_schema", node=schema)
     for name in drafters.names():
         if not (CONF_DIR / "drafter" / f"{name}.yaml").exists():
             store.store(group="drafter", name=name, node=DrafterConfig(name=name))

@@ -1,11 +1,14 @@
 """The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
 
 Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, heatmap and
-acceptance-curve PNGs). A *board* is one setting: model, prompt suite, sampling (T = 0 and T > 0
-never share a board) and max_new_tokens; its *entries* are drafter x shape x quant. Statistics are
-pooled, not averaged over prompts:
+acceptance-curve PNGs), and the one-line summary of a cell. A *board* is one setting: model, prompt
+selection, sampling (T = 0 and T > 0 never share a board) and max_new_tokens; its *entries* are
+drafter x shape x quant. Statistics are pooled, not averaged over prompts:
 - MAL = 1 + (accepted draft tokens) / (target forwards), summed over the entry's turns;
-- speedup = (new tokens / wall time of the drafted runs) / (the same for their plain-loop runs);
+- speedup = (new tokens / wall time of the drafted runs) / (the same for their plain-loop runs on the
+  same target): speculation alone;
+- speedup_quant = plain-loop tokens/s on the target over the unquantized reference's: quantization alone;
+- speedup_compound = drafted tokens/s over the reference's plain loop: both, measured directly;
 - acceptance at depth d = (steps whose accepted path reached d) / (steps whose draft reached d).
 Intervals are 95% percentile bootstraps over questions (a question's turns are resampled together).
 Knows nothing about how rows were measured; reads them through `experiments.store.load_rows`.
@@ -23,19 +26,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.store import load_rows
+from experiments.store import StoreError, load_rows
 
 SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed", "max_new_tokens"]
 """What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
 the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
-_SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s"]
+CELL_SEED = 0
+"""Bootstrap seed of a cell's own summary (`cell_summary`)."""
+_SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s",
+         "reference_new_tokens", "reference_wall_time_s"]
+SPEEDUPS = ("speedup", "speedup_quant", "speedup_compound")
+"""Speculation alone, quantization alone, compound (see the module docstring)."""
+
+
+class LeaderboardError(ValueError):
+    """Rows that cannot be ranked (e.g. written by a runner without the reference run)."""
 
 
 def board_name(setting: dict) -> str:
     regime = "T=0" if setting["temperature"] == 0 else f"T={setting['temperature']:g}"
     sampling = "" if setting["temperature"] == 0 else f" top_k={setting['top_k']} top_p={setting['top_p']:g}"
-    prompts = f"{setting['dataset']} (prompts {setting['prompts'][:6]})"
+    prompts = f"dataset {setting['dataset']} (prompts {setting['prompts'][:6]})"
     length = f"{setting['max_new_tokens']} new tokens"
     return f"{regime}{sampling} seed={setting['seed']} | {setting['model']} | {prompts} | {length}"
 
@@ -47,27 +59,39 @@ def board_slug(setting: dict) -> str:
     return "_".join(map(str, parts)).replace("/", "-")
 
 
-def _stats(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """MAL and speedup from summed columns `_SUMS` (last axis)."""
-    steps, accepted, new, wall, base_new, base_wall = np.moveaxis(sums, -1, 0)
+def _stats(sums: np.ndarray) -> dict[str, np.ndarray]:
+    """MAL and the three speedups from summed columns `_SUMS` (last axis)."""
+    steps, accepted, new, wall, base_new, base_wall, ref_new, ref_wall = np.moveaxis(sums, -1, 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mal = 1.0 + accepted / steps
-        speedup = (new / wall) / (base_new / base_wall)
-    return mal, speedup
+        drafted, plain, reference = new / wall, base_new / base_wall, ref_new / ref_wall
+        return {"mal": 1.0 + accepted / steps, "speedup": drafted / plain, "speedup_quant": plain / reference,
+                "speedup_compound": drafted / reference}
+
+
+def question_sums(rows: pd.DataFrame) -> pd.DataFrame:
+    """`_SUMS` summed per question (a question's turns stay together when resampled). Rows of an older
+    runner have no reference run: their quantization and compound speedups are NaN."""
+    missing = [c for c in _SUMS if c not in rows.columns]
+    if set(missing) - {"reference_new_tokens", "reference_wall_time_s"}:
+        raise LeaderboardError(f"rows lack {missing}: they were not written by the experiments runner")
+    return rows.assign(**{c: np.nan for c in missing}).groupby("question_id")[_SUMS].sum(min_count=1)
 
 
 def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> dict:
     """Pooled statistics of one entry's rows, with bootstrap intervals over questions."""
-    per_question = rows.groupby("question_id")[_SUMS].sum().to_numpy(dtype=float)  # [Q, 6]
-    mal, speedup = _stats(per_question.sum(0))
-    out = {"questions": len(per_question), "turns": len(rows), "mal": float(mal),
-           "mean_accepted_tokens": float(mal) - 1.0, "speedup": float(speedup)}
+    sums = question_sums(rows)
+    per_question = sums.to_numpy(dtype=float)  # [Q, 8]
+    point = _stats(per_question.sum(0))
+    out = {"questions": len(per_question), "turns": len(rows), "mal": float(point["mal"]),
+           "mean_accepted_tokens": float(point["mal"]) - 1.0, **{k: float(point[k]) for k in SPEEDUPS}}
     if n_boot > 0:
         idx = rng.integers(0, len(per_question), size=(n_boot, len(per_question)))  # [B, Q]
-        boot_mal, boot_speedup = _stats(per_question[idx].sum(1))  # [B]
-        out.update(mal_lo=np.nanpercentile(boot_mal, 2.5), mal_hi=np.nanpercentile(boot_mal, 97.5),
-                   speedup_lo=np.nanpercentile(boot_speedup, 2.5), speedup_hi=np.nanpercentile(boot_speedup, 97.5))
-    totals = rows[_SUMS].sum()
+        boot = _stats(per_question[idx].sum(1))  # each [B]
+        for name in ("mal", *SPEEDUPS):
+            finite = boot[name][~np.isnan(boot[name])]
+            out[f"{name}_lo"] = np.percentile(finite, 2.5) if finite.size else np.nan
+            out[f"{name}_hi"] = np.percentile(finite, 97.5) if finite.size else np.nan
+    totals = sums.sum()
     out["tokens_per_s"] = totals["new_tokens"] / totals["wall_time_s"]
     out["baseline_tokens_per_s"] = totals["baseline_new_tokens"] / totals["baseline_wall_time_s"]
     out["same_tokens_as_baseline"] = float(rows["same_tokens_as_baseline"].mean())
@@ -93,8 +117,9 @@ def build_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Dat
     for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
         labels = dict(zip(SETTING + ENTRY, keys))
         for category, part in [("overall", group), *group.groupby("category", sort=True)]:
+            numerics_only = bool(part["numerics_only"].any()) if "numerics_only" in part else False
             records.append({**labels, "board": board_name(labels), "category": category,
-                            **entry_stats(part, n_boot, rng)})
+                            "numerics_only": numerics_only, **entry_stats(part, n_boot, rng)})
     table = pd.DataFrame(records)
     within = table.groupby(["board", "category"])
     table["rank_mal"] = within["mal"].rank(ascending=False, method="min").astype(int)
@@ -108,25 +133,33 @@ def _ci(row: pd.Series, name: str, fmt: str) -> str:
     return f"{row[name]:{fmt}} [{row[f'{name}_lo']:{fmt}}, {row[f'{name}_hi']:{fmt}}]"
 
 
+def _quant_label(row: pd.Series) -> str:
+    return f"{row.quant} (numerics only)" if row.get("numerics_only") is True else str(row.quant)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     lines = ["# specdec leaderboard", "",
-             "MAL = mean acceptance length (tokens per target forward, bonus included); speedup = tokens/s "
-             "over the plain loop at the same bit-width, measured in the same run; "
-             "[95% bootstrap CI over questions].", ""]
+             "MAL = mean acceptance length (tokens per target forward, bonus included). Speedups are tokens/s "
+             "ratios of runs measured side by side: *speculation* = drafted / plain loop on the same target, "
+             "*quantization* = plain loop on the target / plain loop on the unquantized reference, *compound* = "
+             "drafted / reference plain loop. [95% bootstrap CI over questions]. *Numerics only*: weights "
+             "stored dequantized, so the bit-width changes acceptance, never cost.", ""]
     for board, part in table.groupby("board", sort=False):
         overall = part[part.category == "overall"]
         lines += [f"## {board}", ""]
         for title, key in (("by MAL", "rank_mal"), ("by speedup", "rank_speedup")):
             lines += [f"### Ranked {title}", "",
-                      "| rank | drafter | shape | quant | bits | questions | MAL | speedup | tok/s | plain tok/s |",
-                      "|---:|---|---|---|---:|---:|---|---|---:|---:|"]
+                      "| rank | drafter | shape | quant | bits | questions | MAL | speculation | quantization | "
+                      "compound | tok/s | plain tok/s |",
+                      "|---:|---|---|---|---:|---:|---|---|---|---|---:|---:|"]
             for _, r in overall.sort_values([key, "drafter", "shape", "bits"]).iterrows():
-                lines.append(f"| {r[key]} | {r.drafter} | `{r['shape']}` | {r.quant} | {r.bits:g} | {r.questions} | "
-                             f"{_ci(r, 'mal', '.2f')} | {_ci(r, 'speedup', '.2f')}x | {r.tokens_per_s:.1f} | "
-                             f"{r.baseline_tokens_per_s:.1f} |")
+                lines.append(f"| {r[key]} | {r.drafter} | `{r['shape']}` | {_quant_label(r)} | {r.bits:g} | "
+                             f"{r.questions} | {_ci(r, 'mal', '.2f')} | {_ci(r, 'speedup', '.2f')}x | "
+                             f"{_ci(r, 'speedup_quant', '.2f')}x | {_ci(r, 'speedup_compound', '.2f')}x | "
+                             f"{r.tokens_per_s:.1f} | {r.baseline_tokens_per_s:.1f} |")
             lines.append("")
         categories = sorted(set(part.category) - {"overall"})
-        lines += ["### Per category: MAL / speedup", "",
+        lines += ["### Per category: MAL / speculation speedup", "",
                   "| drafter | shape | quant | " + " | ".join(categories) + " |",
                   "|---|---|---|" + "---|" * len(categories)]
         for (drafter, shape, quant), entry in part.groupby(["drafter", "shape", "quant"], sort=True):
@@ -237,6 +270,23 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None 
     return markdown, out_dir
 
 
+def format_speedups(stats: dict) -> str:
+    """`speculation 1.31x [1.12, 1.50] | quantization 1.6x [..] | compound 2.1x [..]` from `entry_stats`."""
+    names = {"speedup": "speculation", "speedup_quant": "quantization", "speedup_compound": "compound"}
+    return " | ".join(f"{label} {stats[key]:.2f}x [{stats[key + '_lo']:.2f}, {stats[key + '_hi']:.2f}]"
+                      for key, label in names.items())
+
+
+def cell_summary(store, cell_id: str, n_boot: int = 1000) -> str:
+    """One line with a stored cell's MAL and three speedups, each with its 95% bootstrap CI."""
+    rows = pd.read_json(store.cell_dir(cell_id) / "rows.jsonl", lines=True, dtype=False)
+    stats = entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED))
+    first = rows.iloc[0]
+    return (f"cell {cell_id}: {first.drafter} {first['shape']} on {first.quant} | {stats['questions']} questions, "
+            f"{int(rows.new_tokens.sum())} tokens | MAL {_ci(pd.Series(stats), 'mal', '.2f')} | "
+            f"{format_speedups(stats)} (95% bootstrap CI over questions)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a results store directory (results.dir of the runs)")
@@ -244,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (0 = no intervals)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = parser.parse_args(argv)
-    markdown, out_dir = write_leaderboard(args.results, args.out, n_boot=args.bootstrap, seed=args.seed)
+    try:
+        markdown, out_dir = write_leaderboard(args.results, args.out, n_boot=args.bootstrap, seed=args.seed)
+    except (StoreError, LeaderboardError, OSError) as err:
+        print(f"leaderboard: error: {err}", file=sys.stderr)
+        return 2
     print(markdown)
     print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
     return 0

@@ -1,83 +1,142 @@
-"""The main job: the default grid on the embedded target, then the leaderboard and its heatmaps.
+"""The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the
+findings report, ending with the report's verdict.
 
-    python -m experiments.main                       # grid from experiments/grids/main.yaml
-    python -m experiments.main sampling.max_new_tokens=32 results.dir=results/quick
-    python -m experiments.main --dry-run             # print the Hydra command only
+    python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
+    python -m experiments.main max_new_tokens=24 results.dir=results/quick
+    python -m experiments.main --dry-run             # print the commands it runs (paste them as they are)
 
-Owns the default grid: every registered drafter except those grids/main.yaml excludes (`none`, the
-baseline; read from the registry at start, so drafters added later join with no change here), the
-shapes and quantization specs of grids/main.yaml, its fixed settings, and any overrides given on
-the command line (which replace the grid's value for the same key). Runs it as one Hydra multirun
-(`python -m experiments.run -m ...`, cells one at a time in one process), then prints the
-leaderboard of the whole results store and, as its last line, one JSON object (cells stored, the
-grid's exit status, the best entries by MAL and by speedup).
+Owns the default grid: its blocks (each a Hydra multirun, `python -m experiments.run -m ...`, cells one
+at a time in one process), the drafters it names resolved against the registry at start (`others` =
+every registered drafter no block names and `exclude_drafters` does not exclude, so drafters added
+later join with no change here; named drafters that are not registered and quant presets whose
+backend is not registered are dropped with a note), its fixed settings, and command-line overrides
+(which replace the grid's value for the same key in every block). After the grid it writes the
+leaderboard (RESULTS/leaderboard/) and the report (RESULTS/REPORT.md) and prints only the report's
+verdict and, last, its JSON line with the grid's exit status added.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import OmegaConf
 
-from experiments.leaderboard import ENTRY, write_leaderboard
+from experiments.config import CONF_DIR
 from experiments.store import ResultsStore, StoreError
 
 GRID_FILE = Path(__file__).parent / "grids" / "main.yaml"
+OTHERS = "others"
+"""The drafter entry that stands for every registered drafter no block names (and none excluded)."""
 
 
-def grid_overrides(extra: list[str], grid_file: Path = GRID_FILE) -> list[str]:
-    """The multirun's overrides: drafters from the registry (less the excluded), the grid file's
-    sweeps and fixed values, then `extra` (an extra `KEY=...` replaces the grid's entry for KEY)."""
+def _quant_note(preset: str) -> str | None:
+    """Why quant preset `preset` cannot run here (its backend is not registered), or None."""
+    from specdec import quant
+
+    path = CONF_DIR / "quant" / f"{preset}.yaml"
+    if not path.exists():
+        return None  # Hydra names a missing preset itself, with the list of presets
+    spec = OmegaConf.load(path).get("spec", "none")
+    try:
+        quant.parse_spec(spec)
+    except quant.QuantSpecError as err:
+        return f"quant={preset} dropped: its spec {spec!r} does not parse with the backends registered here ({err})"
+    return None
+
+
+def grid_blocks(extra: list[str], grid_file: Path = GRID_FILE) -> tuple[list[list[str]], list[str]]:
+    """The multiruns' overrides, one list per block, and notes on what was dropped. An `extra`
+    `KEY=...` replaces the grid's entry for KEY in every block."""
     from specdec import drafters
 
     grid = OmegaConf.to_container(OmegaConf.load(grid_file))
-    entries: dict[str, str] = {
-        "drafter": ",".join(n for n in drafters.names() if n not in grid["exclude_drafters"]),
-        **{key: ",".join(map(str, values)) for key, values in grid["sweep"].items()},
-    }
-    for item in [*grid["fixed"], *extra]:
+    excluded = set(grid.get("exclude_drafters", []))
+    registered = drafters.names()
+    named = {d for block in grid["blocks"] for d in block.get("drafter", []) if d != OTHERS}
+    fixed: dict[str, str] = {}
+    for item in [*grid.get("fixed", []), *extra]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"override {item!r} is not KEY=VALUE")
-        entries[key] = value
-    return [f"{key}={value}" for key, value in entries.items()]
+        fixed[key] = value
+    notes: list[str] = []
+    blocks = []
+    for block in grid["blocks"]:
+        entries = {key: [str(v) for v in values] for key, values in block.items()}
+        if "drafter" in entries:
+            wanted = []
+            for name in entries["drafter"]:
+                if name == OTHERS:
+                    wanted += [n for n in registered if n not in named and n not in excluded]
+                elif name in registered:
+                    wanted.append(name)
+                else:
+                    notes.append(f"drafter={name} dropped: not registered (registered: {', '.join(registered)})")
+            entries["drafter"] = list(dict.fromkeys(wanted))
+        if "quant" in entries and "quant" not in fixed:
+            kept = []
+            for preset in entries["quant"]:
+                note = _quant_note(preset)
+                notes.append(note) if note else kept.append(preset)
+            entries["quant"] = kept
+        overrides = {key: ",".join(values) for key, values in entries.items() if key not in fixed}
+        if any(not values for key, values in entries.items() if key not in fixed):
+            continue  # a block left with nothing to sweep
+        blocks.append([*(f"{k}={v}" for k, v in overrides.items()), *(f"{k}={v}" for k, v in fixed.items())])
+    return blocks, list(dict.fromkeys(notes))
+
+
+def commands(blocks: list[list[str]]) -> list[list[str]]:
+    """One `python -m experiments.run -m ...` command per block."""
+    return [[sys.executable, "-m", "experiments.run", "-m", *block] for block in blocks]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the default grid, then print the leaderboard.")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sampling.max_new_tokens=32")
-    parser.add_argument("--dry-run", action="store_true", help="print the Hydra command and exit")
-    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the leaderboard")
+    parser = argparse.ArgumentParser(description="Run the main grid, then print the findings report's verdict.")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every block, e.g. max_new_tokens=32")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the board and report")
     args = parser.parse_args(argv)
-    overrides = grid_overrides(args.overrides)
-    command = [sys.executable, "-m", "experiments.run", "-m", *overrides]
-    print(" ".join(command[1:]), flush=True)
+    try:
+        blocks, notes = grid_blocks(args.overrides)
+    except ValueError as err:
+        print(f"experiments.main: error: {err}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    runs = commands(blocks)
+    for command in runs:
+        print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
-    results = next(o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("results.dir="))
-    ResultsStore(results)  # an incompatible results directory fails here, before any work
-    status = subprocess.run(command).returncode
-    if status != 0:
-        print(f"\nthe grid failed (exit {status}); the leaderboard below covers the cells stored so far\n",
-              file=sys.stderr)
+    results = next(o.split("=", 1)[1] for o in reversed(blocks[0]) if o.startswith("results.dir="))
     try:
-        markdown, out_dir = write_leaderboard(results, n_boot=args.bootstrap)
-    except StoreError as err:  # no finished cell to rank
-        print(f"no leaderboard: {err}", file=sys.stderr)
+        ResultsStore(results)  # an incompatible results directory fails here, before any work
+    except StoreError as err:
+        print(f"experiments.main: error: {err}", file=sys.stderr)
+        return 2
+    status = 0
+    for command in runs:
+        status = subprocess.run(command).returncode or status
+    if status != 0:
+        print(f"\nthe grid failed (exit {status}); the report below covers the cells stored so far\n", file=sys.stderr)
+    from experiments.leaderboard import LeaderboardError, write_leaderboard
+    from experiments.report import ReportError, write_report
+
+    try:
+        write_leaderboard(results, n_boot=args.bootstrap)
+        report = write_report(results, n_boot=args.bootstrap)
+    except (StoreError, LeaderboardError, ReportError) as err:
+        print(f"no report: {err}", file=sys.stderr)
         return status or 1
-    print(markdown)
-    print(f"leaderboard, CSV, heatmaps and acceptance curves: {out_dir}", flush=True)
-    table = pd.read_csv(out_dir / "leaderboard.csv")
-    overall = table[table.category == "overall"]
-    best = {metric: overall.loc[overall[metric].idxmax(), ["board", *ENTRY, "mal", "speedup"]].to_dict()
-            for metric in ("mal", "speedup")}
-    print(json.dumps({"results": str(results), "cells": len(ResultsStore(results).cell_ids()), "grid_exit": status,
-                      "best_mal": best["mal"], "best_speedup": best["speedup"]}, default=str))
+    print(f"\ntables: {Path(results) / 'leaderboard' / 'leaderboard.md'}; report: {report.path}\n")
+    print("\n".join(report.verdict))
+    print(json.dumps({**report.summary, "results": str(results), "grid_exit": status}), flush=True)
     return status
 
 

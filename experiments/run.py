@@ -1,13 +1,16 @@
 """Hydra entry point: compose a cell's config, skip it if stored, else measure it and store it.
 
-    python -m experiments.run drafter=eagle shape=dynamic32 quant=rtn4          # one cell
+    python -m experiments.run drafter=eagle shape=chain4 dataset=quick          # one cell (~1 min)
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
 Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
-cell id), the per-process cache of loaded targets shared by the cells of one multirun, the cell's
-metadata (resolved config, git commit, hardware, library versions) and the progress bar over cells.
-Never branches on a drafter or quantization name: they are handed to `specdec.drafters.build` and
-`specdec.load_target` as they are.
+cell id), the per-process cache of loaded targets (and of their latency curves) shared by the cells of
+one multirun, the cell's labels (the bit-width and "numerics only" derived from the quantization
+registry, never hand-kept), its metadata (resolved config, the latency curves of its target and of the
+unquantized reference, the model's sizes for a roofline, git commit, hardware, library versions), the
+progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
+drafter or quantization name: they are handed to `specdec.drafters.build` and `specdec.load_target`
+as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import specdec
+from specdec import quant as quantization
+from specdec.latency import cached_latency
 from experiments.cell import run_cell
+from experiments.leaderboard import cell_summary
 from experiments.config import ExperimentConfig, check_keys, register_configs
 from experiments.questions import digest, load_questions
 from experiments.store import ResultsStore
@@ -46,6 +52,9 @@ register_configs()
 
 _TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
 _DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
+_CURVES: dict[tuple, dict] = {}  # (target key, widths, contexts, repeats) -> latency curve JSON
+REFERENCE_QUANT = "none"
+"""The quantization of every cell's reference target (the denominator of its quant and compound speedups)."""
 LIBRARIES = ["specdec", "torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "tqdm"]
 
 
@@ -56,10 +65,12 @@ def cell_key(cfg: ExperimentConfig, questions_digest: str) -> dict[str, Any]:
     """Everything that changes a cell's numbers; two configs with equal keys are the same cell."""
     return {
         "model": {"name": cfg.model.name, "device": cfg.model.device, "dtype": cfg.model.dtype},
-        "quant": cfg.quant.spec,
+        "quant": quantization.parse_spec(cfg.quant.spec).text,
+        "reference": REFERENCE_QUANT,
         "drafter": {"name": cfg.drafter.name, "options": dict(cfg.drafter.options)},
         "shape": str(specdec.parse_shape(cfg.shape.spec)),
-        "sampling": {k: getattr(cfg.sampling, k) for k in ("temperature", "top_k", "top_p", "seed", "max_new_tokens")},
+        "sampling": {**{k: getattr(cfg.sampling, k) for k in ("temperature", "top_k", "top_p", "seed")},
+                     "max_new_tokens": cfg.max_new_tokens},
         "dataset": {"source": cfg.dataset.source, "questions": questions_digest},
     }
 
@@ -124,14 +135,58 @@ def versions() -> dict[str, str | None]:
 # ---- the cell -------------------------------------------------------------------------------------
 
 
-def _target_key(cfg: ExperimentConfig) -> tuple:
-    return (cfg.model.name, cfg.model.device, cfg.model.dtype, cfg.quant.spec)
+def _target_key(cfg: ExperimentConfig, spec: str | None = None) -> tuple:
+    return (cfg.model.name, cfg.model.device, cfg.model.dtype, cfg.quant.spec if spec is None else spec)
 
 
-def load_cached_target(cfg: ExperimentConfig) -> specdec.Target:
-    """The cell's target, loaded once per (model, device, dtype, quant) per process (LRU of
-    `runner.target_cache_size`; evicting a target drops the drafters built for it)."""
-    key = _target_key(cfg)
+def is_reference(spec: str) -> bool:
+    """True when `spec` quantizes nothing (the cell's target is its own reference)."""
+    return quantization.parse_spec(spec).text == REFERENCE_QUANT
+
+
+def quant_labels(spec: str, target: specdec.Target) -> dict[str, Any]:
+    """The bits label (the spec's bit-width; the weights' dtype width when it has none) and whether the
+    backend only simulates the numerics (weights stored dequantized: acceptance at that bit-width,
+    cost of the unquantized model)."""
+    parsed = quantization.parse_spec(spec)
+    bits = parsed.bits if parsed.bits is not None else torch.finfo(target.dtype).bits
+    numerics_only = not quantization.get(parsed.backend).packed and not is_reference(spec)
+    return {"quant": parsed.text, "bits": float(bits), "numerics_only": numerics_only}
+
+
+def model_sizes(target: specdec.Target) -> dict[str, Any]:
+    """What a roofline needs: parameters, weight bytes (packed formats at their real size), layers,
+    KV heads, head dimension and KV element size."""
+    config = target.model.config
+    heads = config.num_attention_heads
+    return {
+        "params": sum(p.numel() for p in target.model.parameters()),
+        "weight_bytes": quantization.weight_bytes(target.model),
+        "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size,
+        "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "kv_bytes_per_element": torch.finfo(target.dtype).bits // 8,
+    }
+
+
+def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str) -> dict:
+    """The target's latency curve (JSON), from `cached_latency`: measured once per target x machine x
+    threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here."""
+    runner = cfg.runner
+    key = (_target_key(cfg, spec), tuple(runner.latency_widths), tuple(runner.latency_contexts), runner.latency_repeats)
+    if key not in _CURVES:
+        log.info("latency curve of %s", target.label)
+        _CURVES[key] = cached_latency(target, widths=tuple(runner.latency_widths),
+                                      contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats).to_json()
+    return _CURVES[key]
+
+
+def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specdec.Target:
+    """The cell's target (quantized by `spec`, default the cell's), loaded once per (model, device,
+    dtype, quant) per process (LRU of `runner.target_cache_size`; evicting a target drops the
+    drafters built for it)."""
+    key = _target_key(cfg, spec)
     if key in _TARGETS:
         _TARGETS.move_to_end(key)
         return _TARGETS[key]
@@ -139,9 +194,9 @@ def load_cached_target(cfg: ExperimentConfig) -> specdec.Target:
         evicted, _ = _TARGETS.popitem(last=False)
         for drafter_key in [k for k in _DRAFTERS if k[0] == evicted]:
             del _DRAFTERS[drafter_key]
-    log.info("loading target %s (quant=%s)", cfg.model.name, cfg.quant.spec)
+    log.info("loading target %s (quant=%s)", cfg.model.name, key[-1])
     _TARGETS[key] = specdec.load_target(cfg.model.name, device=cfg.model.device, dtype=cfg.model.dtype,
-                                        quant=cfg.quant.spec)
+                                        quant=key[-1])
     return _TARGETS[key]
 
 
@@ -154,8 +209,9 @@ def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target) -> specd
     return _DRAFTERS[key]
 
 
-def run_experiment(cfg: DictConfig) -> str | None:
-    """Run one cell (skipping it when the store has it). Returns the cell id, or None if skipped."""
+def run_experiment(cfg: DictConfig) -> str:
+    """Run one cell (skipping it when the store has it) and print its one-line summary. Returns the
+    cell id."""
     check_keys(cfg)
     OmegaConf.set_readonly(cfg, True)
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
@@ -170,20 +226,26 @@ def run_experiment(cfg: DictConfig) -> str | None:
     cid = cell_id(key)
     if store.has(cid):
         log.info("cell %s is already stored: skipped", cid)
-        return None
+        print(cell_summary(store, cid), flush=True)
+        return cid
 
     started = time.time()
+    reference = None if is_reference(exp.quant.spec) else load_cached_target(exp, REFERENCE_QUANT)
     target = load_cached_target(exp)
     drafter = build_cached_drafter(exp, target)
+    curves = {"target": latency_curve(exp, target, exp.quant.spec)}
+    if reference is not None:
+        curves["reference"] = latency_curve(exp, reference, REFERENCE_QUANT)
     turns = sum(len(q.turns) for q in questions)
     with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {exp.quant.spec}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:
-        rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=key["sampling"],
+        rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=exp.sampling,
+                        max_new_tokens=exp.max_new_tokens, reference=reference,
                         warmup_tokens=exp.runner.warmup_tokens, on_turn=bar.update)
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
-        "quant": exp.quant.spec, "bits": exp.quant.bits, "dataset": exp.dataset.source,
-        "prompts": key["dataset"]["questions"],
+        **quant_labels(exp.quant.spec, target), "dataset": exp.dataset.name or exp.dataset.source,
+        "dataset_source": exp.dataset.source, "prompts": key["dataset"]["questions"],
         **key["sampling"],
     }
     meta = {
@@ -195,12 +257,16 @@ def run_experiment(cfg: DictConfig) -> str | None:
         "hardware": hardware(),
         "versions": versions(),
         "target_info": target.info,
+        "latency": curves,
+        "model_sizes": {"target": model_sizes(target),
+                        **({"reference": model_sizes(reference)} if reference is not None else {})},
         "questions": [q.question_id for q in questions],
         "started_unix": started,
         "wall_time_s": time.time() - started,
     }
     path = store.write_cell(cid, meta, [{**labels, **row} for row in rows])
     log.info("stored %s", path)
+    print(cell_summary(store, cid), flush=True)
     return cid
 
 

@@ -4,6 +4,9 @@ A thin command-line wrapper; the aggregation and plots live in `experiments.lead
 """
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, not an installed copy
 
 from experiments.leaderboard import main
 

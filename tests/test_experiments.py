@@ -1,4 +1,5 @@
-"""The experiment runner end to end on a tiny model: a Hydra grid, the store, resume, SIGKILL, bad input.
+"""The experiment runner end to end on a tiny model: a Hydra grid, the store, resume, SIGKILL, bad input,
+the main job's blocks and its pasteable dry run.
 
 Grids run as `python -m experiments.run -m ...` subprocesses (Hydra's basic launcher, as a user runs
 them) on `model=tiny` with the `smoke` prompts; bad-input checks compose configs in-process.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,13 +22,14 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from experiments.config import CONF_DIR, DatasetConfig
 from experiments.leaderboard import main as leaderboard_cli
-from experiments.main import grid_overrides
+from experiments.main import grid_blocks
 from experiments.questions import PromptSuiteError, load_questions
 from experiments.run import run_experiment
 from experiments.store import MANIFEST, ResultsStore, StoreError, load_rows
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["model=tiny", "dataset=smoke", "runner.warmup_tokens=2", "runner.progress=false"]
+TINY = ["model=tiny", "dataset=smoke", "runner.warmup_tokens=2", "runner.progress=false",
+        "runner.latency_widths=[1,2,4,8]", "runner.latency_contexts=[16]", "runner.latency_repeats=1"]
 
 
 def run_grid(results: Path, *overrides: str, extra_conf: Path | None = None) -> subprocess.CompletedProcess:
@@ -45,15 +48,16 @@ def extra_conf(tmp_path_factory) -> Path:
     """An extra config dir with a quant preset the tiny model supports (width 32 needs group 32)."""
     conf = tmp_path_factory.mktemp("conf")
     (conf / "quant").mkdir()
-    (conf / "quant" / "q4g32.yaml").write_text("spec: rtn4_g32\nbits: 4\n")
+    (conf / "quant" / "q4g32.yaml").write_text("spec: rtn4_g32\n")
     return conf
 
 
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory, extra_conf):
-    """A 2 x 2 x 2 grid (drafter x shape x quant) on the tiny model, 2 prompts, 8 new tokens."""
+    """A 2 x 2 x 2 grid (drafter x shape x quant: fp32 and a packed kernel) on the tiny model,
+    2 prompts, 8 new tokens."""
     results = tmp_path_factory.mktemp("grid") / "results"
-    args = ("drafter=ngram,small", "shape=chain4,tree422", "quant=none,q4g32", "sampling.max_new_tokens=8",
+    args = ("drafter=ngram,small", "shape=chain4,tree422", "quant=none,torchao_int4", "max_new_tokens=8",
             "dataset.question_ids=[smoke-1,smoke-4]")
     first = run_grid(results, *args, extra_conf=extra_conf)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -61,12 +65,23 @@ def tiny_grid(tmp_path_factory, extra_conf):
 
 
 def test_grid_fills_the_store(tiny_grid):
-    results, _, _ = tiny_grid
+    results, _, first = tiny_grid
     cells = sorted((results / "cells").iterdir())
     assert len(cells) == 8 and all((c / "done").exists() for c in cells)
     rows = load_rows(results)
     assert len(rows) == 8 * 2
-    assert set(rows.drafter) == {"ngram", "small"} and set(rows.quant) == {"none", "rtn4_g32"}
+    assert set(rows.drafter) == {"ngram", "small"} and set(rows.quant) == {"none", "torchao_int4_g32"}
+    labels = rows.drop_duplicates("quant").set_index("quant")
+    assert labels.bits.to_dict() == {"none": 32.0, "torchao_int4_g32": 4.0}
+    # Three speedups per row; on the unquantized target the reference is the plain run itself.
+    none = rows[rows.quant == "none"]
+    assert (none.speedup_quant == 1.0).all() and (none.speedup_compound == none.speedup).all()
+    quantized = rows[rows.quant != "none"]
+    assert (quantized.reference_wall_time_s != quantized.baseline_wall_time_s).all()
+    assert ((quantized.speedup * quantized.speedup_quant / quantized.speedup_compound - 1).abs() < 1e-9).all()
+    # Each cell prints its numbers when it ends.
+    summaries = [line for line in first.stdout.splitlines() if line.startswith("cell ")]
+    assert len(summaries) == 8 and all("MAL" in s and "speculation" in s and "compound" in s for s in summaries)
     assert set(rows["shape"]) == {"chain(4)", "tree(4,2,2)"}
     assert (rows.groupby("cell_id").question_id.nunique() == 2).all()
     # T = 0: speculative decoding is exact, so every drafted run equals its plain-loop run.
@@ -75,7 +90,8 @@ def test_grid_fills_the_store(tiny_grid):
     assert (rows.speedup > 0).all() and (rows.baseline_tokens_per_s > 0).all()
     meta = json.loads((cells[0] / "cell.json").read_text())
     assert meta["config"]["model"]["name"] == "tiny-llama"
-    assert {"git", "hardware", "versions", "key", "overrides"} <= set(meta)
+    assert {"git", "hardware", "versions", "key", "overrides", "latency", "model_sizes"} <= set(meta)
+    assert meta["latency"]["target"]["widths"] == [1, 2, 4, 8]
     assert meta["versions"]["torch"] and meta["hardware"]["cpu_count"]
 
 
@@ -94,7 +110,7 @@ def test_leaderboard_of_the_grid(tiny_grid, tmp_path, capsys):
     results, _, _ = tiny_grid
     assert leaderboard_cli([str(results), "--out", str(tmp_path), "--bootstrap", "200"]) == 0
     stdout = capsys.readouterr().out
-    assert "## T=0 seed=0 | tiny-llama | smoke (prompts " in stdout and " | 8 new tokens" in stdout
+    assert "## T=0 seed=0 | tiny-llama | dataset smoke (prompts " in stdout and " | 8 new tokens" in stdout
     assert "### Ranked by MAL" in stdout and "### Ranked by speedup" in stdout
     assert (tmp_path / "leaderboard.md").read_text().strip() == stdout.strip()
     import pandas as pd
@@ -111,7 +127,7 @@ def test_leaderboard_of_the_grid(tiny_grid, tmp_path, capsys):
 def test_sigkill_mid_grid_then_rerun_stores_every_cell_once(tmp_path):
     results = tmp_path / "results"
     args = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"results.dir={results}",
-            "drafter=ngram,random", "shape=chain4,tree422", "sampling.max_new_tokens=16",
+            "drafter=ngram,random", "shape=chain4,tree422", "max_new_tokens=16",
             "dataset.question_ids=[smoke-1,smoke-3]"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90
@@ -161,13 +177,26 @@ def test_misspelled_key(composer, override):
 
 
 def test_correct_keys_compose(composer):
-    cfg = composer("sampling.temperature=0.5", "drafter.name=x", "quant.bits=4", "runner.warmup_tokens=1")
-    assert (cfg.sampling.temperature, cfg.drafter.name, cfg.quant.bits, cfg.runner.warmup_tokens) == (0.5, "x", 4, 1)
+    cfg = composer("sampling.temperature=0.5", "drafter.name=x", "quant.spec=rtn4_g32", "runner.warmup_tokens=1",
+                   "max_new_tokens=7")
+    assert (cfg.sampling.temperature, cfg.drafter.name, cfg.quant.spec, cfg.runner.warmup_tokens,
+            cfg.max_new_tokens) == (0.5, "x", "rtn4_g32", 1, 7)
+
+
+def test_sampling_is_the_librarys_config(composer):
+    from omegaconf import OmegaConf
+
+    import specdec
+
+    cfg = composer("sampling=sample", "sampling.top_k=5")
+    assert OmegaConf.to_object(cfg).sampling == specdec.SamplingConfig(temperature=0.7, top_k=5, top_p=0.95, seed=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        OmegaConf.to_object(composer("sampling.temperature=-1"))
 
 
 def test_wrong_value_type(composer):
     with pytest.raises(ConfigCompositionException, match="max_new_tokens"):
-        composer("sampling.max_new_tokens=many")
+        composer("max_new_tokens=many")
 
 
 def test_unregistered_drafter_preset_fails_before_work(composer, tmp_path):
@@ -176,15 +205,72 @@ def test_unregistered_drafter_preset_fails_before_work(composer, tmp_path):
         run_experiment(cfg)
 
 
-def test_every_registered_drafter_is_selectable_and_in_the_main_grid(composer):
+def test_every_registered_drafter_is_selectable_and_the_main_grid_picks_new_ones_up(composer, tmp_path):
     from specdec import drafters
+    from specdec.drafters.base import _REGISTRY, register
+
+    from experiments.config import register_configs
 
     for name in drafters.names():
         assert composer(f"drafter={name}").drafter.name == name
-    sweep = dict(o.split("=", 1) for o in grid_overrides([]))
-    assert sweep["drafter"].split(",") == [n for n in drafters.names() if n != "none"]
-    assert len(sweep["shape"].split(",")) >= 2 and len(sweep["quant"].split(",")) >= 3
-    assert dict(o.split("=", 1) for o in grid_overrides(["shape=chain4"]))["shape"] == "chain4"
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("exclude_drafters: [none, random]\n"
+                    "blocks:\n"
+                    "  - {drafter: [ngram, not_yet_registered], shape: [chain4], quant: [none, gptqref4, bf16]}\n"
+                    "  - {drafter: [others], shape: [chain4, dynamic8], quant: [none]}\n"
+                    "fixed: [model=tiny, max_new_tokens=8]\n")
+    register("grid_test_drafter")(lambda target, **options: None)  # registered, no YAML preset
+    try:
+        register_configs()
+        assert composer("drafter=grid_test_drafter").drafter.name == "grid_test_drafter"
+        blocks, notes = grid_blocks(["max_new_tokens=4"], grid)
+    finally:
+        del _REGISTRY["grid_test_drafter"]
+    first, second = (dict(o.split("=", 1) for o in block) for block in blocks)
+    assert first["drafter"] == "ngram" and second["shape"] == "chain4,dynamic8"
+    others = second["drafter"].split(",")
+    assert "grid_test_drafter" in others and not {"ngram", "none", "random"} & set(others)
+    assert first["max_new_tokens"] == "4" and first["model"] == "tiny"
+    assert any("not_yet_registered" in n for n in notes)
+    import specdec.quant
+
+    if "gptqref" not in specdec.quant.names():  # until the reference GPTQ backend is merged
+        assert first["quant"] == "none,bf16" and any("gptqref4" in n for n in notes)
+
+
+def test_bits_label_and_numerics_only_come_from_the_quant_registry():
+    import specdec
+
+    from experiments.run import quant_labels
+
+    tiny = specdec.load_target("tiny-llama")
+    assert quant_labels("none", tiny) == {"quant": "none", "bits": 32.0, "numerics_only": False}
+    assert quant_labels("rtn4", tiny) == {"quant": "rtn4_g64", "bits": 4.0, "numerics_only": True}
+    assert quant_labels("torchao_int4", tiny) == {"quant": "torchao_int4_g32", "bits": 4.0, "numerics_only": False}
+    assert quant_labels("bf16", tiny)["bits"] == 16.0
+    for preset in (CONF_DIR / "quant").glob("*.yaml"):  # presets hold a spec only: nothing hand-kept
+        assert set(yaml_keys(preset)) == {"spec"}, preset
+
+
+def yaml_keys(path: Path) -> list[str]:
+    from omegaconf import OmegaConf
+
+    return list(OmegaConf.load(path).keys())
+
+
+def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from experiments.main import main as main_job
+
+    assert main_job(["--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines
+    for line in lines:
+        words = shlex.split(line)
+        assert words[:4] == [sys.executable, "-m", "experiments.run", "-m"]
+        OverridesParser.create().parse_overrides(words[4:])  # every override is valid Hydra syntax
+        assert "results.dir=results/main" in words and "dataset=main" in words
 
 
 def test_empty_prompt_file(tmp_path):

@@ -23,6 +23,7 @@ def make_row(question: str, category: str, steps: int, accepted: int, wall: floa
         "mal": 1 + accepted / steps, "mean_accepted_tokens": accepted / steps, "new_tokens": tokens,
         "wall_time_s": wall, "baseline_new_tokens": tokens, "baseline_wall_time_s": base_wall,
         "tokens_per_s": tokens / wall, "baseline_tokens_per_s": tokens / base_wall,
+        "reference_new_tokens": tokens, "reference_wall_time_s": 2 * base_wall,
         "speedup": base_wall / wall, "same_tokens_as_baseline": True,
         "reached_by_depth": [steps, steps // 2], "accepted_by_depth": [accepted // 2, accepted // 4],
     }
@@ -61,6 +62,9 @@ def test_pooled_statistics_and_intervals(store):
     overall = one[one.category == "overall"].iloc[0]
     assert overall.mal == pytest.approx(1 + (3 + 6 + 9 + 12) / 40)  # pooled over turns, not averaged
     assert overall.speedup == pytest.approx((4 * 32 / 4.6) / (4 * 32 / (4 * 2.1)))
+    assert overall.speedup_quant == pytest.approx(2.0)  # the plain loop runs in half the reference's time
+    assert overall.speedup_compound == pytest.approx(overall.speedup * overall.speedup_quant)
+    assert overall.speedup_compound_lo <= overall.speedup_compound <= overall.speedup_compound_hi
     assert overall.mal_lo < overall.mal < overall.mal_hi
     assert overall.speedup_lo <= overall.speedup <= overall.speedup_hi
     code = one[one.category == "code"].iloc[0]
@@ -87,7 +91,7 @@ def test_acceptance_curve_is_pooled_by_counts():
 def test_outputs_and_cli(store, tmp_path):
     markdown, out = write_leaderboard(store, tmp_path / "board", n_boot=100)
     assert markdown.count("### Ranked by MAL") == 2 and markdown.count("### Ranked by speedup") == 2
-    assert "### Per category: MAL / speedup" in markdown and "| chat | code |" in markdown
+    assert "### Per category: MAL / speculation speedup" in markdown and "| chat | code |" in markdown
     table = pd.read_csv(out / "leaderboard.csv")
     assert len(table) == 2 * 8 * 3  # 2 boards x 8 entries x (overall + 2 categories)
     pngs = sorted(p.name for p in out.glob("*.png"))
@@ -97,7 +101,7 @@ def test_outputs_and_cli(store, tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith("# specdec leaderboard")
-    assert "## T=0.7 top_k=0 top_p=1 seed=0 | m | suite" in cli.stdout
+    assert "## T=0.7 top_k=0 top_p=1 seed=0 | m | dataset suite" in cli.stdout
     assert (store / "leaderboard" / "leaderboard.md").exists()
 
 
@@ -107,3 +111,22 @@ def test_not_a_store_or_an_empty_store(tmp_path):
     ResultsStore(tmp_path / "empty")
     with pytest.raises(StoreError, match="no finished cells"):
         write_leaderboard(tmp_path / "empty")
+
+
+def test_cli_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, capsys):
+    from experiments.leaderboard import main as leaderboard_cli
+
+    for path in (tmp_path / "nonexistent", tmp_path):
+        assert leaderboard_cli([str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("leaderboard: error:") and "not a specdec results store" in err[0]
+
+
+def test_rows_without_a_reference_run_still_rank(tmp_path):
+    s = ResultsStore(tmp_path / "r")
+    lab = labels("d", "chain(4)", "none", 32.0, 0.0)
+    old = [{k: v for k, v in {**lab, **make_row(f"q{i}", "chat", 8, 8, 1.0, 2.0)}.items()
+            if not k.startswith("reference_")} for i in range(3)]
+    s.write_cell("c", {}, old)
+    row = build_table(load_rows(tmp_path / "r"), n_boot=50).iloc[0]
+    assert row.speedup == pytest.approx(2.0) and pd.isna(row.speedup_quant) and pd.isna(row.speedup_compound_lo)

@@ -42,7 +42,7 @@ def _kl(reference, quantized):
 
 
 @pytest.mark.parametrize("text, canonical", [
-    ("rtn4", "rtn4_g32"), ("rtn3_g64_sym", "rtn3_g64_sym"), ("RTN8_pc", "rtn8_pc"), ("rtn2_g16_asym", "rtn2_g16"),
+    ("rtn4", "rtn4_g64"), ("rtn3_g64_sym", "rtn3_g64_sym"), ("RTN8_pc", "rtn8_pc"), ("rtn2_g16_asym", "rtn2_g16"),
     ("bf16", "bf16"), ("none", "none"), ("torchao_int4_g64", "torchao_int4_g64"), ("hqq3", "hqq3_g32"),
     ("gptq4", "gptq4_g32"), ("gptq4_asym", "gptq4_g32_asym"), ("bnb_nf4", "bnb_nf4_g32"),
 ])

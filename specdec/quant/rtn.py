@@ -58,7 +58,7 @@ def _rtn_nominal_bits(spec: QuantSpec) -> float:
 
 @backend("rtn", description="round-to-nearest, group-wise, stored dequantized (numerics only, fp speed)",
          bits=tuple(range(2, 9)), bits_in_name=True, grouped=True, per_channel=True, symmetric_option=True,
-         packed=False, nominal_bits=_rtn_nominal_bits)
+         packed=False, nominal_bits=_rtn_nominal_bits, default_group_size=64)
 def apply_rtn(model: nn.Module, spec: QuantSpec) -> nn.Module:
     with torch.no_grad():
         for name in quantizable_linears(model):

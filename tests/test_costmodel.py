@@ -1,0 +1,73 @@
+"""The cost model: speedups predicted from measured parts and a latency curve, MAL from acceptance per
+depth, roofline curves for known devices, projection. Pure arithmetic on hand-made curves: no model runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import costmodel
+from specdec.latency import LatencyCurve
+
+
+def linear_curve(a: float, b: float, label: str = "m") -> LatencyCurve:
+    """L(w, c) = a + b w at every context."""
+    widths, contexts = (1, 2, 4, 8, 16, 32), (64, 256)
+    return LatencyCurve(target=label, device="cpu", dtype="float32", machine="test", threads=1, widths=widths,
+                        contexts=contexts, seconds=tuple(tuple(a + b * w for w in widths) for _ in contexts))
+
+
+def parts(tokens: int, forwards: dict[int, int], prefill: float = 0.2, other: float = 0.0) -> costmodel.RunParts:
+    return costmodel.RunParts(new_tokens=tokens, forwards=forwards, context=100.0, prefill_s=prefill, other_s=other)
+
+
+def test_predict_by_hand():
+    fp32, int4 = linear_curve(0.1, 0.005), linear_curve(0.05, 0.03)
+    # 40 tokens: the drafted run takes 16 steps of width 5 (MAL 2.5) and 0.4 s of drafting.
+    drafted, plain, reference = parts(40, {5: 16}, other=0.4), parts(40, {1: 40}), parts(40, {1: 40})
+    pred = costmodel.predict(drafted, plain, reference, int4, fp32)
+    t_drafted = 0.2 + 0.4 + 16 * (0.05 + 0.15)
+    t_plain = 0.2 + 40 * 0.08
+    t_reference = 0.2 + 40 * 0.105
+    assert pred.speedup == pytest.approx(t_plain / t_drafted)
+    assert pred.speedup_quant == pytest.approx(t_reference / t_plain)
+    assert pred.speedup_compound == pytest.approx(t_reference / t_drafted)
+    assert pred.speedup_compound == pytest.approx(pred.speedup * pred.speedup_quant)
+    # Projecting with the curves measured here changes nothing.
+    assert costmodel.project(drafted, plain, reference, (int4, fp32), (int4, fp32)) == pred
+
+
+def test_wider_verify_costs_more_on_a_steep_curve():
+    flat, steep = linear_curve(0.1, 0.001), linear_curve(0.1, 0.05)
+    chain, tree = parts(40, {5: 16}), parts(40, {9: 12})  # the tree accepts more per step but is wider
+    plain = parts(40, {1: 40})
+    assert costmodel.predict(tree, plain, plain, flat, flat).speedup > costmodel.predict(chain, plain, plain, flat, flat).speedup
+    assert costmodel.predict(tree, plain, plain, steep, steep).speedup < costmodel.predict(chain, plain, plain, steep, steep).speedup
+
+
+def test_mal_from_acceptance_and_shorter_chains():
+    assert costmodel.mal_from_acceptance([10, 10, 10], [8, 5, 2], steps=10) == pytest.approx(2.5)
+    assert costmodel.chain_mal([10, 10, 10], [8, 5, 2], depth=2) == pytest.approx(1 + 0.8 + 0.5)
+    with pytest.raises(ValueError, match="measured to depth 3; cannot project a chain of 4"):
+        costmodel.chain_mal([10, 10, 10], [8, 5, 2], depth=4)
+    with pytest.raises(ValueError, match="no larger than reached"):
+        costmodel.mal_from_acceptance([10, 4], [8, 5], steps=10)
+
+
+SIZES = {"params": 1.35e8, "weight_bytes": 2.7e8, "layers": 30, "hidden": 576, "kv_heads": 3, "head_dim": 64,
+         "kv_bytes_per_element": 2}
+
+
+def test_roofline_is_memory_bound_at_width_one_and_compute_bound_when_wide():
+    dev = costmodel.device("h200")  # names are case-insensitive
+    curve = costmodel.roofline_curve(dev, SIZES, (1, 2, 4096), (0,))
+    kv = 2 * 30 * 3 * 64 * 2
+    assert curve.at(1, 0) == pytest.approx(dev.overhead_s + (2.7e8 + kv) / dev.bandwidth)
+    flops = 2 * 1.35e8 * 4096 + 4 * 30 * 576 * 4096 * 4096
+    assert curve.at(4096, 0) == pytest.approx(dev.overhead_s + flops / dev.flops)
+    slower = costmodel.roofline_curve(costmodel.device("RTX3090"), SIZES, (1, 2), (0,))
+    assert slower.at(1, 0) > curve.at(1, 0)
+
+
+def test_unknown_device_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown device 'tpu-v9'.*known devices: H200, H100, A100, RTX3090"):
+        costmodel.device("tpu-v9")
