@@ -107,8 +107,18 @@ def test_policy_specs_round_trip_and_quant_error_is_bounded():
 
 
 # ---- the embedded target ---------------------------------------------------------------------------
-EMBEDDED_PROMPTS = ["What are three simple ways to get better sleep? Keep it short.",
-                    "Explain to a ten-year-old why the sky is blue."]
+# One ordinary chat prompt, long enough (~190 tokens with the template) that every policy below
+# drops entries: window(recent=64) and snapkv(budget=128) evict, quant(4) rounds every entry.
+EMBEDDED_PROMPTS = ["Summarize this note for a busy colleague in three short bullet points:\n\n"
+                    "Our team met on Tuesday to plan the move to the new office. The landlord confirmed that the "
+                    "keys will be ready on the first of next month, but the internet line will only be installed "
+                    "a week later, so for the first week everyone should keep working from home. Maria will "
+                    "order the desks and chairs, and she asked that each person send her their preference for a "
+                    "standing or a sitting desk by Friday. Tom is in charge of packing the shared equipment: the "
+                    "printer, the two large screens and the coffee machine. He needs three volunteers for the "
+                    "Saturday of the move. The budget for the move is fixed, so any extra furniture must wait "
+                    "until the next quarter. Finally, the new office has fewer meeting rooms, so meetings longer "
+                    "than one hour should be booked at least two days in advance through the shared calendar."]
 EMBEDDED = [{"kv": "window(sink=4,recent=64)"}, {"kv": "quant(bits=4)"}, {"kv": "snapkv(budget=128,window=32)"},
             {"weights": "torchao_int4", "kv": "window(sink=4,recent=64)"}]
 
@@ -132,4 +142,6 @@ def test_embedded_self_draft_reproduces_plain_greedy(embedded, embedded_plain, o
             continue
         top2 = next_token_logits(embedded, plain.prompt_ids + plain.token_ids[:i]).topk(2).values
         assert float(top2[0] - top2[1]) < 1e-4, f"{options}: {prompt!r} differs at {i} without a near-tie"
+    assert drafter.cache.evicted > 0 or "quant" in options["kv"], f"{options}: the policy evicted nothing"
+    assert len(plain.prompt_ids) > 128
 
