@@ -58,15 +58,22 @@ def policy_spec(policy: str, retention: float, prompt_tokens: int) -> str:
     raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
-def greedy_path_kl(target, drafter, prompt: list[int], path: list[int]) -> tuple[float, float]:
-    """Mean KL(target || self-draft) of next-token distributions and top-1 agreement along `path`
-    (the greedy continuation of `prompt`), the draft's cache synced with the target's exact K/V
-    after every token, as in generation."""
+def path_reference(target, prompt: list[int], path: list[int]) -> tuple[Step, torch.Tensor, list]:
+    """Once per prompt: the prefill step (its cache kept alive in the closure), the target's logits
+    [1, N, V] along the greedy `path`, and the target's exact K/V of the path's rows."""
     cache = KVCache()
     start = prefill(target, cache, prompt)
     full = target.forward(torch.tensor([[prompt[-1], *path[:-1]]]), cache).logits.double()  # [1, N, V]
     exact = [(k.clone(), v.clone()) for k, v in cache.tail(len(path))]  # the path rows' K/V
     cache.truncate(len(prompt) - 1)
+    return start, full, exact
+
+
+def greedy_path_kl(target, drafter, prompt: list[int], path: list[int], reference) -> tuple[float, float]:
+    """Mean KL(target || self-draft) of next-token distributions and top-1 agreement along `path`
+    (the greedy continuation of `prompt`), the draft's cache synced with the target's exact K/V
+    after every token, as in generation."""
+    start, full, exact = reference
     drafter.reset()
     drafter.commit(start)
     kls, agree = [], []
@@ -87,9 +94,9 @@ def greedy_path_kl(target, drafter, prompt: list[int], path: list[int]) -> tuple
     return sum(kls) / len(kls), sum(agree) / len(agree)
 
 
-def measure(target, prompt, plain, kv, weights, shapes, new_tokens) -> dict:
+def measure(target, prompt, plain, reference, kv, weights, shapes, new_tokens) -> dict:
     drafter = build("self_draft", target=target, kv=kv, weights=weights)
-    kl, top1 = greedy_path_kl(target, drafter, prompt, plain)
+    kl, top1 = greedy_path_kl(target, drafter, prompt, plain, reference)
     row = {"kv": drafter.policy.spec, "weights": weights, "kl": kl, "top1": top1,
            "memory_fraction": None, "shapes": {}}
     for shape in shapes:
@@ -168,14 +175,15 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         plain = specdec.generate(target, None, prompt, max_new_tokens=args.new_tokens, stop_on_eos=False)
         plain_s_per_token = (time.perf_counter() - t0 - plain.stats.prefill_time_s) / args.new_tokens
+        reference = path_reference(target, prompt, plain.token_ids)
         done: dict[tuple[str, str], dict] = {}
         for weights in [w for w in args.weights.split(",") if w]:
             for policy in policies:
                 for retention in retentions:
                     kv = policy_spec(policy, retention, len(prompt))
                     if (kv, weights) not in done:
-                        done[kv, weights] = measure(target, prompt, plain.token_ids, kv, weights, shapes,
-                                                    args.new_tokens)
+                        done[kv, weights] = measure(target, prompt, plain.token_ids, reference, kv, weights,
+                                                    shapes, args.new_tokens)
                     row = {"context": context, "prompt_tokens": len(prompt), "policy": policy,
                            "retention": retention, "plain_s_per_token": plain_s_per_token, **done[kv, weights]}
                     rows.append(row)
