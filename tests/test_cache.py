@@ -8,6 +8,8 @@ from specdec import loop, tree as tree_ops
 from specdec.cache import KVCache
 from specdec.drafters import build
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.self_draft import SelfDrafter
+from specdec.kv_policy import apply_to_prefill, attention_probe
 
 
 def assert_cache_equals_prefill(target, cache: KVCache, token_ids: list[int]) -> None:
@@ -63,13 +65,20 @@ class _Recorder(KVCache):
 @pytest.mark.parametrize("name, shape, temperature", [
     ("small", "tree(3,2,2)", 0.0), ("small", "dynamic(top_k=3,depth=4,budget=10)", 1.0),
     ("small", "chain(4)", 1.0), ("random", "tree(2,2)", 1.0), ("ngram", "chain(3)", 0.0),
+    ("self_draft", "tree(3,2,2)", 0.0), ("self_draft:window(sink=2,recent=4)", "chain(4)", 1.0),
+    ("self_draft:snapkv(budget=5,window=2)", "dynamic(top_k=3,depth=4,budget=10)", 1.0),
+    ("self_draft:quant(bits=2,group=4)", "tree(3,2,2)", 0.0),
+    ("self_draft:snapkv(budget=4,window=1)+window(sink=1,recent=4)+quant(bits=4)", "chain(3)", 1.0),
 ])
 def test_caches_equal_prefill_after_every_step_of_the_loop(tiny_llama64, monkeypatch, name, shape, temperature):
     """At every draft request, the target's cache holds exactly the committed tokens but the root,
-    and a model drafter's cache holds exactly the tokens it claims to have consumed."""
+    and a model drafter's cache holds exactly the tokens it claims to have consumed; a self-drafter's
+    cache equals its KV policy applied to a fresh prefill (for `full`: the target's own cache)."""
     _Recorder.made = []
     monkeypatch.setattr(loop, "KVCache", _Recorder)
-    drafter = build(name, target=tiny_llama64)
+    name, _, kv = name.partition(":")
+    drafter = build(name, target=tiny_llama64, **({"kv": kv} if kv else {}))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     checked = []
     propose = drafter.propose
 
@@ -78,10 +87,29 @@ def test_caches_equal_prefill_after_every_step_of_the_loop(tiny_llama64, monkeyp
         assert_cache_equals_prefill(tiny_llama64, _Recorder.made[-1], committed[:-1])
         if isinstance(drafter, ModelDrafter):
             assert_cache_equals_prefill(drafter.model, drafter.cache, committed[: drafter.consumed])
+        if isinstance(drafter, SelfDrafter):
+            assert_self_draft_cache_is_the_policy_of_a_prefill(tiny_llama64, drafter, committed, len(prompt))
         checked.append(len(committed))
         return propose(request)
 
     drafter.propose = checking_propose
-    specdec.generate(tiny_llama64, drafter, [5, 6, 7, 5, 6, 7, 5, 6], shape=shape, max_new_tokens=24,
+    specdec.generate(tiny_llama64, drafter, prompt, shape=shape, max_new_tokens=24,
                      temperature=temperature, stop_on_eos=False)
     assert len(checked) >= 3
+
+
+def assert_self_draft_cache_is_the_policy_of_a_prefill(target, drafter: SelfDrafter, committed: list[int],
+                                                      prompt_length: int) -> None:
+    fresh = KVCache()
+    target.prefill(committed[:-1], fresh)
+    exact = fresh.tensors()[: drafter.layers]
+    if drafter.policy.spec == "full":
+        expected = exact  # the target's own cache
+    else:
+        probe = attention_probe(drafter.model, committed[:prompt_length])
+        expected = apply_to_prefill(drafter.policy, exact, prompt_length - 1, probe).tensors()
+    assert drafter.cache.next_position == len(committed) - 1
+    assert len(drafter.cache.tensors()) == len(expected)
+    for (k, v), (k0, v0) in zip(drafter.cache.tensors(), expected):
+        torch.testing.assert_close(k, k0, rtol=0, atol=1e-10)
+        torch.testing.assert_close(v, v0, rtol=0, atol=1e-10)

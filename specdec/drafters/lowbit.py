@@ -1,8 +1,9 @@
 """Low-bit self-draft: a quantized copy of the target drafts for the target.
 
-Owns the `lowbit` drafter: a `ModelDrafter` whose draft model is `specdec.quant.quantized_copy(target,
-quant)`; the target itself is left untouched, so the verifier stays exact w.r.t. the unquantized
-target. Knows nothing about quantization beyond the spec string it passes on.
+Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV): the draft model is
+`specdec.quant.quantized_copy(target, quant)`, the target itself is left untouched, so the verifier
+stays exact w.r.t. the unquantized target; the draft reads the target's exact K/V for committed
+tokens (see `self_draft`). Knows nothing about quantization beyond the spec string it passes on.
 
 Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations), chosen by measurement
 on the project's CPU (see `DEFAULT_QUANT`). Tiny test models use `rtn8_pc`, which needs no
@@ -12,7 +13,7 @@ optional library and fits any layer width.
 from __future__ import annotations
 
 from specdec.drafters.base import register
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.self_draft import SelfDrafter, build_self_draft
 from specdec.models import Target
 
 DEFAULT_QUANT = "torchao_int4"
@@ -26,11 +27,9 @@ extra."""
 
 
 @register("lowbit")
-def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT) -> ModelDrafter:
+def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT) -> SelfDrafter:
     """A drafter running a `quant`-quantized copy of `target` (any `specdec.quant` spec)."""
-    from specdec.quant import quantized_copy
-
-    return ModelDrafter(quantized_copy(target, quant), target=target, name="lowbit")
+    return build_self_draft(target=target, weights=quant, name="lowbit")
 
 
 build_lowbit.test_options = {"quant": "rtn8_pc"}

@@ -7,8 +7,8 @@ nodes on the accepted path that it had run, found by node id (`BlockSlots`); the
 is fed with the next request.
 
 `small` builds one from `model=` (a built-in name, path, hub id or a loaded `Target`); without
-one it uses the target's first `layers` decoder layers with the target's own final norm and lm_head
-(weights shared, no training: an early-exit self-draft).
+one it is the `self_draft` preset `layers=first(k)`: the target's first k decoder layers with the
+target's own final norm and lm_head (weights shared, no training: an early-exit self-draft).
 """
 
 from __future__ import annotations
@@ -113,15 +113,18 @@ def early_exit_copy(target: Target, layers: int) -> Target:
 
 @register("small")
 def build_small(*, target: Target, model: str | Target | None = None, layers: int | None = None,
-                **load_options) -> ModelDrafter:
-    """A small draft model (`model=`), or by default an early-exit copy of the target."""
+                **load_options):
+    """A small draft model (`model=`, a `ModelDrafter`), or by default an early-exit self-draft of
+    the target's first `layers` layers (default a quarter of them)."""
+    if model is None:
+        from specdec.drafters.self_draft import build_self_draft
+
+        total = target.model.config.num_hidden_layers
+        return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small")
     if isinstance(model, Target):
         draft_model = model
-    elif model is not None:
+    else:
         from specdec.loading import load_target
 
         draft_model = load_target(model, device=target.device, **load_options)
-    else:
-        total = target.model.config.num_hidden_layers
-        draft_model = early_exit_copy(target, layers or max(1, total // 4))
     return ModelDrafter(draft_model, target=target, name="small")

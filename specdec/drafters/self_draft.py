@@ -1,0 +1,139 @@
+"""Self-draft: the target's own weights (or a cheaper copy) over a lossy view of the target's own KV.
+
+Owns the `self_draft` drafter and its three knobs, each a spec string so Hydra and the leaderboard
+can name it:
+
+- `kv=`: a `specdec.kv_policy` spec (`full`, `window(sink=S,recent=R)`, `snapkv(budget=B,window=W)`,
+  `quant(bits=b,group=G)`, composable with '+'): what the draft's cache keeps;
+- `weights=`: a `specdec.quant` spec (`none`, `bf16`, `torchao_int4`, `rtn8_pc`, ...): the draft runs a
+  quantized copy of the target (`quantized_copy`), the target itself untouched;
+- `layers=`: `all` or `first(k)`: an early exit after the target's first k layers, with the
+  target's final norm and lm_head (`early_exit_copy`, weights shared).
+
+`self_draft(weights=torchao_int4,kv=quant(bits=4))` is QuantSpec's draft on this target;
+`lowbit` and the early-exit default of `small` are presets of this drafter.
+
+Cache sync, the TriForce / QuantSpec way, through `commit(step)`: the draft's cache holds entries
+for committed tokens only, and those are the *target's exact* K/V (`step.target_kv()`, the first k
+layers for an early exit, cast to the draft's dtype) passed through the policy (`transform`, then
+`after_prefill` / `after_commit`). While drafting, the draft appends its own approximate entries
+(the root, then each expanded level in one tree forward); `commit` truncates all of them, the
+accepted ones included, and appends the target's entries for the kept rows instead. Why copy rather
+than re-derive: the target has already computed exact K/V for exactly those rows, so copying costs
+a memcpy instead of a draft forward, the draft never accumulates its own error (a quantized draft
+reads the target's entries, not its own), and the cache becomes a pure function of the committed
+tokens, which is what makes "cache == policy(fresh prefill)" testable. SnapKV's one-time prompt
+selection runs the last W prompt tokens through the draft layers to get their queries
+(`kv_policy.attention_probe`). Positions come from the cache (`next_position`), so a windowed cache
+needs no position bookkeeping here.
+
+Knows nothing about acceptance or the target's cache beyond the read-only step view.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.draft import Draft, Step
+from specdec.drafters.base import DraftRequest, register
+from specdec.drafters.model import BlockSlots, early_exit_copy
+from specdec.kv_policy import KVPolicy, attention_probe, model_facts, parse_kv_policy
+from specdec.models import Target
+from specdec.shapes import grow_tree
+
+
+def parse_layers(spec: str | int, total: int) -> int:
+    """Number of leading target layers the draft runs: `all` -> total, `first(k)` (or k) -> k."""
+    text = str(spec).strip().lower()
+    m = re.fullmatch(r"first\((-?\d+)\)|(-?\d+)", text)
+    if text == "all":
+        return total
+    if m is None:
+        raise ValueError(f"layers={spec!r} is not a layer set; use 'all' or 'first(k)' with 1 <= k <= {total}")
+    k = int(m[1] or m[2])
+    if not 1 <= k <= total:
+        raise ValueError(f"layers={spec!r} selects {'no' if k < 1 else 'more than the'} layers: the target has "
+                         f"{total}; use 'first(k)' with 1 <= k <= {total}, or 'all'")
+    return k
+
+
+def draft_model(target: Target, weights: str = "none", layers: str | int = "all") -> Target:
+    """The model a self-drafter runs: `target`, cut to its first layers, then weight-quantized.
+    Raises ValueError for a layer set out of range or a weights spec that cannot run here."""
+    from specdec.quant import BackendUnavailableError, quantized_copy
+
+    total = target.model.config.num_hidden_layers
+    k = parse_layers(layers, total)
+    model = target if k == total else early_exit_copy(target, k)
+    if str(weights).strip().lower() == "none":
+        return model
+    try:
+        return quantized_copy(model, weights)
+    except BackendUnavailableError as err:
+        raise ValueError(f"weights={weights!r} cannot run on {target.device}: {err}; use a spec that "
+                         f"`specdec.quant.availability` accepts here, e.g. 'rtn8_pc' or 'bf16'") from err
+
+
+class SelfDrafter:
+    """Drafts with `model` (the target or a cheaper copy) over a cache kept by `policy`."""
+
+    def __init__(self, model: Target, policy: KVPolicy, *, target: Target, name: str = "self_draft") -> None:
+        policy.check(model_facts(target))
+        self.name = name
+        self.model = model
+        self.policy = policy
+        self.layers = model.model.config.num_hidden_layers
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = KVCache()
+        self.committed = 0  # absolute position after the last committed entry
+        self.block = BlockSlots()
+
+    def _exact(self, step: Step) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The target's K/V for the kept rows, first `self.layers` layers, copied in the draft's dtype."""
+        dtype = self.model.base.get_input_embeddings().weight.dtype
+        return [(k.to(dtype=dtype, copy=True), v.to(dtype=dtype, copy=True))
+                for k, v in step.target_kv()[: self.layers]]
+
+    def commit(self, step: Step) -> None:
+        self.cache.truncate(self.committed)  # drop every draft entry, accepted ones included
+        self.cache.append(self.policy.transform(self._exact(step)))
+        if step.is_prefill:
+            self.policy.after_prefill(self.cache, attention_probe(self.model, step.token_ids[0].tolist()))
+        else:
+            self.policy.after_commit(self.cache)
+        self.committed = self.cache.next_position
+
+    def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
+        parents = self.block.add(node_ids, parent_ids)
+        return self.model.forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
+
+    def propose(self, request: DraftRequest) -> Draft:
+        if self.committed != request.token_ids.shape[1] - 1:
+            raise RuntimeError(f"{self.name}: cache holds {self.committed} committed positions, the request "
+                               f"{request.token_ids.shape[1] - 1}; call reset() and commit(prefill) first")
+        if request.max_depth < 1:
+            return Draft.empty()
+        root = request.token_ids[:, -1:]  # [B, 1]
+        out = self.model.forward(root, self.cache)
+        self.block = BlockSlots()
+        return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
+                         request.sampling, request.generator, request.max_depth)
+
+
+@register("self_draft")
+def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none", layers: str | int = "all",
+                     name: str = "self_draft") -> SelfDrafter:
+    """A self-drafter: `kv` (KV policy spec), `weights` (quant spec), `layers` ('all' | 'first(k)').
+    Every option is checked here, before any generation."""
+    policy = parse_kv_policy(kv)
+    policy.check(model_facts(target))  # before the (possibly slow) quantized copy
+    return SelfDrafter(draft_model(target, weights, layers), policy, target=target, name=name)
+
+
+build_self_draft.test_options = {"kv": "window(sink=2,recent=5)+quant(bits=4)", "weights": "rtn8_pc",
+                                 "layers": "first(1)"}

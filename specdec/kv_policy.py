@@ -1,0 +1,301 @@
+"""Lossy KV policies: what a self-drafter keeps of the target's exact K/V, parsed from spec strings.
+
+Owns the policies of the `self_draft` drafter's cache and their spec strings:
+
+    full                          every entry, exact (the default)
+    window(sink=S,recent=R)       StreamingLLM: the first S and the last R stored entries
+    snapkv(budget=B,window=W)     at the prefill, the B prompt positions the last W prompt queries
+                                  attend to most (the last W included); everything generated is kept
+    quant(bits=2|4|8,group=G)     every entry fake-quantized (asymmetric round-to-nearest per group
+                                  of G along head_dim), stored dequantized
+    window(...)+quant(...)        policies compose left to right with '+'
+
+A policy acts on a `specdec.cache.KVCache` that holds only committed tokens (its owner drops its
+own draft entries before calling it) in three hooks: `transform` (entries about to be appended:
+quant), `after_prefill` (once, after the prompt is appended: snapkv selects, window evicts) and
+`after_commit` (after each step's entries are appended: window evicts). Every hook is a function of
+the committed entries alone, so the cache after any sequence of steps equals the policy applied to
+a fresh prefill of the committed tokens (`apply_to_prefill`), which the tests check.
+
+Eviction goes through `KVCache.retain` (absolute positions survive in `evicted`), so one selection
+is shared by every layer and head: a per-head selection (as SnapKV does) would need a per-head
+cache and is the extension point. Knows nothing about drafts, acceptance or the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.draft import KVLayers
+
+if TYPE_CHECKING:
+    from specdec.models import Target
+
+DEFAULT_QUANT_GROUP = 32
+"""Group size of `quant(...)` when none is given (the whole head_dim when it is not a multiple)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a policy checks its parameters against."""
+
+    head_dim: int
+    """Width of one key/value head."""
+    context_length: int
+    """Longest sequence the target runs."""
+
+
+class KVPolicy:
+    """Base policy: keeps every entry as is (`full`). Subclasses override the hooks they need."""
+
+    spec = "full"
+
+    def check(self, facts: ModelFacts) -> None:
+        """Raise ValueError when this policy cannot run on a model with these facts."""
+
+    def transform(self, layers: KVLayers) -> KVLayers:
+        """Entries about to be appended, [B, kv_heads, n, head_dim] per layer -> what is stored."""
+        return layers
+
+    def after_prefill(self, cache: KVCache, queries: QueryProbe) -> None:
+        """Called once after the prompt's entries (all but the root) are appended."""
+        self.after_commit(cache)
+
+    def after_commit(self, cache: KVCache) -> None:
+        """Called after each step's committed entries are appended."""
+
+    def retention(self, stored: int, positions: int) -> float:
+        """Fraction of full-precision KV memory kept: entries stored / positions, times the bits."""
+        return stored / max(positions, 1)
+
+
+QueryProbe = Callable[[KVCache, int], torch.Tensor]
+"""(cache of the exact prompt entries, W) -> attention mass [S] each stored entry gets from the last
+W prompt positions' queries, summed over layers, heads and queries (used by snapkv only)."""
+
+
+class Window(KVPolicy):
+    """StreamingLLM: the first `sink` and the last `recent` stored entries."""
+
+    def __init__(self, sink: int = 4, recent: int = 256) -> None:
+        if sink < 0 or recent < 1:
+            raise ValueError(f"window(sink={sink},recent={recent}): need sink >= 0 and recent >= 1")
+        self.sink, self.recent = sink, recent
+        self.spec = f"window(sink={sink},recent={recent})"
+
+    def check(self, facts: ModelFacts) -> None:
+        if self.sink + self.recent > facts.context_length:
+            raise ValueError(f"{self.spec}: sink + recent = {self.sink + self.recent} exceeds the context length "
+                             f"{facts.context_length}; use sink + recent <= {facts.context_length} (or kv=full)")
+
+    def after_commit(self, cache: KVCache) -> None:
+        n = cache.length
+        if n > self.sink + self.recent:
+            # Example: sink 2, recent 3, 8 stored -> keep stored entries [0, 1, 5, 6, 7].
+            cache.retain(torch.cat([torch.arange(self.sink), torch.arange(n - self.recent, n)]))
+
+
+class SnapKV(KVPolicy):
+    """The `budget` prompt positions with the most attention from the last `window` prompt queries
+    (the window itself always kept), chosen once at the prefill; generated entries are all kept."""
+
+    def __init__(self, budget: int = 1024, window: int = 32) -> None:
+        if window < 1 or budget < window:
+            raise ValueError(f"snapkv(budget={budget},window={window}): need window >= 1 and budget >= window")
+        self.budget, self.window = budget, window
+        self.spec = f"snapkv(budget={budget},window={window})"
+
+    def check(self, facts: ModelFacts) -> None:
+        if self.budget > facts.context_length:
+            raise ValueError(f"{self.spec}: budget {self.budget} exceeds the context length {facts.context_length}")
+
+    def after_prefill(self, cache: KVCache, queries: QueryProbe) -> None:
+        n = cache.length
+        if n <= self.budget:
+            return
+        mass = queries(cache, self.window)[: n - self.window]  # [n - W] attention to the prefix
+        chosen = mass.topk(self.budget - self.window).indices.sort().values.cpu()
+        cache.retain(torch.cat([chosen, torch.arange(n - self.window, n)]))
+
+
+class Quant(KVPolicy):
+    """Every entry fake-quantized: asymmetric round-to-nearest per `group` along head_dim."""
+
+    BITS = (2, 4, 8)
+
+    def __init__(self, bits: int = 4, group: int | None = None) -> None:
+        if bits not in self.BITS:
+            raise ValueError(f"quant(bits={bits}): bits must be one of {list(self.BITS)}")
+        if group is not None and group < 1:
+            raise ValueError(f"quant(group={group}): group must be a positive divisor of head_dim")
+        self.bits, self.group = bits, group
+        self.spec = f"quant(bits={bits}" + ("" if group is None else f",group={group}") + ")"
+
+    def check(self, facts: ModelFacts) -> None:
+        if self.group is None:
+            self.group = DEFAULT_QUANT_GROUP if facts.head_dim % DEFAULT_QUANT_GROUP == 0 else facts.head_dim
+            self.spec = f"quant(bits={self.bits},group={self.group})"
+        elif facts.head_dim % self.group:
+            divisors = [g for g in range(1, facts.head_dim + 1) if facts.head_dim % g == 0]
+            raise ValueError(f"{self.spec}: group {self.group} does not divide head_dim {facts.head_dim}; "
+                             f"use one of {divisors}")
+
+    def transform(self, layers: KVLayers) -> KVLayers:
+        return [(fake_quantize(k, self.bits, self.group), fake_quantize(v, self.bits, self.group)) for k, v in layers]
+
+    def retention(self, stored: int, positions: int) -> float:
+        # bits per value plus an fp16 scale and zero point per group, against 16-bit entries
+        return stored / max(positions, 1) * (self.bits + 32 / self.group) / 16
+
+
+class Compose(KVPolicy):
+    """Policies applied left to right (e.g. a window of quantized entries)."""
+
+    def __init__(self, parts: list[KVPolicy]) -> None:
+        self.parts = parts
+        self.spec = "+".join(p.spec for p in parts)
+
+    def check(self, facts: ModelFacts) -> None:
+        for p in self.parts:
+            p.check(facts)
+        self.spec = "+".join(p.spec for p in self.parts)
+
+    def transform(self, layers: KVLayers) -> KVLayers:
+        for p in self.parts:
+            layers = p.transform(layers)
+        return layers
+
+    def after_prefill(self, cache: KVCache, queries: QueryProbe) -> None:
+        for p in self.parts:
+            p.after_prefill(cache, queries)
+
+    def after_commit(self, cache: KVCache) -> None:
+        for p in self.parts:
+            p.after_commit(cache)
+
+    def retention(self, stored: int, positions: int) -> float:
+        quant = [p for p in self.parts if isinstance(p, Quant)]
+        return quant[-1].retention(stored, positions) if quant else stored / max(positions, 1)
+
+
+def fake_quantize(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """x [..., D] rounded to `bits` per group of `group` along D (asymmetric min-max), dequantized."""
+    shape = x.shape
+    g = x.reshape(*shape[:-1], shape[-1] // group, group)  # [..., D/G, G]
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = (hi - lo).clamp_min(torch.finfo(x.dtype).tiny) / (2**bits - 1)
+    q = ((g - lo) / scale).round().clamp(0, 2**bits - 1)
+    return (q * scale + lo).reshape(shape)
+
+
+_POLICIES: dict[str, tuple[type[KVPolicy], tuple[str, ...]]] = {
+    "full": (KVPolicy, ()),
+    "window": (Window, ("sink", "recent")),
+    "snapkv": (SnapKV, ("budget", "window")),
+    "quant": (Quant, ("bits", "group")),
+}
+_TERM = re.compile(r"^\s*([a-z_]+)\s*(?:\((.*)\))?\s*$")
+EXAMPLES = "full, window(sink=4,recent=256), snapkv(budget=1024,window=32), quant(bits=4,group=32), " \
+           "window(sink=4,recent=256)+quant(bits=8)"
+
+
+def parse_kv_policy(spec: str | KVPolicy) -> KVPolicy:
+    """A policy from its spec string (see the module docstring); ValueError naming what would work."""
+    if isinstance(spec, KVPolicy):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a KV policy is a non-empty string, got {spec!r}; examples: {EXAMPLES}")
+    parts = [_parse_term(term, spec) for term in spec.split("+")]
+    return parts[0] if len(parts) == 1 else Compose(parts)
+
+
+def _parse_term(term: str, spec: str) -> KVPolicy:
+    m = _TERM.match(term.lower())
+    if m is None or m[1] not in _POLICIES:
+        raise ValueError(f"unknown KV policy {term.strip()!r} in {spec!r}; known: {', '.join(_POLICIES)} "
+                         f"(examples: {EXAMPLES})")
+    cls, params = _POLICIES[m[1]]
+    kwargs = {}
+    for item in filter(None, (m[2] or "").split(",")):
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or key not in params or not value.lstrip("-").isdigit():
+            raise ValueError(f"malformed KV policy {term.strip()!r} in {spec!r}: {item.strip()!r} is not "
+                             f"name=integer with name in {list(params) or 'nothing'} (e.g. {EXAMPLES})")
+        kwargs[key] = int(value)
+    return cls(**kwargs)
+
+
+def model_facts(target: Target) -> ModelFacts:
+    """Head width and context length of `target`'s model."""
+    cfg = target.model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ModelFacts(head_dim=int(head_dim), context_length=target.context_length)
+
+
+def apply_to_prefill(policy: KVPolicy, layers: KVLayers, prompt_entries: int, queries: QueryProbe) -> KVCache:
+    """The cache `policy` holds for committed entries `layers` ([B, kv_heads, S, head_dim] per layer,
+    e.g. a fresh prefill) of which the first `prompt_entries` came with the prompt: the definition
+    the incremental cache is tested against."""
+    cache = KVCache()
+    cache.append(policy.transform([(k[..., :prompt_entries, :], v[..., :prompt_entries, :]) for k, v in layers]))
+    policy.after_prefill(cache, queries)
+    rest = [(k[..., prompt_entries:, :], v[..., prompt_entries:, :]) for k, v in layers]
+    if rest and rest[0][0].shape[-2]:
+        cache.append(policy.transform(rest))
+        policy.after_commit(cache)
+    return cache
+
+
+def attention_probe(model: Target, prompt: list[int]) -> QueryProbe:
+    """A `QueryProbe` that runs the last W prompt tokens through `model` over the cache's first
+    entries (a temporary copy) and scores every cached entry by the softmax attention of those
+    queries, summed over layers, heads and queries. The queries are rebuilt from each attention
+    layer's input (q_proj, optional q_norm, the model's own RoPE), since sdpa returns no weights."""
+
+    def probe(cache: KVCache, window: int) -> torch.Tensor:
+        n, end = cache.length, cache.next_position
+        scratch = KVCache()
+        scratch.append([(k[..., : n - window, :], v[..., : n - window, :]) for k, v in cache.tensors()])
+        scratch.evicted = cache.evicted
+        keys = [k for k, _ in cache.tensors()]  # [B, kv_heads, n, D] exact prompt keys per layer
+        mass = torch.zeros(n, dtype=torch.float64)
+        captured: list[torch.Tensor] = []
+        hooks = [layer.self_attn.register_forward_pre_hook(_capture_queries(captured), with_kwargs=True)
+                 for layer in model.model.model.layers]
+        try:
+            model.forward(torch.tensor([prompt[end - window: end]]), scratch)
+        finally:
+            for h in hooks:
+                h.remove()
+        for q, k in zip(captured, keys):  # q [B, heads, W, D]
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).to(q.dtype)  # [B, heads, n, D]
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, heads, W, n]
+            causal = torch.arange(n)[None] > torch.arange(n - window, n)[:, None]  # [W, n]
+            scores = scores.masked_fill(causal.to(scores.device), float("-inf"))
+            mass += scores.float().softmax(-1).sum((0, 1, 2)).double().cpu()
+        return mass
+
+    return probe
+
+
+def _capture_queries(out: list[torch.Tensor]):
+    """Forward pre-hook on an attention module: append its RoPE'd queries [B, heads, n, D] to `out`."""
+
+    def hook(attn, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [B, n, H]
+        cos, sin = kwargs["position_embeddings"]
+        q = attn.q_proj(hidden).view(*hidden.shape[:-1], -1, attn.head_dim)  # [B, n, heads, D]
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+        rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        out.append(rotate(q.transpose(1, 2), q.transpose(1, 2), cos, sin)[0])
+
+    return hook
