@@ -168,8 +168,9 @@ def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
     if kind in _KEYWORD_ONLY:
         unknown = sorted(set(kwargs) - set(_KEYWORD_ONLY[kind]))
         if args or unknown:
+            given = ", ".join(unknown) if unknown else f"positional {args}"
             raise ValueError(f"draft shape {spec!r}: {kind}(...) takes only keyword options "
-                             f"{', '.join(_KEYWORD_ONLY[kind])}; unknown: {', '.join(unknown) or args}")
+                             f"{', '.join(_KEYWORD_ONLY[kind])}; unknown: {given}")
     if kind == "tree":
         if kwargs:
             raise ValueError(f"tree(...) takes positional widths only, got {spec!r}")
