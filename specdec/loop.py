@@ -27,14 +27,19 @@ import torch
 
 from specdec import tree as tree_ops
 from specdec.auto import shape_policy
-from specdec.cache import KVCache
+from specdec.cache import Cache, KVCache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import Drafter, DraftRequest, build
 from specdec.metrics import GenerationStats, StepRecord
 from specdec.models import Target
 from specdec.sampling import SamplingConfig
 from specdec.shapes import ShapeSpec, parse_shape
+from specdec.static_cache import StaticKVCache
 from specdec.verifier import verify
+
+CACHES = {"dynamic": lambda capacity: KVCache(), "static": StaticKVCache}
+"""The target's KV cache per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
+`static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by default)."""
 
 
 @dataclass
@@ -51,7 +56,7 @@ def _no_sync() -> None:
     """Host and device are one (CPU): nothing to wait for."""
 
 
-def prefill(target: Target, cache: KVCache, token_ids: Sequence[int]) -> Step:
+def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
     """Run every token but the last (the root of the first step) into an empty `cache`; returns the
     prefill `Step` a drafter's `commit` takes. Also how tests and tools start a drafter at a prefix."""
     count = len(token_ids) - 1
@@ -79,6 +84,8 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     stop_on_eos: bool = True,
+    cache: str = "dynamic",
+    cache_capacity: int | None = None,
 ) -> GenerationOutput:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
@@ -86,6 +93,7 @@ def generate(
     distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
     `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`) or `auto` (`specdec.auto`).
+    `cache` is a key of `CACHES`; `cache_capacity` sizes a static cache (default: just enough).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     shape = parse_shape(shape)
@@ -98,6 +106,12 @@ def generate(
             f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.label!r} "
             f"({target.context_length}); shorten the prompt or lower max_new_tokens"
         )
+    if cache not in CACHES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {', '.join(CACHES)}")
+    needed = len(prompt_ids) + max_new_tokens + shape.max_nodes
+    if cache_capacity is not None and cache_capacity < needed:
+        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({len(prompt_ids)}) + "
+                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({shape.max_nodes}) = {needed}")
     drafter = drafter if drafter is not None else build("none", target=target)
     policy = shape_policy(shape, target)
     drafter.reset()
@@ -108,7 +122,7 @@ def generate(
     start = time.perf_counter()
 
     # Prefill every prompt token but the last, which becomes the root of the first step.
-    cache = KVCache()
+    cache = CACHES[cache](cache_capacity or needed)
     committed = list(prompt_ids)
     drafter.commit(prefill(target, cache, committed))
     stats.prefill_time_s = time.perf_counter() - start
