@@ -15,7 +15,8 @@ plus "no draft":
     E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s[i, r])
 
 - s[d, r]: probability that the sibling of rank r (r-th best) at depth d is accepted, given that
-  its parent was accepted and ranks < r were not; a Beta(1, 1) prior, updated after every step from
+  its parent was accepted and ranks < r were not; a Beta(1, 3) prior (mean 0.25: a drafter earns
+  its width), updated after every step from
   the verified draft: walking down the accepted path, each tried sibling at depth d adds one trial
   to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
   conditions on depth and rank only).
@@ -26,6 +27,10 @@ plus "no draft":
   draft depth; a depth not yet observed costs (EMA of cost per depth) x D. The first drafted step
   (which also runs the prompt through a model drafter) is not counted.
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
+The estimates belong to the drafter object: later generations with the same drafter (and the same
+auto config and target) start from what earlier ones learned; a new drafter starts from the prior.
+Greedy output never depends on it; at temperature > 0 the shapes chosen, and so which random numbers
+are drawn, depend on that history (a fixed shape reproduces a seed on its own).
 When "no draft" wins for `probe` steps in a row, chain(1) is drafted once so that the estimates can
 change; the interval doubles after each rejected probe and resets after an accepted one. Choosing
 "no draft" costs nothing else: the drafter is not asked, and still hears every `commit`.
@@ -36,6 +41,7 @@ where 64 tokens cost about one) give wide trees.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -123,9 +129,15 @@ class AutoPolicy:
         self.probing = False
 
     # ---- estimates -------------------------------------------------------------------------------
+    PRIOR_SUCCESSES, PRIOR_FAILURES = 1.0, 3.0
+
+    def start(self) -> None:
+        """A new generation: keep the estimates, restart the probing schedule."""
+        self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
+
     def acceptance(self) -> np.ndarray:
-        """s[d, r] (module docstring): posterior means under a Beta(1, 1) prior. [D, W]"""
-        return (self.successes + 1.0) / (self.trials + 2.0)
+        """s[d, r] (module docstring): posterior means under the Beta(1, 3) prior. [D, W]"""
+        return (self.successes + self.PRIOR_SUCCESSES) / (self.trials + self.PRIOR_SUCCESSES + self.PRIOR_FAILURES)
 
     def expected_accepted(self) -> np.ndarray:
         """E[accepted draft tokens] per candidate. [C]"""
@@ -200,8 +212,22 @@ class AutoPolicy:
 
 _POLICIES = {AutoShape: AutoPolicy}
 """Shape configs that are policies rather than concrete shapes; any other shape is `FixedShape`."""
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""drafter -> {(config, target id): its AutoPolicy}: estimates carried across generations."""
 
 
-def shape_policy(spec: ShapeSpec, target: Target | None = None) -> ShapePolicy:
-    """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered one."""
-    return _POLICIES.get(type(spec), FixedShape)(spec, target)
+def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None) -> ShapePolicy:
+    """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
+    one, reused from earlier generations of the same `drafter` (see the module docstring)."""
+    factory = _POLICIES.get(type(spec))
+    if factory is None:
+        return FixedShape(spec, target)
+    try:
+        learned = _LEARNED.setdefault(drafter, {})
+    except TypeError:  # None, or a drafter that cannot be weakly referenced or hashed: no memory
+        return factory(spec, target)
+    key = (spec, id(spec.latency), id(target))
+    if key not in learned:
+        learned[key] = factory(spec, target)
+    learned[key].start()
+    return learned[key]

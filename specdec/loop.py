@@ -113,7 +113,7 @@ def generate(
         raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({len(prompt_ids)}) + "
                          f"max_new_tokens ({max_new_tokens}) + draft nodes ({shape.max_nodes}) = {needed}")
     drafter = drafter if drafter is not None else build("none", target=target)
-    policy = shape_policy(shape, target)
+    policy = shape_policy(shape, target, drafter)
     drafter.reset()
     eos = target.eos_token_ids if stop_on_eos else set()
     generator = torch.Generator(device=target.device).manual_seed(seed)

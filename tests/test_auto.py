@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import specdec
+import specdec.auto
 from specdec.auto import AutoPolicy, candidate_widths
 from specdec.drafters import build_for_tests
 from specdec.latency import LatencyCurve
@@ -37,10 +38,11 @@ def test_estimator_arithmetic():
     """E[accepted] = sum_d prod_{i<=d} q_i with q_i = 1 - prod_{r<w_i}(1 - s[i, r])."""
     assert candidate_widths(2, 2, 6) == [(2,), (1,), (2, 2), (2, 1), (1, 1)]
     policy = AutoPolicy(AutoShape(max_depth=2, max_width=2, max_nodes=6, latency=FLAT))
-    policy.successes[:] = [[1, 2], [0, 0]]  # s = (succ + 1) / (trials + 2)
-    policy.trials[:] = [[2, 2], [2, 2]]  # -> s = [[1/2, 3/4], [1/4, 1/4]]
-    s0, s1 = 1 - (1 - 0.5) * (1 - 0.75), 1 - 0.75 * 0.75
-    expected = {(2,): s0, (1,): 0.5, (2, 2): s0 + s0 * s1, (2, 1): s0 + s0 * 0.25, (1, 1): 0.5 + 0.5 * 0.25}
+    policy.successes[:] = [[1, 2], [0, 0]]  # s = (succ + 1) / (trials + 4), the Beta(1, 3) prior
+    policy.trials[:] = [[2, 2], [2, 2]]  # -> s = [[1/3, 1/2], [1/6, 1/6]]
+    a, b, c = 1 / 3, 1 / 2, 1 / 6
+    q1_2, q2_2 = 1 - (1 - a) * (1 - b), 1 - (1 - c) ** 2
+    expected = {(2,): q1_2, (1,): a, (2, 2): q1_2 + q1_2 * q2_2, (2, 1): q1_2 + q1_2 * c, (1, 1): a + a * c}
     got = dict(zip(policy.widths, policy.expected_accepted()))
     for widths, value in expected.items():
         assert got[widths] == pytest.approx(value)
@@ -90,6 +92,17 @@ def test_auto_greedy_output_equals_reference(tiny64, name, lat):
     out = specdec.generate(tiny64, drafter, PROMPT, shape=AutoShape(latency=lat), max_new_tokens=16,
                            stop_on_eos=False)
     assert out.token_ids == ref
+
+
+def test_estimates_carry_over_to_the_next_generation_of_the_same_drafter(tiny_llama64):
+    shape = AutoShape(latency=FLAT)
+    drafter = build_for_tests("ngram", target=tiny_llama64)
+    first = specdec.auto.shape_policy(shape, tiny_llama64, drafter)
+    specdec.generate(tiny_llama64, drafter, PROMPT, shape=shape, max_new_tokens=8, stop_on_eos=False)
+    assert first.trials.sum() > 0
+    assert specdec.auto.shape_policy(shape, tiny_llama64, drafter) is first
+    other = build_for_tests("ngram", target=tiny_llama64)
+    assert specdec.auto.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
 
 
 def test_auto_measures_the_target_curve_once(tiny_llama64, tmp_path, monkeypatch):
