@@ -1,10 +1,19 @@
-"""Plain autoregressive decoding: specdec's loop (drafter `none`) against Hugging Face `generate`.
+"""Decoding speed: specdec's loop (plain and with drafters x shapes) against Hugging Face `generate`.
 
-Same target, prompts, lengths and greedy decoding; runs interleaved (ours, HF, ours, HF, ...) so
-machine noise hits both alike. Prints a human-readable card, then one JSON line with the ratio
-(ours tokens/s / HF tokens/s; > 1 means ours is faster). Not a test: a measurement.
+Same target, prompts, lengths and greedy decoding. For every prompt all configurations run back to
+back (HF generate, HF prompt lookup, our plain loop, then each drafter x shape), so machine noise
+hits them alike. Prints a card per configuration: tokens/s, ratio to HF `generate` greedy and to HF
+prompt lookup (`prompt_lookup_num_tokens`), mean acceptance length (MAL), the split of step time
+into target forward / draft (propose + commit) / everything else, and how many outputs equal our
+plain loop's; then one JSON line. Not a test: a measurement.
 
-    python scripts/bench_decode.py [--model smollm2-135m] [--new-tokens 64] [--repeats 3]
+    python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--drafters eagle,ngram]
+        [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
+        [--new-tokens 64] [--threads 1]
+
+--prompts: `chat_heldout` (experiments/prompts/chat_heldout.jsonl: chat prompts no training or
+evaluation set contains) or `FILE.jsonl[:category,category]` (e.g.
+`experiments/prompts/default.jsonl:retrieval,summarization`); the first turn of each prompt is used.
 """
 
 from __future__ import annotations
@@ -12,72 +21,132 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import specdec
+from specdec.drafters import build
+from specdec.latency import machine_name
+from specdec.metrics import GenerationStats
+from specdec.shapes import parse_shape
 
-PROMPTS = [
-    "Why is the sky blue?",
-    "Write a short poem about the sea.",
-    "Explain how a bicycle stays upright.",
-    "List five uses for a paperclip.",
-]
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_SETS = {"chat_heldout": ROOT / "experiments" / "prompts" / "chat_heldout.jsonl"}
+
+
+def load_prompts(spec: str, count: int) -> list[str]:
+    """First turns of the prompts named by `spec` (see the module docstring), at most `count`."""
+    path, _, categories = spec.partition(":")
+    file = PROMPT_SETS.get(path, Path(path))
+    if not file.exists():
+        raise SystemExit(f"error: prompt set {path!r} is neither {', '.join(PROMPT_SETS)} nor an existing file")
+    wanted = {c for c in categories.split(",") if c}
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    prompts = [r["turns"][0] for r in rows if not wanted or r.get("category") in wanted]
+    if not prompts:
+        raise SystemExit(f"error: no prompts in {file} with categories {sorted(wanted)}")
+    return prompts[:count]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
+    parser.add_argument("--drafters", default="eagle,ngram", help="comma-separated registered drafters")
+    parser.add_argument("--shapes", default="chain(4);dynamic(8,6,32);auto", help="semicolon-separated shapes")
+    parser.add_argument("--prompts", default="chat_heldout")
+    parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = specdec.load_target(args.model)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {args.device} requested but CUDA is not available here")
+    try:
+        shapes = {s.strip(): parse_shape(s) for s in args.shapes.split(";") if s.strip()}
+    except ValueError as err:
+        raise SystemExit(f"error: --shapes: {err}") from None
+    drafter_names = [d for d in args.drafters.split(",") if d]
+    unknown = [d for d in drafter_names if d not in specdec.drafters.names()]
+    if unknown:
+        raise SystemExit(f"error: unknown drafters {unknown}; registered: {', '.join(specdec.drafters.names())}")
+    torch.set_num_threads(args.threads)
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    target = specdec.load_target(args.model, device=args.device, dtype=args.dtype)
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    n = args.new_tokens
 
-    def ours(prompt_ids):
-        out = specdec.generate(target, None, prompt_ids, max_new_tokens=args.new_tokens, stop_on_eos=False)
-        return out.token_ids
+    def hf(ids: list[int], **options) -> tuple[list[int], None]:
+        x = torch.tensor([ids], device=target.device)
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                                    do_sample=False, **options)
+        return out[0, x.shape[1]:].tolist(), None
 
-    def hf(prompt_ids):
-        ids = torch.tensor([prompt_ids])
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                    min_new_tokens=args.new_tokens, do_sample=False)
-        return out[0, ids.shape[1]:].tolist()
+    def ours(drafter, shape):
+        def run(ids):
+            out = specdec.generate(target, drafter, ids, shape=shape, max_new_tokens=n, stop_on_eos=False)
+            return out.token_ids, out.stats
+        return run
 
-    runners = {"specdec": ours, "hf_generate": hf}
-    prompt_ids = [target.encode_prompt(p) for p in PROMPTS]
-    for ids in prompt_ids[:1]:  # warm-up, not timed
-        for run in runners.values():
-            run(ids)
-    times = {name: [] for name in runners}
-    tokens = {name: 0 for name in runners}
-    agree = 0
-    for _ in range(args.repeats):
-        for ids in prompt_ids:
-            outs = {}
-            for name, run in runners.items():
-                t0 = time.perf_counter()
-                outs[name] = run(ids)
-                times[name].append(time.perf_counter() - t0)
-                tokens[name] += len(outs[name])
-            agree += outs["specdec"] == outs["hf_generate"]
-    tps = {name: tokens[name] / sum(times[name]) for name in runners}
-    ratio = tps["specdec"] / tps["hf_generate"]
-    runs = args.repeats * len(PROMPTS)
-    print(f"== plain decoding: specdec loop vs HF generate ({target.name}, greedy, {args.new_tokens} new tokens)")
-    print(f"   machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {runs} interleaved runs per side")
-    for name in runners:
-        print(f"   {name:12s} {tps[name]:7.2f} tok/s   median run {statistics.median(times[name]):.2f} s")
-    print(f"   ratio specdec / HF: {ratio:.3f}x   identical outputs: {agree}/{runs}")
-    print(json.dumps({"bench": "decode", "model": target.name, "new_tokens": args.new_tokens, "runs": runs,
-                      "specdec_tok_s": tps["specdec"], "hf_tok_s": tps["hf_generate"], "ratio": ratio,
-                      "identical": agree}))
+    configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
+               "plain": ours(None, "chain(1)")}
+    for name in drafter_names:
+        drafter = build(name, target=target)
+        for spec, shape in shapes.items():
+            configs[f"{name} {spec}"] = ours(drafter, shape)
+
+    prompt_ids = [target.encode_prompt(p) for p in prompts]
+    for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed
+        run(prompt_ids[0][:16])
+    seconds = dict.fromkeys(configs, 0.0)
+    tokens = dict.fromkeys(configs, 0)
+    same = dict.fromkeys(configs, 0)
+    stats = {name: [] for name in configs}
+    for ids in prompt_ids:
+        outs = {}
+        for name, run in configs.items():
+            sync()
+            t0 = time.perf_counter()
+            outs[name], st = run(ids)
+            sync()
+            seconds[name] += time.perf_counter() - t0
+            tokens[name] += len(outs[name])
+            if st is not None:
+                stats[name].append(st)
+        for name in configs:
+            same[name] += outs[name] == outs["plain"]
+    tps = {name: tokens[name] / seconds[name] for name in configs}
+    print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, greedy, {n} new tokens, "
+          f"{len(prompts)} prompts from {args.prompts})")
+    print(f"   machine: {machine_name(target.device)} ({platform.machine()}), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; configurations interleaved per prompt")
+    print(f"   {'configuration':34s} {'tok/s':>7s} {'vs HF':>6s} {'vs PLD':>6s} {'MAL':>5s} "
+          f"{'target':>6s} {'draft':>6s} {'other':>6s} {'=plain':>6s}")
+    rows = []
+    for name in configs:
+        row = {"config": name, "tokens_per_s": tps[name], "vs_hf_generate": tps[name] / tps["hf_generate"],
+               "vs_hf_prompt_lookup": tps[name] / tps["hf_prompt_lookup"], "identical_to_plain": same[name]}
+        text = f"   {name:34s} {tps[name]:7.2f} {row['vs_hf_generate']:6.2f} {row['vs_hf_prompt_lookup']:6.2f}"
+        if stats[name]:
+            merged = GenerationStats.merge(stats[name])
+            split = merged.time_split()
+            row.update(mal=merged.mean_acceptance_length, split=split,
+                       shapes=sorted({s.shape or "none" for s in merged.steps}))
+            text += (f" {merged.mean_acceptance_length:5.2f} {split['target']:6.0%} {split['draft']:6.0%} "
+                     f"{split['other']:6.0%}")
+        else:
+            text += f" {'':5s} {'':6s} {'':6s} {'':6s}"
+        print(text + f" {same[name]:>3d}/{len(prompts)}")
+        rows.append(row)
+    print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device),
+                      "dtype": str(target.dtype), "machine": machine_name(target.device), "prompts": args.prompts,
+                      "num_prompts": len(prompts), "new_tokens": n, "threads": torch.get_num_threads(),
+                      "configs": rows}))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,12 @@ hears the same `drafter.commit(Step)` after the prefill and after each verificat
 State between steps (design): the target's cache holds every committed token except the last one,
 the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
 is the target's distribution after the root and row i+1 the one after draft node i.
+
+The shape each step drafts comes from a `specdec.auto` policy (a fixed shape, or `auto`, which may
+also choose to draft nothing). A step that asks for no draft (the policy chose none, or only one
+token remains) does not call `drafter.propose`; the drafter still hears the step's `commit`. Every step is timed in three parts (target forward / drafter
+`propose` + `commit` / everything else); on CUDA the loop synchronizes at those boundaries so the
+split is honest (three syncs per step, beside the accepted path's).
 """
 
 from __future__ import annotations
@@ -20,14 +26,20 @@ from dataclasses import dataclass
 import torch
 
 from specdec import tree as tree_ops
-from specdec.cache import KVCache
+from specdec.auto import shape_policy
+from specdec.cache import Cache, KVCache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import Drafter, DraftRequest, build
 from specdec.metrics import GenerationStats, StepRecord
 from specdec.models import Target
 from specdec.sampling import SamplingConfig
-from specdec.shapes import Shape, parse_shape
+from specdec.shapes import ShapeSpec, parse_shape
+from specdec.static_cache import StaticKVCache
 from specdec.verifier import verify
+
+CACHES = {"dynamic": lambda capacity: KVCache(), "static": StaticKVCache}
+"""The target's KV cache per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
+`static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by default)."""
 
 
 @dataclass
@@ -40,7 +52,11 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-def prefill(target: Target, cache: KVCache, token_ids: Sequence[int]) -> Step:
+def _no_sync() -> None:
+    """Host and device are one (CPU): nothing to wait for."""
+
+
+def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
     """Run every token but the last (the root of the first step) into an empty `cache`; returns the
     prefill `Step` a drafter's `commit` takes. Also how tests and tools start a drafter at a prefix."""
     count = len(token_ids) - 1
@@ -60,7 +76,7 @@ def generate(
     drafter: Drafter | None,
     prompt: str | Sequence[int] | Sequence[dict],
     *,
-    shape: str | Shape = "chain(4)",
+    shape: str | ShapeSpec = "chain(4)",
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -68,12 +84,16 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     stop_on_eos: bool = True,
+    cache: str = "dynamic",
+    cache_capacity: int | None = None,
 ) -> GenerationOutput:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
     At temperature 0 the tokens equal the target's greedy decoding; at temperature > 0 they are
     distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
+    `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`) or `auto` (`specdec.auto`).
+    `cache` is a key of `CACHES`; `cache_capacity` sizes a static cache (default: just enough).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     shape = parse_shape(shape)
@@ -86,42 +106,51 @@ def generate(
             f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.label!r} "
             f"({target.context_length}); shorten the prompt or lower max_new_tokens"
         )
+    if cache not in CACHES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {', '.join(CACHES)}")
+    needed = len(prompt_ids) + max_new_tokens + shape.max_nodes
+    if cache_capacity is not None and cache_capacity < needed:
+        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({len(prompt_ids)}) + "
+                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({shape.max_nodes}) = {needed}")
     drafter = drafter if drafter is not None else build("none", target=target)
+    policy = shape_policy(shape, target, drafter)
     drafter.reset()
     eos = target.eos_token_ids if stop_on_eos else set()
     generator = torch.Generator(device=target.device).manual_seed(seed)
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else _no_sync
     stats = GenerationStats()
     start = time.perf_counter()
 
     # Prefill every prompt token but the last, which becomes the root of the first step.
-    cache = KVCache()
+    cache = CACHES[cache](cache_capacity or needed)
     committed = list(prompt_ids)
     drafter.commit(prefill(target, cache, committed))
     stats.prefill_time_s = time.perf_counter() - start
 
     while len(committed) - len(prompt_ids) < max_new_tokens:
         remaining = max_new_tokens - (len(committed) - len(prompt_ids))
-        # 1. Draft: nodes deeper than remaining - 1 could never be used.
+        # 1. Draft (the policy's shape; none, or nodes deeper than remaining - 1, are useless).
         t0 = time.perf_counter()
-        request = DraftRequest(
-            token_ids=torch.tensor([committed], dtype=torch.long),
-            shape=shape,
-            sampling=sampling,
-            generator=generator,
-            max_depth=remaining - 1,
-        )
-        draft = drafter.propose(request)
+        token_ids = torch.tensor([committed], dtype=torch.long)  # [B, L]
+        step_shape = policy.choose(len(committed)) if remaining > 1 else None
+        draft = Draft.empty()
+        if step_shape is not None:
+            draft = drafter.propose(DraftRequest(token_ids=token_ids, shape=step_shape, sampling=sampling,
+                                                 generator=generator, max_depth=remaining - 1))
         depth = draft.depth
         if depth > remaining - 1:
             draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
             depth = remaining - 1
+        sync()
 
         # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
         t1 = time.perf_counter()
         past = cache.next_position
-        tokens = torch.cat([torch.tensor([[committed[-1]]]), draft.tokens.cpu()], 1)  # [B, 1 + N]
+        tokens = torch.cat([draft.tokens.new_tensor([[committed[-1]]]), draft.tokens], 1)  # [B, 1 + N]
         parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # draft roots hang off block 0
         out = target.forward(tokens, cache, parents)
+        sync()
+        t2 = time.perf_counter()
 
         # 3. Accept.
         acceptance = verify(draft, out.logits, sampling, generator)
@@ -130,23 +159,25 @@ def generate(
         #    tell the drafter (its rollback and whatever target state it reads).
         kept = [0] + [i + 1 for i in acceptance.path]
         cache.keep(past, kept)
-        new = tokens[0, kept[1:]].tolist() + [acceptance.next_token]
+        draft_tokens = draft.tokens[0].tolist()
+        new = [draft_tokens[i] for i in acceptance.path] + [acceptance.next_token]
         committed.extend(new)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         drafter.commit(Step(
             token_ids=torch.tensor([committed], dtype=torch.long), num_new=[len(new)], draft=draft,
             acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
             target_hidden=out.hidden[:, kept], _kv=lambda n=len(kept): cache.tail(n),
         ))
-        t3 = time.perf_counter()
-        stats.steps.append(StepRecord(
-            drafted=draft.num_nodes,
-            draft_depth=depth,
-            accepted=acceptance.num_accepted,
-            bonus=acceptance.bonus,
-            draft_time_s=(t1 - t0) + (t3 - t2),
-            verify_time_s=t2 - t1,
-        ))
+        sync()
+        t4 = time.perf_counter()
+        record = StepRecord(
+            drafted=draft.num_nodes, draft_depth=depth, accepted=acceptance.num_accepted, bonus=acceptance.bonus,
+            draft_time_s=(t1 - t0) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
+            shape="" if step_shape is None else str(step_shape),
+        )
+        policy.observe(draft, acceptance, record, len(committed))
+        record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
+        stats.steps.append(record)
         if eos and eos.intersection(new):
             break
 

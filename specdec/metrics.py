@@ -6,7 +6,9 @@ Owns the definitions, stated once:
 - *acceptance length* of a step: accepted tokens + 1 (the target's own token, bonus or recovered);
 - *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward;
 - *acceptance rate at depth d*: among steps whose draft reached depth d, the fraction whose
-  accepted path reached depth d.
+  accepted path reached depth d;
+- the *step-time split*: target forward (the verification's one tree forward), draft (the drafter's
+  `propose` + `commit`), and everything else (masks, acceptance, cache rollback, bookkeeping).
 Knows nothing about models or drafters.
 """
 
@@ -21,8 +23,15 @@ class StepRecord:
     draft_depth: int  # deepest draft node
     accepted: int  # accepted draft tokens (bonus excluded)
     bonus: bool  # the step's last token was a bonus (not recovered) token
-    draft_time_s: float
-    verify_time_s: float
+    draft_time_s: float  # the drafter's propose + commit
+    target_time_s: float  # the target's verification forward
+    other_time_s: float  # the rest of the step: request, mask, acceptance, rollback, records
+    shape: str = ""  # the shape drafted ("" = no draft was asked for)
+
+    @property
+    def verify_time_s(self) -> float:
+        """Everything but drafting: target forward + the rest."""
+        return self.target_time_s + self.other_time_s
 
 
 @dataclass
@@ -60,7 +69,24 @@ class GenerationStats:
 
     @property
     def verify_time_s(self) -> float:
+        """Everything but drafting (target forward + other), summed over steps."""
         return sum(s.verify_time_s for s in self.steps)
+
+    @property
+    def target_time_s(self) -> float:
+        return sum(s.target_time_s for s in self.steps)
+
+    @property
+    def other_time_s(self) -> float:
+        return sum(s.other_time_s for s in self.steps)
+
+    def time_split(self) -> dict[str, float]:
+        """Fractions of the summed step time: {"target", "draft", "other"} (sum 1; zeros if no steps)."""
+        total = self.target_time_s + self.draft_time_s + self.other_time_s
+        if total <= 0:
+            return {"target": 0.0, "draft": 0.0, "other": 0.0}
+        return {"target": self.target_time_s / total, "draft": self.draft_time_s / total,
+                "other": self.other_time_s / total}
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,11 +122,21 @@ class GenerationStats:
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth(),
             "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s,
+            "target_time_s": self.target_time_s,
+            "other_time_s": self.other_time_s,
+            "time_split": self.time_split(),
             "prefill_time_s": self.prefill_time_s,
             "wall_time_s": self.wall_time_s,
             "tokens_per_s": self.tokens_per_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }
+
+    def __repr__(self) -> str:
+        split = self.time_split()
+        return (f"GenerationStats({self.new_tokens} tokens in {self.num_steps} steps, "
+                f"MAL {self.mean_acceptance_length:.2f}, {self.tokens_per_s:.1f} tokens/s, "
+                f"step time: target {split['target']:.0%} / draft {split['draft']:.0%} / "
+                f"other {split['other']:.0%})")
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}

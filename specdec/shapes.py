@@ -13,14 +13,18 @@ How each shape uses the drafter's distribution:
   siblings, verified by multi-candidate recursive rejection;
 - dynamic(top_k, depth, budget): EAGLE-2. At each depth the `top_k` nodes with the best cumulative
   draft log-probability are expanded into their `top_k` best children; at the end all candidates
-  are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass).
+  are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass,
+  with `Draft.scores` = each node's cumulative draft log-probability);
+- auto(...): not grown here: `specdec.auto` picks one of the shapes above (or none) per step.
+All growers work on tensors on the drafter's device (no per-node Python scalars).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -101,19 +105,53 @@ class DynamicShape:
         return f"dynamic(top_k={self.top_k},depth={self.depth},budget={self.budget})"
 
 
+@dataclass(frozen=True)
+class AutoShape:
+    """Choose a static shape (or no draft) every step from measured costs: see `specdec.auto`."""
+
+    max_depth: int = 8
+    """Deepest draft considered, >= 1."""
+    max_width: int = 4
+    """Most children per node considered (1 = chains only), >= 1."""
+    max_nodes: int = 32
+    """Most draft nodes verified in one step, >= 1."""
+    probe: int = 4
+    """After this many steps without a draft, draft chain(1) once to refresh the estimates; the
+    interval doubles after each probe that is rejected (resets on an accepted one). >= 1."""
+    latency: Any = field(default=None, compare=False)
+    """A `specdec.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
+    measured curve (`specdec.latency.cached_latency`). Not settable from a string."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "max_width", "max_nodes", "probe"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"auto({name}=...) must be an integer >= 1, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes})"
+
+
 Shape = ChainShape | TreeShape | DynamicShape
-SHAPES: dict[str, type] = {"chain": ChainShape, "tree": TreeShape, "dynamic": DynamicShape}
+"""A concrete draft shape: what a drafter is asked to grow."""
+ShapeSpec = Shape | AutoShape
+"""What `generate` accepts: a concrete shape, or `auto` (a concrete shape chosen per step)."""
+SHAPES: dict[str, type] = {"chain": ChainShape, "tree": TreeShape, "dynamic": DynamicShape, "auto": AutoShape}
+_KEYWORD_ONLY = {"auto": ("max_depth", "max_width", "max_nodes", "probe")}
 
 
-def parse_shape(spec: str | Shape) -> Shape:
-    """`chain(4)` | `tree(4,2,2)` | `dynamic(top_k=8,depth=6,budget=32)` (or a config) -> config."""
-    if isinstance(spec, (ChainShape, TreeShape, DynamicShape)):
+def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
+    """`chain(4)` | `tree(4,2,2)` | `dynamic(top_k=8,depth=6,budget=32)` | `auto` |
+    `auto(max_depth=D,max_width=W,max_nodes=N,probe=P)` (or a config) -> config."""
+    if isinstance(spec, (ChainShape, TreeShape, DynamicShape, AutoShape)):
         return spec
+    if isinstance(spec, str) and spec.strip() == "auto":
+        return AutoShape()
     m = re.fullmatch(r"\s*(\w+)\s*\((.*)\)\s*", str(spec))
     if not m or m.group(1) not in SHAPES:
         raise ValueError(
             f"cannot parse draft shape {spec!r}; expected one of chain(k), tree(w1,w2,...), "
-            "dynamic(top_k=K,depth=D,budget=N)"
+            "dynamic(top_k=K,depth=D,budget=N), auto or auto(max_depth=D,max_width=W,max_nodes=N,probe=P)"
         )
     kind, body = m.group(1), m.group(2)
     args, kwargs = [], {}
@@ -127,6 +165,12 @@ def parse_shape(spec: str | Shape) -> Shape:
             kwargs[key.strip()] = number
         else:
             args.append(number)
+    if kind in _KEYWORD_ONLY:
+        unknown = sorted(set(kwargs) - set(_KEYWORD_ONLY[kind]))
+        if args or unknown:
+            given = ", ".join(unknown) if unknown else f"positional {args}"
+            raise ValueError(f"draft shape {spec!r}: {kind}(...) takes only keyword options "
+                             f"{', '.join(_KEYWORD_ONLY[kind])}; unknown: {given}")
     if kind == "tree":
         if kwargs:
             raise ValueError(f"tree(...) takes positional widths only, got {spec!r}")
@@ -137,93 +181,136 @@ def parse_shape(spec: str | Shape) -> Shape:
         raise ValueError(f"draft shape {spec!r}: {err}") from None
 
 
+@dataclass(frozen=True)
+class SubVocab:
+    """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`.
+
+    Growers rank and sample within the columns and map the chosen columns back through `ids`, so a
+    drafter scoring 4,096 of 49,152 tokens never builds a 49,152-wide tensor (sampling chains
+    expand their `draft_probs` to the full vocabulary once per draft, since the verifier needs them).
+    """
+
+    ids: torch.Tensor  # [Vd] long target token ids, on the drafter's device
+    size: int
+    """The full (target) vocabulary size V."""
+
+    def to_target(self, columns: torch.Tensor) -> torch.Tensor:
+        return self.ids[columns]
+
+    def expand(self, probs: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V], zero outside the sub-vocabulary."""
+        full = probs.new_zeros(*probs.shape[:-1], self.size)
+        full[..., self.ids] = probs
+        return full
+
+
 def grow_tree(
     shape: Shape,
-    root_logits: torch.Tensor,  # [B, V] drafter logits for the token after the root
+    root_logits: torch.Tensor,  # [B, Vd] drafter logits for the token after the root
     score: ScoreFn,
     sampling: SamplingConfig,
     generator: torch.Generator,
     max_depth: int,
+    vocab: SubVocab | None = None,
 ) -> Draft:
-    """Grow a draft in `shape` from a drafter's next-token logits (see the module docstring)."""
+    """Grow a draft in `shape` from a drafter's next-token logits (see the module docstring).
+
+    `vocab` (None = the logits cover the whole vocabulary) maps logit columns to token ids; `score`
+    then returns logits over the same columns and is passed target token ids. Widths and top_k larger
+    than the number of columns are clamped to it (a node cannot have more distinct children).
+    Host syncs: none for chains and static trees beyond sampling's; one per expanded depth for
+    dynamic trees (the expanded node ids `score` receives) and one for the final selection.
+    """
     if root_logits.shape[0] != 1:
         raise NotImplementedError(f"grow_tree supports batch size 1 only, got {root_logits.shape[0]}")
     if max_depth < 1:
         return Draft.empty(device=root_logits.device)
     grower = _GROWERS[type(shape)]
-    return grower(shape, root_logits, score, sampling, generator, max_depth)
+    return grower(shape, root_logits, score, sampling, generator, max_depth, vocab)
 
 
-def _grow_chain(shape, root_logits, score, sampling, generator, max_depth) -> Draft:
+def _ids(columns: torch.Tensor, vocab: SubVocab | None) -> torch.Tensor:
+    """Target token ids of logit columns."""
+    return columns if vocab is None else vocab.to_target(columns)
+
+
+def _grow_chain(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:
     k = min(shape.k, max_depth)
-    tokens, probs, logits = [], [], root_logits  # logits [B, V]
+    columns, probs, logits = [], [], root_logits  # logits [B, Vd]
     for depth in range(k):
         if sampling.greedy:
-            token = logits.argmax(-1, keepdim=True)  # [B, 1]
+            column = logits.argmax(-1, keepdim=True)  # [B, 1]
         else:
-            p = target_probs_from_logits(logits, sampling)
-            token = torch.multinomial(p, 1, generator=generator)
+            p = target_probs_from_logits(logits, sampling)  # [B, Vd]
+            column = torch.multinomial(p, 1, generator=generator)
             probs.append(p)
-        tokens.append(token)
+        columns.append(column)
         if depth + 1 < k:
-            logits = score([depth], token, [depth - 1])[:, -1]
-    draft_probs = torch.stack(probs, 1) if probs else None
-    return Draft(torch.cat(tokens, 1), torch.arange(k) - 1, draft_probs)
+            logits = score([depth], _ids(column, vocab), [depth - 1])[:, -1]
+    draft_probs = None
+    if probs:
+        draft_probs = torch.stack(probs, 1)  # [B, k, Vd]
+        draft_probs = draft_probs if vocab is None else vocab.expand(draft_probs)
+    return Draft(_ids(torch.cat(columns, 1), vocab), torch.arange(k) - 1, draft_probs)
 
 
-def _grow_static(shape, root_logits, score, sampling, generator, max_depth) -> Draft:
-    widths = shape.widths[:max_depth]
-    tokens: list[torch.Tensor] = []  # each [B, 1]
-    parents: list[int] = []
-    frontier, frontier_logits = [-1], root_logits[:, None]  # logits [B, n_frontier, V]
+def _grow_static(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:
+    widths = [min(w, root_logits.shape[-1]) for w in shape.widths[:max_depth]]
+    tokens: list[torch.Tensor] = []  # per level [B, n_level] target ids
+    parents: list[torch.Tensor] = []  # per level [n_level]
+    frontier, frontier_logits = torch.tensor([-1]), root_logits[:, None]  # logits [B, n_frontier, Vd]
+    count = 0
     for depth, width in enumerate(widths):
+        # Level order: frontier node f's children are nodes count + f * width + (0..width-1), best first.
         top = frontier_logits.topk(width, dim=-1).indices  # [B, n_frontier, width]
-        level = []
-        for f, parent in enumerate(frontier):
-            for w in range(width):
-                level.append(len(parents))
-                parents.append(parent)
-                tokens.append(top[:, f, w : w + 1])
+        level_tokens = _ids(top.flatten(1), vocab)  # [B, n_frontier * width]
+        level_parents = frontier.repeat_interleave(width)  # [n_frontier * width]
+        level = torch.arange(count, count + level_parents.numel())
+        tokens.append(level_tokens)
+        parents.append(level_parents)
+        count += level.numel()
         frontier = level
         if depth + 1 < len(widths):
-            level_tokens = torch.cat([tokens[i] for i in level], 1)
-            frontier_logits = score(level, level_tokens, [parents[i] for i in level])
-    return Draft(torch.cat(tokens, 1), torch.tensor(parents, dtype=torch.long))
+            frontier_logits = score(level.tolist(), level_tokens, level_parents.tolist())
+    return Draft(torch.cat(tokens, 1), torch.cat(parents))
 
 
-def _grow_dynamic(shape, root_logits, score, sampling, generator, max_depth) -> Draft:
+def _grow_dynamic(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:
     depth_limit = min(shape.depth, max_depth)
-    k = shape.top_k
-    tokens: list[int] = []
-    parents: list[int] = []
-    scores: list[float] = []  # cumulative draft log-probability per node
-    frontier, frontier_scores = [-1], torch.zeros(1)
-    logprobs = root_logits[0].log_softmax(-1)[None].float()  # [n_frontier, V]
+    k = min(shape.top_k, root_logits.shape[-1])
+    device = root_logits.device
+    tokens: list[torch.Tensor] = []  # per level [n_level] target ids
+    parents: list[torch.Tensor] = []  # per level [n_level] (CPU: parents of node ids are host-known)
+    scores: list[torch.Tensor] = []  # per level [n_level] cumulative draft log-probability
+    frontier, frontier_scores = torch.tensor([-1]), torch.zeros(1, device=device)
+    logprobs = root_logits.float().log_softmax(-1)  # [n_frontier, Vd]
+    count = 0
     for depth in range(depth_limit):
-        # Children of each expanded node: its top_k next tokens.
-        top_lp, top_tok = logprobs.topk(k, dim=-1)  # [n_frontier, k]
-        child_scores = frontier_scores[:, None] + top_lp
-        level = []
-        for f, parent in enumerate(frontier):
-            for j in range(k):
-                level.append(len(parents))
-                parents.append(parent)
-                tokens.append(int(top_tok[f, j]))
-                scores.append(float(child_scores[f, j]))
+        # Children of each expanded node: its top_k next tokens. Level node f * k + j is frontier
+        # node f's j-th best child.
+        top_lp, top_col = logprobs.topk(k, dim=-1)  # [n_frontier, k]
+        level_scores = (frontier_scores[:, None] + top_lp).flatten()  # [n_frontier * k]
+        level_tokens = _ids(top_col.flatten(), vocab)  # [n_frontier * k]
+        level_parents = frontier.repeat_interleave(k)
+        tokens.append(level_tokens)
+        parents.append(level_parents)
+        scores.append(level_scores)
         if depth + 1 == depth_limit:
             break
-        # Expand the top_k nodes of this level by cumulative score (stable: earlier nodes win ties).
-        level_scores = torch.tensor([scores[i] for i in level])
-        best = level_scores.topk(min(k, len(level))).indices.sort().values
-        frontier = [level[i] for i in best.tolist()]
+        # Expand the top_k nodes of this level by cumulative score, in level order.
+        best = level_scores.topk(min(k, level_scores.numel())).indices.sort().values  # [k'] on device
+        best_host = best.cpu()  # the one host sync of this depth: node ids for the score callback
+        frontier = count + best_host
         frontier_scores = level_scores[best]
-        level_tokens = torch.tensor([[tokens[i] for i in frontier]], device=root_logits.device)
-        logprobs = score(frontier, level_tokens, [parents[i] for i in frontier])[0].log_softmax(-1).float()
+        logits = score(frontier.tolist(), level_tokens[best][None], level_parents[best_host].tolist())
+        logprobs = logits[0].float().log_softmax(-1)
+        count += level_tokens.numel()
     # Re-rank: a child's score never exceeds its parent's and parents have lower indices, so the
-    # best `budget` under (score desc, index asc) is ancestor-closed.
-    order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
-    keep = torch.tensor(sorted(order[: shape.budget]), dtype=torch.long)
-    full = Draft(torch.tensor([tokens], device=root_logits.device), torch.tensor(parents, dtype=torch.long))
+    # best `budget` under (score desc, index asc) is ancestor-closed. Stable sort gives the index order.
+    all_scores = torch.cat(scores)  # [N]
+    order = torch.sort(-all_scores, stable=True).indices
+    keep = order[: shape.budget].sort().values
+    full = Draft(torch.cat(tokens)[None], torch.cat(parents), scores=all_scores)
     return full.subtree(keep)
 
 

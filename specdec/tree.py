@@ -43,23 +43,29 @@ def chain_parents(k: int) -> torch.Tensor:
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node, 1 for children of the root. [N] long."""
-    d = torch.zeros(parents.numel(), dtype=torch.long)
-    for i, p in enumerate(parents.tolist()):
-        d[i] = 1 if p < 0 else d[p] + 1
-    return d
+    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself)."""
+    return ancestor_mask(parents).sum(1)
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool.
+    """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool, on the
+    device of `parents`.
 
     Row i is what node i may attend to among the draft nodes (the committed prefix is always visible).
+    Vectorized by pointer jumping: after round r every row holds its ancestors up to 2^r levels up
+    (`up` = the ancestor 2^r levels up, -1 past the root), so a tree of depth D takes ceil(log2 D)
+    rounds. Example: chain [-1, 0, 1, 2]: round 0 marks parents, up = [-1, -1, 0, 1]; round 1 ORs
+    in row up[i], giving the full lower triangle.
     """
     n = parents.numel()
-    mask = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            mask[i] |= mask[p]
+    rows = torch.arange(n, device=parents.device)
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
+    up = parents
+    for _ in range(max(1, n).bit_length()):  # 2^rounds >= n >= depth: no host sync needed
+        has = up >= 0
+        mask |= mask[up.clamp(min=0)] & has[:, None]
+        up = torch.where(has, up[up.clamp(min=0)], up)
+        up = torch.where(has, up, torch.full_like(up, -1))
     return mask
 
 

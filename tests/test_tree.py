@@ -8,6 +8,7 @@ from specdec import tree as tree_ops
 from specdec.cache import KVCache
 from specdec.drafters import DraftRequest, build_for_tests
 from specdec.loop import prefill
+from specdec.reference import reference_generate
 from specdec.sampling import SamplingConfig
 from specdec.shapes import ChainShape, DynamicShape, TreeShape, parse_shape
 
@@ -88,3 +89,48 @@ def test_every_drafter_yields_a_valid_tree_in_every_shape(name, shape, tiny_llam
                 if draft.draft_probs is not None:
                     sums = draft.draft_probs.sum(-1)
                     assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)
+
+
+WIDER_THAN_VOCAB = ["tree(100,2)", "dynamic(top_k=100,depth=2,budget=300)"]
+
+
+@pytest.mark.parametrize("name", specdec.drafters.names())
+@pytest.mark.parametrize("shape", WIDER_THAN_VOCAB)
+def test_widths_beyond_the_vocabulary_are_clamped(name, shape, tiny_llama64):
+    """A width or top_k above the vocabulary (64) drafts at most 64 distinct children per node, for
+    every drafter, greedy and sampling, and generation stays exact."""
+    prompt = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+        drafter = build_for_tests(name, target=tiny_llama64)
+        drafter.reset()
+        drafter.commit(prefill(tiny_llama64, KVCache(), prompt))
+        draft = drafter.propose(_request(tiny_llama64, prompt, shape, sampling))
+        tokens = draft.tokens[0].tolist()
+        for kids in tree_ops.children(draft.parents):
+            assert len(kids) <= tiny_llama64.vocab_size
+            assert len({tokens[k] for k in kids}) == len(kids), "siblings repeat a token"
+    ref = reference_generate(tiny_llama64, prompt, max_new_tokens=6, stop_on_eos=False)
+    out = specdec.generate(tiny_llama64, build_for_tests(name, target=tiny_llama64), prompt, shape=shape,
+                           max_new_tokens=6, stop_on_eos=False)
+    assert out.token_ids == ref
+
+
+def test_dynamic_tree_records_cumulative_scores_in_growth_order(tiny_llama64):
+    """Draft.scores of a dynamic tree: the cumulative draft log-probability, a child's never above its
+    parent's, and node ids in growth order (ascending, as BlockSlots expects)."""
+    drafter = build_for_tests("small", target=tiny_llama64)
+    prompt = [3, 5, 7, 3, 5]
+    drafter.reset()
+    drafter.commit(prefill(tiny_llama64, KVCache(), prompt))
+    draft = drafter.propose(_request(tiny_llama64, prompt, "dynamic(top_k=4,depth=4,budget=12)", SamplingConfig()))
+    assert draft.scores is not None and draft.scores.shape == (draft.num_nodes,)
+    assert (draft.scores <= 0).all()
+    parents = draft.parents
+    has = parents >= 0
+    assert (draft.scores[has] <= draft.scores[parents[has]] + 1e-6).all()
+    ids = draft.node_ids.tolist()
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    # A depth-1 node's score is its own log-probability under the drafter.
+    root_logprobs = drafter.model.forward(torch.tensor([prompt]), KVCache()).logits[0, -1].float().log_softmax(-1)
+    first = (parents == -1).nonzero().flatten()
+    torch.testing.assert_close(draft.scores[first], root_logprobs[draft.tokens[0, first]], rtol=1e-4, atol=1e-4)

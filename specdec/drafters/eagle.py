@@ -16,7 +16,8 @@ computed from *predicted* features, so all are dropped and the accepted tokens a
 of stale features in the head's context.
 
 Draft vocabulary: `draft_vocab=N` scores only the N most frequent tokens of the head's training
-data (EAGLE-3), returning -inf elsewhere (grow_tree takes full-vocabulary logits). Knows nothing
+data (EAGLE-3): logits stay N wide, and `grow_tree` ranks and samples within them and maps the
+chosen columns back to token ids (`SubVocab`); no full-vocabulary tensor is built. Knows nothing
 about verification; the target's lm_head and embedding are shared, never copied or trained.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specdec.cache import KVCache
 from specdec.draft import Draft, Step
@@ -33,7 +33,7 @@ from specdec.drafters.base import DraftRequest, register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.model import BlockSlots
 from specdec.models import Target, tree_attention
-from specdec.shapes import grow_tree
+from specdec.shapes import SubVocab, grow_tree
 
 HEADS_DIR = Path(__file__).parent / "heads"
 """Shipped heads: `<target name>.safetensors` + `<target name>.json`."""
@@ -51,9 +51,9 @@ class EagleDrafter:
         self.embed = target.base.get_input_embeddings()
         self.lm_weight = target.lm_head.weight  # [V, H]
         self.softcap = target.softcap
-        self.vocab_size = target.vocab_size
         self.hidden_size = target.hidden_size
         self.vocab = None  # [N] target ids scored by the draft, None = all
+        self.sub_vocab: SubVocab | None = None  # the same, as the growers take it
         if draft_vocab is not None:
             stored = int(head.draft_vocab.numel())
             if not isinstance(draft_vocab, int) or draft_vocab < 1:
@@ -66,6 +66,7 @@ class EagleDrafter:
                 raise ValueError(f"draft_vocab={draft_vocab} but the head ranks only {stored} tokens; "
                                  f"use draft_vocab <= {stored} or None (full vocabulary)")
             self.vocab = head.draft_vocab[:draft_vocab].to(target.device)
+            self.sub_vocab = SubVocab(self.vocab, target.vocab_size)
             self.vocab_weight = self.lm_weight[self.vocab].detach()  # [N, H]
         self.reset()
 
@@ -75,17 +76,14 @@ class EagleDrafter:
         self.features = self.lm_weight.new_empty(1, 0, self.hidden_size)  # [B, P, H] target features of
         # the positions consumed, consumed + 1, ...: pairs not yet run by the head
         self.block = BlockSlots()
-        self.block_features: list[torch.Tensor] = []  # [B, 1, H] predicted feature per block entry
+        self.block_features = self.features  # [B, 1 + M, H]: root's predicted feature, then block entries'
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits [B, n, V] (float32) of predicted features [B, n, H]; -inf outside
-        the draft vocabulary."""
-        if self.vocab is None:
-            logits = F.linear(features.to(self.lm_weight.dtype), self.lm_weight)
-        else:
-            sub = F.linear(features.to(self.vocab_weight.dtype), self.vocab_weight)  # [B, n, N]
-            logits = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-            logits[..., self.vocab] = sub
+        """Logits [B, n, N] (float32) of predicted features [B, n, H] over the draft vocabulary
+        (column j = token `self.vocab[j]`; N = V without a draft vocabulary)."""
+        weight = self.lm_weight if self.vocab is None else self.vocab_weight  # [N, H]
+        flat = features.reshape(-1, features.shape[-1]).to(weight.dtype)  # [B*n, H]
+        logits = (weight @ flat.T).T.reshape(*features.shape[:-1], -1)  # W @ x^T: see Target.logits
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
@@ -97,10 +95,12 @@ class EagleDrafter:
         return self.head(features, embeds, positions, mask, self.cache.hf)
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
-        feats = [self.block_features[self.block.slot[p]] if p >= 0 else self.root_feature for p in parent_ids]
+        # Row 0 of block_features is the root's predicted feature, row s + 1 block slot s's.
+        rows = torch.tensor([self.block.slot[p] + 1 if p >= 0 else 0 for p in parent_ids])
+        feats = self.block_features.index_select(1, rows.to(self.block_features.device))  # [B, n, H]
         parents = self.block.add(node_ids, parent_ids)
-        predicted = self._run(torch.cat(feats, 1), tokens, parents)  # [B, n, H]
-        self.block_features.extend(predicted.split(1, dim=1))
+        predicted = self._run(feats, tokens, parents)  # [B, n, H]
+        self.block_features = torch.cat([self.block_features, predicted], 1)
         return self._logits(predicted)
 
     @torch.inference_mode()
@@ -119,9 +119,9 @@ class EagleDrafter:
         self.consumed = pairs
         self.features = self.features[:, :0]
         self.root_feature = predicted[:, -1:]  # [B, 1, H] predicted feature of the root
-        self.block, self.block_features = BlockSlots(), []
+        self.block, self.block_features = BlockSlots(), self.root_feature
         return grow_tree(request.shape, self._logits(self.root_feature)[:, -1], self._score,
-                         request.sampling, request.generator, request.max_depth)
+                         request.sampling, request.generator, request.max_depth, self.sub_vocab)
 
     def commit(self, step: Step) -> None:
         """Roll the head's cache back (refresh: drop every draft entry; else keep the accepted path's)

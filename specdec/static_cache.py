@@ -1,0 +1,115 @@
+"""A preallocated (static) KV cache: fixed-capacity buffers written in place, never reallocated.
+
+Owns `StaticKVCache`, which follows the `specdec.cache.Cache` protocol (absolute positions,
+`truncate`, `keep`, `tensors`, plus `tail` and `append` like `KVCache`) over per-layer buffers
+[B, kv_heads, capacity, head_dim] allocated on the first write (device and dtype from the model).
+A forward appends n entries per layer by a slice write; `keep` moves the accepted block entries
+into place with one gather per layer; no step allocates or concatenates cache tensors. This is the
+storage a captured (CUDA graph) or compiled forward needs; the capture itself is not here. Knows
+nothing about drafts or acceptance, and nothing about eviction (`evicted` stays 0).
+
+The model's attention layers see `hf`, a small object with the two calls they make (`update` and
+`get_seq_length`); the mask is always the caller's 4D tree mask, so no other cache call is made.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.draft import KVLayers
+
+
+class _Writer:
+    """What the transformers attention layers call: `update` writes a layer's new entries in place."""
+
+    def __init__(self, owner: StaticKVCache) -> None:
+        self.owner = owner
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return self.owner._write(layer_idx, keys, values)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.owner.length
+
+
+class StaticKVCache:
+    """Fixed-capacity full cache (every position kept). Tensors per layer: [B, kv_heads, S, head_dim]."""
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"a static cache needs a capacity >= 1 entries, got {capacity!r}")
+        self.capacity = capacity
+        self.hf = _Writer(self)
+        self.evicted = 0
+        self.keys: list[torch.Tensor] = []  # per layer [B, kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # entries written per layer (equal between forwards)
+
+    @property
+    def length(self) -> int:
+        return self.lengths[0] if self.lengths else 0
+
+    @property
+    def next_position(self) -> int:
+        return self.evicted + self.length
+
+    def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append keys/values [B, kv_heads, n, head_dim] to `layer`; the layer's filled views."""
+        if layer == len(self.keys):
+            shape = (*keys.shape[:2], self.capacity, keys.shape[-1])
+            self.keys.append(keys.new_empty(shape))
+            self.values.append(values.new_empty(shape))
+            self.lengths.append(0)  # buffers are allocated by the first forward, before any entry
+        start, n = self.lengths[layer], keys.shape[-2]
+        if start + n > self.capacity:
+            raise ValueError(f"static cache overflow: {start} entries + {n} new > capacity {self.capacity}; "
+                             "build it with a capacity of at least prompt + max_new_tokens + draft nodes + 1")
+        self.keys[layer][..., start:start + n, :] = keys
+        self.values[layer][..., start:start + n, :] = values
+        self.lengths[layer] = start + n
+        return self.keys[layer][..., :start + n, :], self.values[layer][..., :start + n, :]
+
+    def _index(self, position: int) -> int:
+        index = position - self.evicted
+        if not 0 <= index <= self.length:
+            raise ValueError(f"position {position} is outside this cache [{self.evicted}, {self.next_position}]")
+        return index
+
+    def truncate(self, position: int) -> None:
+        index = self._index(position)
+        self.lengths = [index] * len(self.lengths)
+
+    def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
+        """As `KVCache.keep`: entries before `start`, then block entries start + offsets. Example:
+        block at entries 10..15, keep(10, [0, 2, 5]) copies entries 10, 12, 15 to 10, 11, 12."""
+        offsets = torch.as_tensor(offsets, dtype=torch.long)
+        begin = self._index(start)
+        n = offsets.numel()
+        if n and (int(offsets.min()) < 0 or begin + int(offsets.max()) >= self.length):
+            raise ValueError(f"keep offsets {offsets.tolist()} fall outside the cache block "
+                             f"[{start}, {self.next_position})")
+        if not torch.equal(offsets, torch.arange(n)):
+            self._gather(begin, offsets)
+        self.lengths = [begin + n] * len(self.lengths)
+
+    @torch.inference_mode()  # the buffers were made by an inference-mode forward
+    def _gather(self, begin: int, offsets: torch.Tensor) -> None:
+        n = offsets.numel()
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                rows = (begin + offsets).to(buf.device)
+                buf[..., begin:begin + n, :] = buf.index_select(-2, rows)  # gather first, then write
+
+    def tensors(self) -> KVLayers:
+        return [(k[..., :n, :], v[..., :n, :]) for k, v, n in zip(self.keys, self.values, self.lengths)]
+
+    def tail(self, count: int) -> KVLayers:
+        """(keys, values) views of the last `count` stored entries per layer."""
+        start = self.length - count
+        return [(k[..., start:, :], v[..., start:, :]) for k, v in self.tensors()]
+
+    @torch.inference_mode()
+    def append(self, layers: KVLayers) -> None:
+        """Append entries per layer (e.g. a drafter copying the target's committed K/V)."""
+        for i, (k, v) in enumerate(layers):
+            self._write(i, k, v)
