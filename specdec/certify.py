@@ -336,7 +336,7 @@ class SiblingDrafter:
         pass
 
 
-POWER_N = 1000
+POWER_N = 600
 """Generations per power case."""
 POWER_SHAPE = "tree(3)"
 POWER_LENGTH = 2
@@ -411,7 +411,7 @@ class Certificate:
 
 
 def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: dict | None = None,
-            n: int = 400, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
+            n: int = 250, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
             power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None) -> Certificate:
     """Run the greedy identity, the distribution cases and the power cases for drafter `name`."""
     start = time.perf_counter()
@@ -458,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=" ".join(DISTRIBUTION_SHAPES),
                         help="draft shapes of the distribution cases, separated by ';' or spaces")
     parser.add_argument("--options", default="", help="drafter options k=v,... (override its test_options)")
-    parser.add_argument("-n", type=int, default=400, help="generations per distribution case (default 400)")
+    parser.add_argument("-n", type=int, default=250, help="generations per distribution case (default 250)")
     parser.add_argument("--power-n", type=int, default=POWER_N, help="generations per power case (0 = skip)")
     args = parser.parse_args(argv)
     try:
