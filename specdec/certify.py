@@ -148,16 +148,28 @@ def eos_token(target: Target, token: int | None) -> Iterator[None]:
 
 
 def chi_square_p(counts: Counter, law: dict[tuple[int, ...], float], n: int) -> float:
-    """Pearson's chi-square p-value of `counts` (n draws) against `law`; cells expected < 5 pooled."""
+    """Pearson's chi-square p-value of `counts` (n draws) against `law`.
+
+    Cells are binned before the test so that every bin expects >= 5 draws: sequences in order of
+    decreasing probability fill a bin until it does, and a short last bin joins the one before.
+    The bins depend on the law only, never on the counts. Worked example: n = 100, probabilities
+    .3, .2, .04, .03, .02, .01 ... -> bins {.3}, {.2}, {.04, .03}, {.02, .01, ...}."""
     if not set(counts) <= set(law):
         raise AssertionError(f"sampled {sorted(set(counts) - set(law))[:3]}, which the target gives probability 0")
-    cells = sorted(law, key=law.get, reverse=True)
-    big = [c for c in cells if law[c] * n >= 5]
-    rest = [c for c in cells if law[c] * n < 5]
-    observed = [counts[c] for c in big] + ([sum(counts[c] for c in rest)] if rest else [])
-    expected = [law[c] * n for c in big] + ([sum(law[c] for c in rest) * n] if rest else [])
-    if len(observed) < 2:
+    bins: list[list[tuple[int, ...]]] = []
+    filled = 0.0
+    for cell in sorted(law, key=lambda c: (-law[c], c)):
+        if not bins or filled * n >= 5:
+            bins.append([])
+            filled = 0.0
+        bins[-1].append(cell)
+        filled += law[cell]
+    if len(bins) > 1 and filled * n < 5:
+        bins[-2].extend(bins.pop())
+    if len(bins) < 2:
         return 1.0
+    observed = [sum(counts[c] for c in b) for b in bins]
+    expected = [sum(law[c] for c in b) * n for b in bins]
     return float(chisquare(observed, expected).pvalue)
 
 
