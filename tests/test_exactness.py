@@ -94,7 +94,7 @@ def test_generation_stops_on_eos_inclusive(tiny_llama64):
 # N_SAMPLES seeded generations per case, the first certify.LENGTH = 3 tokens of each compared with the
 # exact joint law (vocabulary 5, enumerated with the reference; with EOS stopping on, the law cut
 # after the first EOS, an EOS token picked so that about half the generations stop early) by
-# Pearson's chi-square, cells expected < 5 pooled; a case passes when p >= ALPHA = 1e-4 (108 cases:
+# Pearson's chi-square, cells binned by the law so each bin expects >= 5; a case passes when p >= ALPHA = 1e-4 (108 cases:
 # a false alarm somewhere has probability < 1.1e-2, and the seeds are fixed, so the outcome is
 # deterministic). Power at these sizes: N = 80 per case (what fits the suite's time: 108 cases)
 # catches only gross errors (sampling from the wrong distribution, lost or duplicated tokens): on the
