@@ -36,7 +36,7 @@ from specdec.drafters.base import Drafter, DraftRequest, build
 from specdec.drafters.base import _REGISTRY as _DRAFTERS
 from specdec.models import Target
 from specdec.reference import exact_joint_probs, next_token_logits, reference_generate
-from specdec.sampling import SamplingConfig, target_probs_from_logits
+from specdec.sampling import SamplingConfig
 
 VOCAB = 5
 """Vocabulary of the T > 0 models: small enough to enumerate V^LENGTH sequences exactly."""
@@ -406,7 +406,8 @@ class Certificate:
         lines = [f"Exactness certificate: drafter {self.drafter!r} ({opts})", "",
                  f"Greedy identity (T = 0, {len(FAMILIES)} fp64 families x {len(GREEDY_PROMPTS)} prompts x 20 tokens, "
                  "vs the cacheless reference):"]
-        lines += [f"  {shape:<40} {'identical' if why is None else 'DIVERGED: ' + why}" for shape, why in self.greedy.items()]
+        lines += [f"  {shape:<40} {'identical' if why is None else 'DIVERGED: ' + why}"
+                  for shape, why in self.greedy.items()]
         lines += ["", f"Distribution (T > 0, chi-square of the first {LENGTH} tokens vs the exact law, "
                   f"vocab {VOCAB}, pass at p >= {ALPHA:g}):",
                   f"  {'shape':<36} {'sampling':<11} {'n':>5} {'p-value':>9}  accepted/drafted  rejected steps"]
