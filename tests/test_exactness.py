@@ -98,7 +98,8 @@ def test_generation_stops_on_eos_inclusive(tiny_llama64):
 # p >= ALPHA = 1e-4 (108 cases: a false alarm somewhere has probability < 1.1e-2, and the seeds
 # are fixed, so the outcome is deterministic). Power at these sizes: N = 80 per case (what fits the
 # suite's time: 108 cases) catches only gross errors (sampling from the wrong distribution, lost or
-# duplicated tokens): on the power case below, the three subtle wrong rules give p = 0.20, 0.077, 0.063 at N = 80, undetected.
+# duplicated tokens): on the power case below, the three subtle wrong rules give p = 0.20, 0.077,
+# 0.063 at N = 80, undetected.
 # The power against them is shown on that case (certify.power_world: point-mass siblings at the
 # target's top tokens, first sibling rejected ~3 times in 4) with 500 samples, where each is rejected
 # at p < 1e-6 (measured: 7e-11, 1e-17, 4e-9). `python -m specdec.certify NAME` runs the same grid
