@@ -14,6 +14,16 @@ cells/ in one `rename` (atomic on POSIX filesystems) and the directory entry fsy
 at any point leaves finished cells intact and at most a stray folder in .partial/, which readers
 ignore. Nothing in cells/ is ever overwritten or deleted by the store. Owns none of the measuring:
 rows arrive as plain dicts.
+
+Concurrency: any number of processes (a joblib or SLURM launcher, two grids started by hand) may
+write one store. The rename is the per-cell claim: the first finished copy of a cell lands, a later
+copy of the same cell finds the directory taken and is dropped, so no cell is lost or stored twice
+and no writer fails (two writers may still both *compute* a cell that neither had finished).
+
+Damage: a finished cell whose files were damaged afterwards (a truncated `rows.jsonl`, a `cell.json`
+that is not JSON, a `done` marker without rows) is named by `damaged_cells`, and `load_rows` skips
+it with a `DamagedCellWarning` naming the cell and what is wrong (or raises `DamagedCellError` with
+`on_damage="raise"`): a damaged cell is never silently averaged.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import shutil
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +47,14 @@ _FOREIGN_OK = {"hydra"}
 
 class StoreError(RuntimeError):
     """A results directory that this version of the store cannot use."""
+
+
+class DamagedCellError(StoreError):
+    """A finished cell whose files cannot be read back whole (raised by `load_rows(on_damage="raise")`)."""
+
+
+class DamagedCellWarning(UserWarning):
+    """A finished cell skipped by `load_rows` because its files cannot be read back whole."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -86,7 +105,13 @@ class ResultsStore:
         if self.root.exists():
             if not self.root.is_dir():
                 raise StoreError(f"results.dir {self.root} exists and is not a directory")
-            foreign = sorted(p.name for p in self.root.iterdir() if p.name not in _FOREIGN_OK)
+            # Another process may be creating the same store right now: its temporary manifest is
+            # not foreign, and once its manifest is in place the directory is a store.
+            foreign = sorted(p.name for p in self.root.iterdir()
+                             if p.name not in _FOREIGN_OK and not p.name.startswith(f".{MANIFEST}."))
+            if manifest.exists():
+                self._check_manifest(manifest)
+                return
             if foreign:
                 raise StoreError(
                     f"{self.root} is not empty and has no {MANIFEST}, so it is not a specdec results store "
@@ -150,6 +175,39 @@ class ResultsStore:
     def read_meta(self, cell_id: str) -> dict[str, Any]:
         return json.loads((self.cell_dir(cell_id) / "cell.json").read_text(encoding="utf-8"))
 
+    def damage(self, cell_id: str) -> str | None:
+        """What is wrong with a finished cell's files, or None when both read back whole."""
+        cell = self.cell_dir(cell_id)
+        try:
+            meta = json.loads((cell / "cell.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return "cell.json is missing"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"cell.json is not JSON ({err})"
+        if not isinstance(meta, dict):
+            return "cell.json is not a JSON object"
+        try:
+            text = (cell / "rows.jsonl").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return "done marker without rows (rows.jsonl is missing)"
+        except (OSError, UnicodeDecodeError) as err:
+            return f"rows.jsonl is unreadable ({err})"
+        if not text.strip():
+            return "done marker without rows (rows.jsonl is empty)"
+        if not text.endswith("\n"):
+            return "rows.jsonl is truncated (its last line is unfinished)"
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                if not isinstance(json.loads(line), dict):
+                    return f"rows.jsonl line {number} is not a JSON object"
+            except json.JSONDecodeError:
+                return f"rows.jsonl line {number} is not JSON (truncated or overwritten)"
+        return None
+
+    def damaged_cells(self) -> dict[str, str]:
+        """Finished cells whose files are damaged: cell id -> what is wrong."""
+        return {c: why for c in self.cell_ids() if (why := self.damage(c)) is not None}
+
 
 def open_existing(root: str | os.PathLike) -> ResultsStore:
     """Open a store for reading; a directory that is not a store is an error, never created."""
@@ -159,12 +217,26 @@ def open_existing(root: str | os.PathLike) -> ResultsStore:
     return ResultsStore(path)
 
 
-def load_rows(root: str | os.PathLike):
-    """Every row of every finished cell as one pandas DataFrame (one row per question turn)."""
+def load_rows(root: str | os.PathLike, *, on_damage: str = "warn"):
+    """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn).
+
+    A damaged cell (see `ResultsStore.damage`) is skipped with one `DamagedCellWarning` naming it and
+    what is wrong (`on_damage="warn"`), or stops the read with `DamagedCellError` (`"raise"`)."""
     import pandas as pd
 
+    if on_damage not in ("warn", "raise"):
+        raise ValueError(f"on_damage must be 'warn' or 'raise', got {on_damage!r}")
     store = open_existing(root)
-    frames = [pd.read_json(store.cell_dir(c) / "rows.jsonl", lines=True, dtype=False) for c in store.cell_ids()]
+    frames = []
+    for cell_id in store.cell_ids():
+        why = store.damage(cell_id)
+        if why is not None:
+            message = f"damaged cell {cell_id} in {store.root}: {why}"
+            if on_damage == "raise":
+                raise DamagedCellError(message)
+            warnings.warn(f"{message}; skipped (its rows are not in any average)", DamagedCellWarning, stacklevel=2)
+            continue
+        frames.append(pd.read_json(store.cell_dir(cell_id) / "rows.jsonl", lines=True, dtype=False))
     if not frames:
         raise StoreError(f"{store.root} has no finished cells yet")
     return pd.concat(frames, ignore_index=True)

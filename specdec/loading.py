@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from specdec.models import Target
+from specdec.quiet import no_progress_bars
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _BUILTINS: dict[str, Callable[..., Target]] = {}
@@ -85,8 +86,9 @@ def _load_hf(name_or_path: str, *, device, dtype, attn_implementation) -> Target
         kwargs["attn_implementation"] = attn_implementation
     is_dir = Path(name_or_path).is_dir()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        with no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as err:
         tried = "a local directory" if is_dir else "not a local directory; tried it as a Hugging Face hub id"
         raise OSError(
@@ -154,8 +156,9 @@ def _embedded(*, device, dtype, attn_implementation) -> Target:
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with no_progress_bars():  # a "Loading weights" bar on every load says nothing
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     return Target(model, tokenizer, name="smollm2-135m", info={"source": str(embedded_gguf_path()), "cache": str(path)})
 
 
