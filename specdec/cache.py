@@ -51,6 +51,16 @@ class Cache(Protocol):
         """(keys, values) per layer, [B, kv_heads, S, head_dim]."""
 
 
+def block_offsets(cache: Cache, start: int, offsets: list[int] | torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Check the arguments of `cache.keep(start, offsets)`: (stored index of absolute position
+    `start`, offsets as a long tensor); ValueError when an offset falls outside the block."""
+    offsets = torch.as_tensor(offsets, dtype=torch.long)
+    begin = cache._index(start)
+    if offsets.numel() and (int(offsets.min()) < 0 or begin + int(offsets.max()) >= cache.length):
+        raise ValueError(f"keep offsets {offsets.tolist()} fall outside the cache block [{start}, {cache.next_position})")
+    return begin, offsets
+
+
 class KVCache:
     """The full cache (every position kept), optionally thinned by its owner with `retain`.
 
@@ -93,12 +103,8 @@ class KVCache:
         eviction) and accepted the root plus nodes 1 and 4, i.e. entries 0, 2 and 5 of the block:
         keep(10, [0, 2, 5]) leaves entries 0..9, 10, 12, 15 -> length 13, next position 13, equal
         to a prefill of those 13 tokens."""
-        offsets = torch.as_tensor(offsets, dtype=torch.long)
-        begin = self._index(start)
+        begin, offsets = block_offsets(self, start, offsets)
         n = offsets.numel()
-        if n and (int(offsets.min()) < 0 or begin + int(offsets.max()) >= self.length):
-            raise ValueError(f"keep offsets {offsets.tolist()} fall outside the cache block "
-                             f"[{start}, {self.next_position})")
         if torch.equal(offsets, torch.arange(n)):
             self.truncate(start + n)
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.cache import block_offsets
 from specdec.draft import KVLayers
 
 
@@ -82,12 +83,8 @@ class StaticKVCache:
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
         """As `KVCache.keep`: entries before `start`, then block entries start + offsets. Example:
         block at entries 10..15, keep(10, [0, 2, 5]) copies entries 10, 12, 15 to 10, 11, 12."""
-        offsets = torch.as_tensor(offsets, dtype=torch.long)
-        begin = self._index(start)
+        begin, offsets = block_offsets(self, start, offsets)
         n = offsets.numel()
-        if n and (int(offsets.min()) < 0 or begin + int(offsets.max()) >= self.length):
-            raise ValueError(f"keep offsets {offsets.tolist()} fall outside the cache block "
-                             f"[{start}, {self.next_position})")
         if not torch.equal(offsets, torch.arange(n)):
             self._gather(begin, offsets)
         self.lengths = [begin + n] * len(self.lengths)

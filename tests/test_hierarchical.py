@@ -9,8 +9,9 @@ import specdec
 from specdec.drafters import build, build_for_tests
 from specdec.drafters.hierarchical import EXTRA_NODE_ID
 from specdec.reference import reference_generate
-from specdec.sampling import SamplingConfig
-from tests.test_exactness import ALPHA, PROMPTS, sample_p_value, small_world  # noqa: F401 (fixture)
+from specdec import certify
+from specdec.certify import ALPHA, distribution_case
+from specdec.certify import GREEDY_PROMPTS as PROMPTS
 
 SHAPES = ["chain(3)", "tree(3,2,2)", "dynamic(top_k=3,depth=4,budget=10)"]
 
@@ -78,10 +79,10 @@ def test_options_are_checked(tiny_llama64):
     assert build_for_tests("hierarchical", target=tiny_llama64).name == "hierarchical"
 
 
-def test_sampling_matches_the_target_distribution(small_world):
+def test_sampling_matches_the_target_distribution():
     """T > 0: a different tiny model as the intermediate (so its chains are often rejected) under
-    garbage `random` trees; the harness of tests/test_exactness.py (2000 samples)."""
-    target, draft_model = small_world
-    drafter = build("hierarchical", target=target, top="random", mid=draft_model)
-    p = sample_p_value(target, drafter, "tree(2,2)", SamplingConfig(temperature=1.0))
-    assert p >= ALPHA, f"hierarchical: chi-square p = {p:.2e} < {ALPHA}"
+    garbage `random` trees; the harness of `specdec.certify` (1000 samples of the first 3 tokens)."""
+    world = certify.tiny_world()
+    drafter = build("hierarchical", target=world.target, top="random", mid=world.draft_model)
+    result = distribution_case(world.target, drafter, "tree(2,2)", "plain", n=1000)
+    assert result.rejections > 0 and result.p_value >= ALPHA, f"hierarchical: chi-square p = {result.p_value:.2e}"

@@ -14,9 +14,7 @@ import specdec
 from specdec.drafters import build
 from specdec.kv_policy import fake_quantize, parse_kv_policy
 from specdec.reference import next_token_logits, reference_generate
-from specdec.sampling import SamplingConfig
-import test_exactness
-from test_exactness import ALPHA
+from specdec.certify import ALPHA, distribution_case
 
 SHAPES = ["chain(4)", "tree(3,2,2)", "dynamic(top_k=3,depth=5,budget=12)"]
 POLICIES = ["full", "window(sink=2,recent=5)", "snapkv(budget=6,window=2)", "quant(bits=2)",
@@ -43,9 +41,9 @@ def test_the_full_policy_with_the_targets_weights_is_always_right(tiny_llama64):
     assert out.stats.mean_acceptance_length == pytest.approx(20 / 4)
 
 
-# Three cases cover every policy, both knobs and the three shapes; 1000 samples each (half of
-# test_exactness's N) keep them to a few seconds; at this N the wrong rule of test_exactness is
-# still rejected far below ALPHA (its p < 1e-13 at N = 2000 scales to about 1e-7 here).
+# Three cases cover every policy, both knobs and the three shapes; 1000 samples each of the first 3
+# tokens with `specdec.certify`'s harness (its power case rejects each wrong rule at p < 1e-10 by
+# 500 samples).
 CASES = {
     "window, chain": ("chain(2)", {"kv": "window(sink=1,recent=2)"}),
     "snapkv + quant(2) + weights, static tree": ("tree(2,2)", {"kv": "snapkv(budget=3,window=1)+quant(bits=2)",
@@ -56,13 +54,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_sampling_matches_the_target_distribution(small_world, case, monkeypatch):
-    monkeypatch.setattr(test_exactness, "N_SAMPLES", 1000)
+def test_sampling_matches_the_target_distribution(small_world, case):
     shape, options = CASES[case]
     drafter = build("self_draft", target=small_world, **options)
-    p = test_exactness.sample_p_value(small_world, drafter, shape, SamplingConfig(temperature=1.0),
-                                      prompt=(1, 2, 3, 4, 0, 1))
-    assert p >= ALPHA, f"{case}: chi-square p = {p:.2e} < {ALPHA}"
+    result = distribution_case(small_world, drafter, shape, "plain", n=1000, prompt=(1, 2, 3, 4, 0, 1))
+    assert result.p_value >= ALPHA, f"{case}: chi-square p = {result.p_value:.2e} < {ALPHA}"
 
 
 @pytest.fixture(scope="module")

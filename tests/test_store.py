@@ -88,7 +88,7 @@ def test_joblib_launcher_with_two_workers_fills_one_store(tmp_path):
     results = tmp_path / "results"
     command = [sys.executable, "-m", "experiments.run", "-m", "model=tiny", "dataset=smoke", "runner.warmup_tokens=2",
                "runner.progress=false", f"results.dir={results}", "drafter=ngram,none", "shape=chain4,tree422",
-               "sampling.max_new_tokens=4", "dataset.question_ids=[smoke-1]",
+               "max_new_tokens=4", "dataset.question_ids=[smoke-1]",
                "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
