@@ -27,7 +27,7 @@ import specdec
 from specdec import quant
 
 DEFAULT_SPECS = (
-    "none", "bf16", "fp16", "rtn8", "rtn6", "rtn4", "rtn4_g64", "rtn4_sym", "rtn3", "rtn2",
+    "none", "bf16", "fp16", "rtn8", "rtn6", "rtn4", "rtn4_g32", "rtn4_sym", "rtn3", "rtn2",
     "torchao_int4", "torchao_int4_g64", "torchao_int8", "dynamic_int8", "dynamic_fp16",
     "bnb_int8", "bnb_nf4", "bnb_fp4", "hqq8", "hqq4", "hqq4_g64", "hqq3", "hqq2", "gptq4",
 )

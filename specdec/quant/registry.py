@@ -6,7 +6,7 @@ registry (`backend`, `get`, `names`, `parse_spec`, `availability`). Knows nothin
 particular quantization algorithm and never imports an optional library itself: each backend
 module registers itself with the decorator `backend(...)` on the function that applies it.
 
-Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g32),
+Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g64: rtn and gptqref default to group 64),
 `rtn3_g64_sym`, `rtn8_pc` (per output channel: one group per row), `torchao_int4_g64`, `hqq3`.
 Backends whose name carries the bit-width (`rtn`, `hqq`, `gptq`) take the digits after the name.
 """
@@ -51,7 +51,7 @@ class QuantSpec:
 
     @property
     def text(self) -> str:
-        """The canonical spec string, defaults filled in (e.g. `rtn4` -> `rtn4_g32`)."""
+        """The canonical spec string, defaults filled in (e.g. `rtn4` -> `rtn4_g64`)."""
         b = get(self.backend)
         out = self.backend + (str(self.bits) if b.bits_in_name else "")
         if b.grouped:
