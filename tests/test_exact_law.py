@@ -178,12 +178,14 @@ def test_one_step_law_equals_the_target_law(case):
 
 
 def test_the_law_catches_a_wrong_residual(monkeypatch):
-    """The enumeration has power: resampling from the target after a rejection breaks the law."""
-    world, root, parents = World(3, 1, False), (0,), [-1, -1]
+    """The enumeration has power: resampling from the target after a rejection breaks the law. (Seed 5:
+    a world where the two point-mass siblings are rejected often; the law moves by 0.22, while on
+    worlds where the first sibling is nearly always accepted it moves by only ~0.003.)"""
+    world, root, parents = World(3, 5, False), (0,), [-1, -1]
     exact = continued(world, root, {(): 1.0}, 2)
     monkeypatch.setattr(sys.modules[__name__], "residual_probs", lambda target, draft: target)
     law = continued(world, root, step_law([0, 1], parents, None, target_rows(world, root, [0, 1], parents)), 2)
-    assert max(abs(law.get(s, 0.0) - p) for s, p in exact.items()) > 1e-3
+    assert max(abs(law.get(s, 0.0) - p) for s, p in exact.items()) > 0.1
 
 
 def test_enumerated_drafts_are_a_distribution():
