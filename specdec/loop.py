@@ -124,14 +124,15 @@ def generate(
     # Prefill every prompt token but the last, which becomes the root of the first step.
     cache = CACHES[cache](cache_capacity or needed)
     committed = list(prompt_ids)
-    drafter.commit(prefill(target, cache, committed))
+    first = prefill(target, cache, committed)
+    drafter.commit(first)
+    token_ids = first.token_ids  # [B, L] the committed tokens, rebuilt once per step at commit
     stats.prefill_time_s = time.perf_counter() - start
 
     while len(committed) - len(prompt_ids) < max_new_tokens:
         remaining = max_new_tokens - (len(committed) - len(prompt_ids))
         # 1. Draft (the policy's shape; none, or nodes deeper than remaining - 1, are useless).
         t0 = time.perf_counter()
-        token_ids = torch.tensor([committed], dtype=torch.long)  # [B, L]
         step_shape = policy.choose(len(committed)) if remaining > 1 else None
         draft = Draft.empty()
         if step_shape is not None:
@@ -162,9 +163,10 @@ def generate(
         draft_tokens = draft.tokens[0].tolist()
         new = [draft_tokens[i] for i in acceptance.path] + [acceptance.next_token]
         committed.extend(new)
+        token_ids = torch.tensor([committed], dtype=torch.long)
         t3 = time.perf_counter()
         drafter.commit(Step(
-            token_ids=torch.tensor([committed], dtype=torch.long), num_new=[len(new)], draft=draft,
+            token_ids=token_ids, num_new=[len(new)], draft=draft,
             acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
             target_hidden=out.hidden[:, kept], _kv=lambda n=len(kept): cache.tail(n),
         ))

@@ -78,10 +78,9 @@ class ModelDrafter:
         return self.model.forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
 
     def propose(self, request: DraftRequest) -> Draft:
-        ids = request.token_ids[0].tolist()
-        pending = ids[self.consumed:]  # always includes the root
-        out = self.model.forward(torch.tensor([pending]), self.cache, logits_rows=slice(-1, None))
-        self.consumed = len(ids)
+        pending = request.token_ids[:, self.consumed:]  # [B, n] always includes the root
+        out = self.model.forward(pending, self.cache, logits_rows=slice(-1, None))
+        self.consumed = request.token_ids.shape[1]
         self.block = BlockSlots()
         return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
                          request.sampling, request.generator, request.max_depth)
