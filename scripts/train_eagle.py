@@ -85,6 +85,12 @@ class TrainConfig:
     """Stop generating rollouts (after a whole shard) once this much time has passed in this run."""
     data_dir: str = ""
     """Where the shards go ('' = out_dir/data)."""
+    workers: int = 1
+    """Rollout processes sharing data_dir (stage=data): worker k of n writes training shards i with
+    i % n == k into data_dir/train-w{k}of{n} (n = 1: data_dir/train); only worker 0 writes the
+    validation split. stage=train reads every data_dir/train* store (a shard index twice: once)."""
+    worker: int = 0
+    """This process's k in 0..workers-1."""
     init_head: str = ""
     """Start from this head (.safetensors) instead of a random initialisation ('' = random)."""
     resume: bool = False
@@ -181,12 +187,40 @@ def make_prompts(cfg: TrainConfig, target, data_dir: Path):
     return split(prompts, cfg.num_validation, cfg.seed)
 
 
-def stores(cfg: TrainConfig, target, data_dir: Path) -> tuple[ShardStore, ShardStore]:
-    fingerprint = {"target": target.label, "max_new_tokens": cfg.max_new_tokens, "shard_prompts": cfg.shard_prompts,
-                   "sampled_fraction": cfg.sampled_fraction, "temperature": cfg.temperature, "seed": cfg.seed,
-                   "hidden_dtype": cfg.hidden_dtype, "hidden_size": target.hidden_size}
-    return (ShardStore(data_dir / "train", {**fingerprint, "split": "train"}),
-            ShardStore(data_dir / "val", {**fingerprint, "split": "val", "sampled_fraction": 0.0}))
+def fingerprint(cfg: TrainConfig, target) -> dict:
+    return {"target": target.label, "max_new_tokens": cfg.max_new_tokens, "shard_prompts": cfg.shard_prompts,
+            "sampled_fraction": cfg.sampled_fraction, "temperature": cfg.temperature, "seed": cfg.seed,
+            "hidden_dtype": cfg.hidden_dtype, "hidden_size": target.hidden_size}
+
+
+def train_store_name(cfg: TrainConfig) -> str:
+    return "train" if cfg.workers == 1 else f"train-w{cfg.worker}of{cfg.workers}"
+
+
+def train_stores(cfg: TrainConfig, target, data_dir: Path) -> list[ShardStore]:
+    """Every training store under data_dir (train, train-w*of*), each checked against this configuration."""
+    return [ShardStore(d, {**fingerprint(cfg, target), "split": "train"})
+            for d in sorted(data_dir.glob("train*")) if (d / "manifest.json").exists()]
+
+
+def read_train(stores: list[ShardStore]):
+    """The union of the stores' shards, each shard index once (ShardError if two stores disagree on
+    which prompts a shard index continues)."""
+    from specdec.drafters.eagle_shards import Rollouts, ShardError
+    seen, parts = {}, []
+    for store in stores:
+        for i in sorted(store.done()):
+            info = store.shards[i]
+            if i in seen:
+                if seen[i].prompts_sha256 != info.prompts_sha256:
+                    raise ShardError(f"{store.root / info.file} and another store's shard {i} continue other prompts")
+                continue
+            seen[i] = info
+            parts.append(store.read(i))
+    if not parts:
+        raise ShardError(f"no recorded training shards in {[str(s.root) for s in stores] or 'data_dir/train*'}: "
+                         "generate rollouts first")
+    return Rollouts.concat(parts)
 
 
 def load_head(cfg: TrainConfig, target, vocab: torch.Tensor, out: Path) -> tuple[EagleHead, dict | None]:
@@ -236,22 +270,27 @@ def main(raw) -> None:
     target = specdec.load_target(cfg.target, device=device)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    train_store, val_store = stores(cfg, target, data_dir)
+    if not 0 <= cfg.worker < cfg.workers:
+        raise ValueError(f"worker must be in 0..workers-1, got worker={cfg.worker}, workers={cfg.workers}")
+    val_store = ShardStore(data_dir / "val", {**fingerprint(cfg, target), "split": "val", "sampled_fraction": 0.0})
     if cfg.stage in ("all", "data"):
+        train_store = ShardStore(data_dir / train_store_name(cfg), {**fingerprint(cfg, target), "split": "train"})
+        others = set().union(*(s.done() for s in train_stores(cfg, target, data_dir) if s.root != train_store.root))
         train_prompts, val_prompts = make_prompts(cfg, target, data_dir)
         print(f"prompts: {len(train_prompts)} train, {len(val_prompts)} validation", flush=True)
         deadline = started + 60 * cfg.data_max_minutes
         common = dict(shard_prompts=cfg.shard_prompts, batch_size=cfg.gen_batch_size, max_new_tokens=cfg.max_new_tokens,
                       temperature=cfg.temperature, seed=cfg.seed, hidden_dtype=getattr(torch, cfg.hidden_dtype))
-        fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", **common)
+        if cfg.worker == 0:
+            fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", **common)
         fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
-                    desc="train rollouts", **common)
+                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts", **common)
     data_minutes = (time.perf_counter() - started) / 60
     if cfg.stage == "data":
         print(json.dumps({"train_tokens": train_store.num_tokens, "val_tokens": val_store.num_tokens,
                           "minutes": round(data_minutes, 1)}), flush=True)
         return
-    data, val = train_store.read_all(), val_store.read_all()
+    data, val = read_train(train_stores(cfg, target, data_dir)), val_store.read_all()
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
 

@@ -100,12 +100,15 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
 def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int]], *, shard_prompts: int,
                 batch_size: int, max_new_tokens: int, sampled_fraction: float = 0.0, temperature: float = 0.7,
                 seed: int = 0, hidden_dtype: torch.dtype = torch.bfloat16, deadline: float = float("inf"),
-                max_shards: int | None = None, desc: str = "rollouts") -> None:
+                max_shards: int | None = None, worker: tuple[int, int] = (0, 1), skip: set[int] = frozenset(),
+                desc: str = "rollouts") -> None:
     """Write every shard of `prompts` that `store` lacks, in index order, until time.perf_counter()
     passes `deadline` or `max_shards` were written. Shard i holds prompts [i * shard_prompts,
     (i + 1) * shard_prompts); it is sampled (at `temperature`) when sampled_fraction > 0 and
     i % round(1 / sampled_fraction) is the last residue, else greedy; its sampling seed depends on
-    (seed, i) only, so a shard's content does not depend on which run wrote it."""
+    (seed, i) only, so a shard's content does not depend on which run wrote it. `worker=(k, n)` writes
+    only shards i with i % n == k (n processes share the prompt list, each with its own store);
+    `skip` lists shards another store already holds."""
     import time
 
     from tqdm import tqdm
@@ -117,7 +120,10 @@ def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int
         if i >= num_shards:
             raise ShardError(f"{store.root} records shard {i} but the prompt list has only {num_shards} shards")
         store.check_prompts(i, texts[i * shard_prompts:(i + 1) * shard_prompts])
-    todo = [i for i in range(num_shards) if i not in store.done()][:max_shards]
+    k, n = worker
+    if not 0 <= k < n:
+        raise ValueError(f"worker must be (k, n) with 0 <= k < n, got {worker}")
+    todo = [i for i in range(num_shards) if i % n == k and i not in store.done() and i not in skip][:max_shards]
     bar = tqdm(todo, desc=desc, unit="shard")
     tokens, started = 0, time.perf_counter()
     for i in bar:
