@@ -39,7 +39,7 @@ from tqdm import tqdm
 import specdec
 from specdec.drafters.eagle import HEADS_DIR
 from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary
-from specdec.drafters.eagle_shards import ShardStore
+from specdec.drafters.eagle_shards import ShardStore, read_union
 from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
                                              self_instruct, unroll)
 from specdec.drafters.training_prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
@@ -203,26 +203,6 @@ def train_stores(cfg: TrainConfig, target, data_dir: Path) -> list[ShardStore]:
             for d in sorted(data_dir.glob("train*")) if (d / "manifest.json").exists()]
 
 
-def read_train(stores: list[ShardStore]):
-    """The union of the stores' shards, each shard index once (ShardError if two stores disagree on
-    which prompts a shard index continues)."""
-    from specdec.drafters.eagle_shards import Rollouts, ShardError
-    seen, parts = {}, []
-    for store in stores:
-        for i in sorted(store.done()):
-            info = store.shards[i]
-            if i in seen:
-                if seen[i].prompts_sha256 != info.prompts_sha256:
-                    raise ShardError(f"{store.root / info.file} and another store's shard {i} continue other prompts")
-                continue
-            seen[i] = info
-            parts.append(store.read(i))
-    if not parts:
-        raise ShardError(f"no recorded training shards in {[str(s.root) for s in stores] or 'data_dir/train*'}: "
-                         "generate rollouts first")
-    return Rollouts.concat(parts)
-
-
 def load_head(cfg: TrainConfig, target, vocab: torch.Tensor, out: Path) -> tuple[EagleHead, dict | None]:
     """The head to train and the saved training state (resume), or (fresh head, None)."""
     expected = HeadConfig.for_target(target)
@@ -290,7 +270,7 @@ def main(raw) -> None:
         print(json.dumps({"train_tokens": train_store.num_tokens, "val_tokens": val_store.num_tokens,
                           "minutes": round(data_minutes, 1)}), flush=True)
         return
-    data, val = read_train(train_stores(cfg, target, data_dir)), val_store.read_all()
+    data, val = read_union(train_stores(cfg, target, data_dir)), val_store.read_all()
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
 

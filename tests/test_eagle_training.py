@@ -14,7 +14,7 @@ import specdec
 from specdec.drafters import build
 from specdec.drafters.eagle import random_head
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
-from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore
+from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore, read_union
 from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
                                              rollout_batch, unroll)
 from specdec.drafters.training_prompts import SOURCES, check_disjoint, collect, prompt_text, shared_ngrams, split, user
@@ -90,6 +90,32 @@ def test_a_resumed_run_never_duplicates_or_loses_a_shard(tiny, tmp_path):
     with pytest.raises(ShardError, match="generated from other prompts"):
         fill_shards(tiny, ShardStore(tmp_path / "parts", FINGERPRINT), PROMPTS[::-1], shard_prompts=3,
                     batch_size=2, max_new_tokens=6)
+
+
+def test_workers_split_the_shards_and_their_union_is_the_whole(tiny, tmp_path):
+    """Two workers write shards i % 2 == k into their own stores; a later single run skips what they
+    hold; the union has every prompt exactly once, equal to one run's data."""
+    whole = ShardStore(tmp_path / "whole", FINGERPRINT)
+    fill(tiny, whole)
+    w0, w1 = ShardStore(tmp_path / "w0", FINGERPRINT), ShardStore(tmp_path / "w1", FINGERPRINT)
+    fill(tiny, w0, worker=(0, 2))
+    fill(tiny, w1, worker=(1, 2), max_shards=0)  # worker 1 stopped before writing anything
+    assert w0.done() == {0, 2} and w1.done() == set()
+    late = ShardStore(tmp_path / "late", FINGERPRINT)
+    fill(tiny, late, skip=w0.done())  # a single run afterwards writes only the missing shard
+    assert late.done() == {1}
+    union = read_union([w0, w1, late, ShardStore(tmp_path / "whole", FINGERPRINT)])  # 'whole' repeats all: read once
+    order = sorted(range(len(union.prompt_index)), key=union.prompt_index.__getitem__)
+    assert sorted(union.prompt_index) == list(range(len(PROMPTS))), "a prompt was lost or duplicated"
+    assert [union.sequences[i].tolist() for i in order] == [s.tolist() for s in whole.read_all().sequences]
+    with pytest.raises(ValueError, match="worker must be"):
+        fill(tiny, w1, worker=(2, 2))
+    other = ShardStore(tmp_path / "other", FINGERPRINT)
+    fill_shards(tiny, other, PROMPTS[::-1], shard_prompts=3, batch_size=2, max_new_tokens=6, max_shards=1)
+    with pytest.raises(ShardError, match="both shard 0 but continue other prompts"):
+        read_union([w0, other])
+    with pytest.raises(ShardError, match="no recorded shards"):
+        read_union([w1])
 
 
 def test_unroll_predicts_what_chain_drafting_drafts(tiny):

@@ -1,6 +1,7 @@
 """Rollout shards on disk: a folder of safetensors files plus a manifest with a checksum per shard.
 
-Owns `ShardStore`: shard i holds the rollouts of prompts [i * shard_prompts, (i + 1) * shard_prompts)
+Owns `ShardStore` and `read_union` (several stores' shards as one). Shard i holds the rollouts of
+prompts [i * shard_prompts, (i + 1) * shard_prompts)
 of a fixed prompt list, so a resumed run regenerates exactly the shards the manifest lacks (never a
 second copy of a prompt range, never a gap). A shard is written to a temporary file, renamed into
 place, and only then recorded in `manifest.json` (itself replaced atomically), so a crash leaves at
@@ -213,3 +214,25 @@ class ShardStore:
         if not self.shards:
             raise ShardError(f"{self.root} holds no recorded shards: generate rollouts first")
         return Rollouts.concat([self.read(i) for i in sorted(self.shards)])
+
+
+def read_union(stores: list[ShardStore]) -> Rollouts:
+    """The shards of several stores over one prompt list (e.g. one per rollout worker), in store
+    order, each shard index once; ShardError if two stores disagree on the prompts of an index or
+    none records a shard."""
+    seen: dict[int, tuple[ShardStore, ShardInfo]] = {}
+    parts = []
+    for store in stores:
+        for i in sorted(store.done()):
+            info = store.shards[i]
+            if i in seen:
+                first, other = seen[i]
+                if other.prompts_sha256 != info.prompts_sha256:
+                    raise ShardError(f"{store.root / info.file} and {first.root / other.file} are both shard {i} "
+                                     "but continue other prompts: the stores come from different prompt lists")
+                continue
+            seen[i] = (store, info)
+            parts.append(store.read(i))
+    if not parts:
+        raise ShardError(f"no recorded shards in {[str(s.root) for s in stores]}: generate rollouts first")
+    return Rollouts.concat(parts)
