@@ -18,25 +18,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 import specdec
+from specdec.latency import machine_name
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
 SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]
 
 
-def load_prompts(suite: Path, limit: int) -> list[str]:
+def load_prompts(suite: Path, limit: int, stride: int = 1) -> list[str]:
     if not suite.exists():
         raise FileNotFoundError(f"prompt suite {suite} does not exist (give --suite a .jsonl of {{'turns': [...]}} rows)")
     rows = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"prompt suite {suite} holds no prompts")
-    return [row["turns"][0] for row in rows][:limit]
+    if stride < 1:
+        raise ValueError(f"--stride must be >= 1, got {stride}")
+    return [row["turns"][0] for row in rows][::stride][:limit]
 
 
 def parse_heads(items: list[str]) -> dict[str, str | None]:
@@ -78,6 +80,8 @@ def main() -> None:
                         help="LABEL=PATH (a head .safetensors) or LABEL=shipped, compared side by side")
     parser.add_argument("--suite", type=Path, default=SUITE, help="prompt suite (.jsonl with 'turns')")
     parser.add_argument("--prompts", type=int, default=1000, help="at most this many prompts")
+    parser.add_argument("--stride", type=int, default=1,
+                        help="every STRIDE-th prompt of the suite (a subset that spans its categories)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--vocabs", nargs="+", default=["full", "4096"],
@@ -91,8 +95,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     target = specdec.load_target(args.target)
-    prompts = load_prompts(args.suite, args.prompts)
-    machine = platform.processor() or platform.machine()
+    prompts = load_prompts(args.suite, args.prompts, args.stride)
+    machine = machine_name(target.device)
     if args.rollout_batches:
         started = time.perf_counter()
         rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens)
@@ -131,7 +135,8 @@ def main() -> None:
     merged = {name: specdec.GenerationStats.merge(s) for name, s in stats.items()}
     plain_speed = merged["plain"].decode_tokens_per_s
 
-    print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {args.suite}, T = {args.temperature}, "
+    print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {args.suite} (stride {args.stride}), "
+          f"T = {args.temperature}, machine {machine}, "
           f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
           f"{time.perf_counter() - started:.0f} s")
     print(f"{'method':52s} {'MAL':>5s} {'drafted':>7s} {'tok/s':>7s} {'vs plain':>8s} "
@@ -146,7 +151,8 @@ def main() -> None:
               f"{row['decode_tokens_per_s']:7.1f} {row['speedup_vs_plain']:7.2f}x "
               f"{row['draft_ms_per_step']:8.1f} {row['verify_ms_per_step']:9.1f}")
     print("MAL = mean acceptance length (bonus/recovered token included); tok/s = decode tokens/s (prefill excluded).")
-    print(json.dumps({"bench": "eagle", "target": target.name, "prompts": len(prompts), "source": str(args.suite),
+    print(json.dumps({"bench": "eagle", "target": target.name, "prompts": len(prompts),
+                      "source": str(args.suite), "stride": args.stride,
                       "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                       "threads": torch.get_num_threads(), "machine": machine, "results": rows}))
 

@@ -49,6 +49,32 @@ def test_batched_rollouts_equal_one_prompt_at_a_time(tiny):
         assert batched.prompt_len[i] == len(prompt)
 
 
+def test_rows_that_end_early_leave_the_batch_without_changing_any_row(tiny, monkeypatch):
+    """With an EOS that some rows hit mid-way, batched rollouts (finished rows dropped from the cache)
+    still equal one-prompt-at-a-time rollouts, and each sequence stops right before its EOS."""
+    free = rollout_batch(tiny, PROMPTS, max_new_tokens=10, temperature=0.0)
+    gens = [s[n:].tolist() for s, n in zip(free.sequences, free.prompt_len)]
+    counts = {}
+    for g in gens:
+        for t in set(g[1:6]):
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=lambda t: (0 < counts[t] < len(gens), counts[t]))  # some rows end early, not all
+    monkeypatch.setattr(type(tiny), "eos_token_ids", property(lambda self: {eos}))
+    batched = rollout_batch(tiny, PROMPTS, max_new_tokens=10, temperature=0.0)
+    ended = 0
+    for i, prompt in enumerate(PROMPTS):
+        single = rollout_batch(tiny, [prompt], max_new_tokens=10, temperature=0.0)
+        assert batched.sequences[i].tolist() == single.sequences[0].tolist()
+        torch.testing.assert_close(batched.hidden[i], single.hidden[0], atol=1e-4, rtol=1e-4)
+        gen = batched.sequences[i][len(prompt):].tolist()
+        assert eos not in gen
+        if eos in gens[i]:
+            assert gen == gens[i][:gens[i].index(eos)]
+            ended += 1
+        assert batched.hidden[i].shape[0] == batched.sequences[i].numel()
+    assert 0 < ended < len(PROMPTS)
+
+
 def test_shards_round_trip_and_name_a_corrupt_truncated_or_missing_file(tiny, tmp_path):
     store = ShardStore(tmp_path, FINGERPRINT)
     fill(tiny, store)

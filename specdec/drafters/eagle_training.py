@@ -44,8 +44,10 @@ def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
                   generator: torch.Generator | None = None) -> Rollouts:
     """Let `target` continue every prompt at once (temperature 0 = greedy): one left-padded batch,
-    an attention mask over the padding, a KV cache. A sequence ends at EOS or after
-    `max_new_tokens`; the token whose hidden state was never computed (the last) is dropped.
+    an attention mask over the padding, a KV cache. A sequence ends at EOS (dropped) or after
+    `max_new_tokens`; the token whose hidden state was never computed (the last) is dropped. A row
+    that ends leaves the batch (its cache rows are dropped), so long answers do not make short ones
+    pay for padding steps.
     Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty)."""
     device = target.device
     pad = getattr(target.tokenizer, "pad_token_id", None) or 0  # never attended to: any id will do
@@ -61,11 +63,13 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     cache = DynamicCache()
     h = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                     use_cache=True).last_hidden_state  # [b, width, H]
-    steps_h, steps_tok = [h], []  # hidden [b, 1, H] per processed step, tokens [b] per step
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    last = positions[:, -1]
-    for _ in range(max_new_tokens):
-        logits = target.lm_head(steps_h[-1][:, -1]).float()  # [b, V]
+    prompt_h = h.float().cpu()
+    live = torch.arange(b)  # original row of each batch entry still generating
+    last_h, last = h[:, -1], positions[:, -1]  # [live, H], [live]
+    tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
+    hidden = [[] for _ in range(b)]  # [H] per generated token fed back (all but EOS and the very last)
+    for step in range(max_new_tokens):
+        logits = target.lm_head(last_h).float()  # [live, V]
         if target.softcap:
             logits = torch.tanh(logits / target.softcap) * target.softcap
         if temperature > 0:
@@ -73,25 +77,27 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
             nxt = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
         else:
             nxt = logits.argmax(-1)
-        nxt = torch.where(done, pad, nxt)
-        steps_tok.append(nxt)
-        done |= torch.isin(nxt, eos)
-        if bool(done.all()):
+        for row, tok in zip(live.tolist(), nxt.tolist()):
+            tokens[row].append(tok)
+        going = ~torch.isin(nxt, eos)  # [live]
+        if step == max_new_tokens - 1 or not bool(going.any()):
             break
-        mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long, device=device)], 1)
+        if not bool(going.all()):  # finished rows leave the batch: later forwards cost only the live rows
+            keep = going.nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            live, nxt, mask, last = live[keep.cpu()], nxt[keep], mask[keep], last[keep]
+        mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
-        steps_h.append(target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                                   cache=cache, use_cache=True).last_hidden_state)
-    gen_tok = torch.stack(steps_tok, 1).cpu()  # [b, steps]
-    gen_h = torch.cat(steps_h[1:], 1).float().cpu() if len(steps_h) > 1 else h[:, :0].float().cpu()
-    h = h.float().cpu()
+        last_h = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
+                             cache=cache, use_cache=True).last_hidden_state[:, -1]  # [live, H]
+        for row, vec in zip(live.tolist(), last_h.float().cpu()):
+            hidden[row].append(vec)
     out = Rollouts([], [])
     for row, e in enumerate(encoded):
-        toks = gen_tok[row].tolist()
-        stop = next((i for i, t in enumerate(toks) if t in target.eos_token_ids), len(toks) - 1)
-        keep = min(stop, gen_h.shape[1])  # generated tokens whose hidden state exists
-        out.sequences.append(torch.tensor(e + toks[:keep]))
-        out.hidden.append(torch.cat([h[row, width - len(e):], gen_h[row, :keep]]).clone())
+        keep = len(hidden[row])  # generated tokens whose hidden state exists (EOS and the last one have none)
+        gen_h = torch.stack(hidden[row]) if keep else prompt_h[row, :0]
+        out.sequences.append(torch.tensor(e + tokens[row][:keep]))
+        out.hidden.append(torch.cat([prompt_h[row, width - len(e):], gen_h]).clone())
         out.prompt_len.append(len(e))
         out.temperature.append(float(temperature))
     return out
