@@ -182,8 +182,9 @@ class Target:
         absolute positions the cache gives them (`cache.next_position`, not its stored length).
 
         Without `parents` (or with chain parents) the new tokens form a causal chain after everything
-        cached, masked by the model itself; with them, a tree block as described in `tree_attention`. `logits_rows` selects which new rows get
-        logits (e.g. slice(-1, None) for a prefill); `hidden` covers every new row.
+        cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
+        `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
+        covers every new row.
         """
         batch, n = tokens.shape
         if batch != 1:
@@ -198,8 +199,8 @@ class Target:
             start = cache.next_position
             positions, mask = torch.arange(start, start + n), None  # [n]
         else:
-            positions, mask = tree_attention(parents, n, cache.length, self.base.get_input_embeddings().weight.dtype,
-                                             cache.next_position)
+            dtype = self.base.get_input_embeddings().weight.dtype
+            positions, mask = tree_attention(parents, n, cache.length, dtype, cache.next_position)
             mask = mask[None, None].to(self.device)  # [B, 1, n, past + n]
         out = self.base(
             input_ids=tokens.to(self.device),
