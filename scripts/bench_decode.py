@@ -30,6 +30,7 @@ import torch
 import specdec
 from specdec.drafters import build
 from specdec.latency import machine_name
+from specdec.loading import check_device
 from specdec.metrics import GenerationStats
 from specdec.shapes import parse_shape
 
@@ -78,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device} requested but CUDA is not available here")
+    try:
+        check_device(args.device)
+    except ValueError as err:
+        raise SystemExit(f"error: --device: {err}") from None
     try:
         shapes = {s.strip(): parse_shape(s) for s in args.shapes.split(";") if s.strip()}
     except ValueError as err:

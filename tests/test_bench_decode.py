@@ -9,7 +9,8 @@ import torch
 
 import specdec
 
-_spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py")
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py"
+_spec = importlib.util.spec_from_file_location("bench_decode", _SCRIPT)
 bench_decode = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_decode)
 
@@ -30,5 +31,5 @@ def test_hf_baseline_equals_plain_loop_through_eos(options):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_names_the_device():
-    with pytest.raises(SystemExit, match="--device cuda:1"):
+    with pytest.raises(SystemExit, match="--device: device 'cuda:1' requested but CUDA is not available"):
         bench_decode.main(["--device", "cuda:1", "--model", "tiny-llama"])
