@@ -17,7 +17,7 @@ _spec.loader.exec_module(bench_decode)
 
 @pytest.mark.parametrize("options", [{}, {"prompt_lookup_num_tokens": 3}], ids=["generate", "prompt_lookup"])
 def test_hf_baseline_equals_plain_loop_through_eos(options):
-    """The baseline must not suppress EOS (`min_new_tokens` did: on long prompts HF then took the
+    """The baseline must not suppress EOS (`min_new_tokens` did: on retrieval prompts HF then took the
     runner-up where EOS was the argmax, and matched our loop on 1 of 6 prompts). Make a token the
     plain loop emits mid-output the model's EOS: both must still give the same tokens."""
     target = specdec.tiny_target("llama", dtype=torch.float32, seed=0, logit_scale=4.0)
