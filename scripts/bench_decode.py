@@ -30,6 +30,7 @@ import torch
 import specdec
 from specdec.drafters import build
 from specdec.latency import machine_name
+from specdec.loading import check_device
 from specdec.metrics import GenerationStats
 from specdec.shapes import parse_shape
 
@@ -51,7 +52,21 @@ def load_prompts(spec: str, count: int) -> list[str]:
     return prompts[:count]
 
 
-def main() -> None:
+def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **options) -> list[int]:
+    """HF `generate` greedy: exactly `new_tokens` argmax tokens, EOS neither stopping nor suppressed,
+    i.e. the rule of `specdec.generate(..., stop_on_eos=False)`. (`min_new_tokens` would mask EOS out
+    of the logits, so HF would take the runner-up wherever EOS is the argmax and the outputs would
+    part there; `eos_token_id=None` turns off the stop instead.) `options` go to `generate` as is."""
+    x = torch.tensor([ids], device=target.device)  # [1, L]
+    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                eos_token_id=None, **options)
+    tokens = out[0, x.shape[1]:].tolist()
+    if len(tokens) != new_tokens:
+        raise RuntimeError(f"HF generate returned {len(tokens)} tokens, expected {new_tokens}")
+    return tokens
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
@@ -63,9 +78,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    args = parser.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device} requested but CUDA is not available here")
+    args = parser.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as err:
+        raise SystemExit(f"error: --device: {err}") from None
     try:
         shapes = {s.strip(): parse_shape(s) for s in args.shapes.split(";") if s.strip()}
     except ValueError as err:
@@ -81,10 +98,7 @@ def main() -> None:
     n = args.new_tokens
 
     def hf(ids: list[int], **options) -> tuple[list[int], None]:
-        x = torch.tensor([ids], device=target.device)
-        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                                    do_sample=False, **options)
-        return out[0, x.shape[1]:].tolist(), None
+        return hf_generate(target, ids, n, **options), None
 
     def ours(drafter, shape):
         def run(ids):

@@ -80,16 +80,19 @@ class FixedShape:
 
 def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tuple[int, ...]]:
     """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most
-    max_nodes nodes. Example (2, 2, 1): 2 + 4 + 4 = 10 nodes."""
-    out = []
-    for depth in range(1, max_depth + 1):
-        for widths in itertools.combinations_with_replacement(range(max_width, 0, -1), depth):
-            nodes, level = 0, 1
-            for w in widths:
-                level *= w
-                nodes += level
-            if nodes <= max_nodes:
-                out.append(widths)
+    max_nodes nodes, by depth and then widest first. Example (2, 2, 1): 2 + 4 + 4 = 10 nodes.
+    Grown depth by depth from the vectors that still fit, so a wide `max_width` costs only the
+    vectors within `max_nodes` (enumerating every combination first would not finish)."""
+    out: list[tuple[int, ...]] = []
+    level = [((), 1, 0)]  # (widths, nodes at the deepest level, nodes in all)
+    for _ in range(max_depth):
+        grown = []
+        for widths, last, nodes in level:
+            for w in range(min(widths[-1] if widths else max_width, max_width), 0, -1):
+                if nodes + last * w <= max_nodes:
+                    grown.append((widths + (w,), last * w, nodes + last * w))
+        out.extend(widths for widths, _, _ in grown)
+        level = grown
     return out
 
 

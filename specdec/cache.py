@@ -94,6 +94,8 @@ class KVCache:
 
     def truncate(self, position: int) -> None:
         length = self._index(position)
+        if length == self.length:  # e.g. `keep` of a whole block (every plain step): nothing to drop
+            return
         for layer in self._layers():
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]

@@ -65,7 +65,10 @@ def load_target(
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
         attn_implementation: passed to transformers (e.g. "eager", "sdpa").
     """
+    device = check_device(device)
     if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32, bfloat16, float16")
         dtype = getattr(torch, dtype)
     if name_or_path in _BUILTINS:
         target = _BUILTINS[name_or_path](device=device, dtype=dtype, attn_implementation=attn_implementation)
@@ -76,6 +79,26 @@ def load_target(
 
         target = quant_lib.quantize_target(target, quant)
     return target
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or ValueError naming it: not a device string, or CUDA asked for
+    where torch sees no CUDA device (or fewer than the index asked for). Checked before any load."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device ({err}); "
+                         "expected e.g. 'cpu', 'cuda', 'cuda:0'") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "torch finds no CUDA device"
+            raise ValueError(f"device {device!r} requested but CUDA is not available here ({why}, torch "
+                             f"{torch.__version__}); use device='cpu'")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device {device!r} requested but only {count} CUDA device(s) exist "
+                             f"(cuda:0..cuda:{count - 1})")
+    return resolved
 
 
 def _load_hf(name_or_path: str, *, device, dtype, attn_implementation) -> Target:

@@ -52,6 +52,13 @@ def tree_attention(
     return positions, mask
 
 
+def is_chain(parents: torch.Tensor | Sequence[int], n: int) -> bool:
+    """True when `parents` over a block of n new tokens is a plain chain after everything cached
+    ([-1, 0, ..., n-2]: no cached entry in the block, each token the child of the one before)."""
+    parents = torch.as_tensor(parents)
+    return parents.numel() == n and torch.equal(parents.cpu(), tree_ops.chain_parents(n))
+
+
 @dataclass
 class ForwardOut:
     logits: torch.Tensor  # [B, N, V] (or [B, len(logits_rows), V])
@@ -174,18 +181,30 @@ class Target:
         """Score n new tokens after the cache, appending exactly n entries to `cache`, at the
         absolute positions the cache gives them (`cache.next_position`, not its stored length).
 
-        Without `parents` the new tokens form a causal chain after everything cached; with them,
-        a tree block as described in `tree_attention`. `logits_rows` selects which new rows get
-        logits (e.g. slice(-1, None) for a prefill); `hidden` covers every new row.
+        Without `parents` (or with chain parents) the new tokens form a causal chain after everything
+        cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
+        `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
+        covers every new row.
         """
         batch, n = tokens.shape
         if batch != 1:
             raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
-        positions, mask = tree_attention(parents, n, cache.length, self.base.get_input_embeddings().weight.dtype,
-                                         cache.next_position)
+        if parents is not None and is_chain(parents, n):
+            parents = None
+        if parents is None:
+            # A chain after everything cached: the model's own causal masking is the tree mask. It builds
+            # no mask where HF `generate` builds none (one new token, or an empty cache: SDPA then runs
+            # unmasked, a prefill causally over half the scores) instead of a [n, past + n] mask read by
+            # every layer. Positions still come from the cache; the mask needs only stored entries.
+            start = cache.next_position
+            positions, mask = torch.arange(start, start + n), None  # [n]
+        else:
+            dtype = self.base.get_input_embeddings().weight.dtype
+            positions, mask = tree_attention(parents, n, cache.length, dtype, cache.next_position)
+            mask = mask[None, None].to(self.device)  # [B, 1, n, past + n]
         out = self.base(
             input_ids=tokens.to(self.device),
-            attention_mask=mask[None, None].to(self.device),  # [B, 1, n, past + n]
+            attention_mask=mask,
             position_ids=positions[None].to(self.device),  # [B, n]
             cache=cache.hf,
             use_cache=True,

@@ -8,8 +8,9 @@ into place with one gather per layer; no step allocates or concatenates cache te
 storage a captured (CUDA graph) or compiled forward needs; the capture itself is not here. Knows
 nothing about drafts or acceptance, and nothing about eviction (`evicted` stays 0).
 
-The model's attention layers see `hf`, a small object with the two calls they make (`update` and
-`get_seq_length`); the mask is always the caller's 4D tree mask, so no other cache call is made.
+The model sees `hf`, a small object with the calls it makes: `update` and `get_seq_length` from the
+attention layers, and, when the caller leaves the causal mask to the model (a chain forward),
+`get_query_offset` and `get_mask_sizes` from transformers' mask builder.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class _Writer:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.owner.length
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Stored index of the first new token (the causal mask's query offset)."""
+        return self.owner.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """(kv length, kv offset) of the causal mask for `query_length` new tokens."""
+        return self.owner.length + query_length, 0
 
 
 class StaticKVCache:

@@ -34,6 +34,16 @@ def test_auto_parses_and_bad_options_fail_before_generation(tiny_llama64):
             specdec.generate(tiny_llama64, None, PROMPT, shape=bad, max_new_tokens=2)
 
 
+def test_a_wide_menu_is_enumerated_within_the_node_budget():
+    """auto(max_width=64) used to enumerate C(71, 8) width vectors before filtering by max_nodes
+    (it never returned); only vectors within the budget are grown now, in the same order."""
+    assert candidate_widths(3, 3, 12) == [(3,), (2,), (1,), (3, 3), (3, 2), (3, 1), (2, 2), (2, 1), (1, 1),
+                                          (3, 1, 1), (2, 2, 1), (2, 1, 1), (1, 1, 1)]
+    wide = candidate_widths(8, 64, 32)
+    assert len(wide) == 127 and (32,) in wide and (1,) * 8 in wide and (33,) not in wide
+    assert AutoPolicy(AutoShape(max_width=64, latency=FLAT)).width_table.shape == (127, 8)
+
+
 def test_estimator_arithmetic():
     """E[accepted] = sum_d prod_{i<=d} q_i with q_i = 1 - prod_{r<w_i}(1 - s[i, r])."""
     assert candidate_widths(2, 2, 6) == [(2,), (1,), (2, 2), (2, 1), (1, 1)]

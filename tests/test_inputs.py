@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming the value and what is accepted; nothing is clamped."""
 
+import re
+
 import pytest
 import torch
 
@@ -19,6 +21,23 @@ from specdec.drafters import Draft, build
 def test_bad_generation_arguments(tiny_llama64, kwargs, match):
     with pytest.raises(ValueError, match=match):
         specdec.generate(tiny_llama64, None, [1, 2, 3], **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_cuda_where_there_is_none_fails_before_loading(device, monkeypatch):
+    def no_load(**kwargs):
+        raise AssertionError("loaded a model before checking the device")
+    monkeypatch.setitem(specdec.loading._BUILTINS, "tiny-llama", no_load)
+    with pytest.raises(ValueError, match=re.escape(f"device {device!r} requested but CUDA is not available here")):
+        specdec.load_target("tiny-llama", device=device)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"device": "gpu"}, "device 'gpu' is not a torch device"),
+                                           ({"dtype": "float33"}, "unknown dtype 'float33'")])
+def test_bad_device_or_dtype_names_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        specdec.load_target("tiny-llama", **kwargs)
 
 
 def test_empty_prompt(tiny_llama64):

@@ -1,0 +1,35 @@
+"""scripts/bench_decode.py: its HF baseline decodes by the same rule as our plain loop, and bad
+arguments fail before anything is loaded or generated."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py"
+_spec = importlib.util.spec_from_file_location("bench_decode", _SCRIPT)
+bench_decode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_decode)
+
+
+@pytest.mark.parametrize("options", [{}, {"prompt_lookup_num_tokens": 3}], ids=["generate", "prompt_lookup"])
+def test_hf_baseline_equals_plain_loop_through_eos(options):
+    """The baseline must not suppress EOS (`min_new_tokens` did: on retrieval prompts HF then took the
+    runner-up where EOS was the argmax, and matched our loop on 1 of 6 prompts). Make a token the
+    plain loop emits mid-output the model's EOS: both must still give the same tokens."""
+    target = specdec.tiny_target("llama", dtype=torch.float32, seed=0, logit_scale=4.0)
+    ids = target.encode_prompt("the cat sat on the mat", chat=False)
+    plain = specdec.generate(target, None, ids, shape="chain(1)", max_new_tokens=12, stop_on_eos=False).token_ids
+    eos = plain[3]
+    target.model.generation_config.eos_token_id = eos
+    target.model.generation_config.pad_token_id = eos
+    assert bench_decode.hf_generate(target, ids, 12, **options) == plain
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_names_the_device():
+    with pytest.raises(SystemExit, match="--device: device 'cuda:1' requested but CUDA is not available"):
+        bench_decode.main(["--device", "cuda:1", "--model", "tiny-llama"])
