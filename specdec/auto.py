@@ -15,8 +15,10 @@ plus "no draft":
     E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s[i, r])
 
 - s[d, r]: probability that the sibling of rank r (r-th best) at depth d is accepted, given that
-  its parent was accepted and ranks < r were not; a Beta(1, 3) prior (mean 0.25: a drafter earns
-  its width), updated after every step from
+  its parent was accepted and ranks < r were not; a Beta(1, 3) prior at depth 1 (mean 0.25: a
+  drafter earns its width), and at each deeper depth a prior of the same weight (4) centred on the
+  depth above's estimate (a depth never drafted is believed as good as the one above it), updated
+  after every step from
   the verified draft: walking down the accepted path, each tried sibling at depth d adds one trial
   to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
   conditions on depth and rank only).
@@ -27,6 +29,35 @@ plus "no draft":
   draft depth; a depth not yet observed costs (EMA of cost per depth) x D. The first drafted step
   (which also runs the prompt through a model drafter) is not counted.
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
+Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
+log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
+is asked for the chosen shape, and then only part of the draft is verified. Only point-mass drafts
+are trimmed (greedy drafts, trees, n-gram lookup): their tokens are fixed by the context, so which
+of them are verified changes nothing in the law of the output. A *sampled* draft (`draft_probs`,
+chains at T > 0) is verified whole: dropping a sampled node because of its own token's confidence
+would bias the output (tests/test_auto.py shows it with the exact law of one step).
+
+    p_i    = c[bucket(depth_i), bin(exp(score_i - score_parent(i)))]   calibrated P(node i accepted
+             | its parent accepted): depth buckets 1, 2, 3+, ten confidence bins on [0, 1]
+    P_i    = prod of p along the path to node i (E[node i accepted])
+    verify the k best nodes by P (ancestor-closed), k = argmax (1 + sum of their P) /
+           (scale * latency(1 + k, context) + other), k = 0 allowed (a plain step)
+
+- c: Beta posterior means, the prior centred on the bin's own confidence with weight 2 (a drafter
+  is believed calibrated until shown otherwise), updated after every step: each verified node
+  whose parent was accepted (or is the root) is one trial, a success if it was accepted; so is
+  each *trimmed* child of the last accepted node when the step ended on a bonus token (the target
+  drew it from its own distribution there: success if the child's token is that token, exact at
+  T = 0), so that confidences trimming rejects still get trials. Probes are verified whole.
+- The shape choice above then uses s learned on the verified nodes and the survival of trimming:
+  v_d = P(a depth-d node is verified | its parent is), from the nodes kept / proposed per depth
+  (a depth the drafter leaves empty counts as dropped; prior: 1 of 1 kept), so E[accepted] =
+  sum_d prod_{i<=d} v_i q_i and the verification width is 1 + sum_d (nodes at d) prod_{i<=d} v_i.
+  A drafter whose drafts have all cost under 3% of a one-token step (n-gram lookup) is asked every
+  step for the deepest shape of the menu with the most expected acceptances, even when "no draft"
+  has the best value: trimming can still verify nothing, so asking costs at most the drafting, and
+  only nodes whose calibrated confidence pays for their width are verified. An expensive drafter
+  drafts only as deep as what survives trimming pays for.
 The estimates belong to the drafter object: later generations with the same drafter (and the same
 auto config and target) start from what earlier ones learned; a new drafter starts from the prior.
 Greedy output never depends on it; at temperature > 0 the shapes chosen, and so which random numbers
@@ -45,6 +76,7 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+import torch
 
 from specdec import tree as tree_ops
 from specdec.draft import Acceptance, Draft
@@ -56,10 +88,14 @@ if TYPE_CHECKING:
 
 
 class ShapePolicy(Protocol):
-    """Picks the shape each step drafts; the loop calls `choose` before and `observe` after a step."""
+    """Picks the shape each step drafts; the loop calls `choose` before a step, `trim` on the
+    drafter's proposal, and `observe` after the verification."""
 
     def choose(self, context: int) -> Shape | None:
         """The concrete shape to draft next (None = draft nothing), `context` tokens committed."""
+
+    def trim(self, draft: Draft, context: int) -> Draft:
+        """The part of the proposed draft to verify (ancestor-closed; the draft itself = all of it)."""
 
     def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
         """Take in one verified step (its draft, the verifier's decision and its timings)."""
@@ -73,6 +109,9 @@ class FixedShape:
 
     def choose(self, context: int) -> Shape | None:
         return self.shape
+
+    def trim(self, draft: Draft, context: int) -> Draft:
+        return draft
 
     def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
         pass
@@ -130,24 +169,72 @@ class AutoPolicy:
         self.idle_steps = 0
         self.probe_interval = spec.probe
         self.probing = False
+        # Trimming (module docstring): calibration cells [depth bucket, confidence bin], survival per depth.
+        centers = (np.arange(self.BINS) + 0.5) / self.BINS
+        self.calib_prior = np.stack([self.CALIB_WEIGHT * centers, self.CALIB_WEIGHT * (1 - centers)])  # [2, bins]
+        self.calib_trials = np.zeros((3, self.BINS))
+        self.calib_successes = np.zeros((3, self.BINS))
+        self.kept = np.zeros(depth)  # nodes verified per depth (after trimming)
+        self.asked = np.zeros(depth)  # nodes the chosen shapes had per depth
+        self.trims = False  # True once a drafter has handed in scored drafts
+        self._proposed_depth = 0
+        self._proposed: Draft | None = None  # this step's draft before trimming
+        self._latency_rows: dict[int, np.ndarray] = {}
 
     # ---- estimates -------------------------------------------------------------------------------
     PRIOR_SUCCESSES, PRIOR_FAILURES = 1.0, 3.0
+    BINS, CALIB_WEIGHT, CHEAP = 10, 2.0, 0.03
 
     def start(self) -> None:
         """A new generation: keep the estimates, restart the probing schedule."""
         self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
 
     def acceptance(self) -> np.ndarray:
-        """s[d, r] (module docstring): posterior means under the Beta(1, 3) prior. [D, W]"""
-        return (self.successes + self.PRIOR_SUCCESSES) / (self.trials + self.PRIOR_SUCCESSES + self.PRIOR_FAILURES)
+        """s[d, r] (module docstring): posterior means; depth 1 under the Beta(1, 3) prior, each
+        deeper depth under a prior of the same weight centred on the depth above. [D, W]"""
+        weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
+        prior = np.full(self.trials.shape[1], self.PRIOR_SUCCESSES / weight)
+        out = np.empty_like(self.trials)
+        for d in range(self.trials.shape[0]):
+            out[d] = prior = (self.successes[d] + weight * prior) / (self.trials[d] + weight)
+        return out
+
+    def survival(self) -> np.ndarray:
+        """v_d: P(a depth-d node is verified | its parent is) under trimming (1 without it). [D]"""
+        if not self.trims:
+            return np.ones_like(self.kept)
+        cumulative = (self.kept + 1.0) / (self.asked + 1.0)  # fraction of depth-d nodes verified
+        return np.clip(cumulative / np.concatenate([[1.0], cumulative[:-1]]), 0.0, 1.0)
 
     def expected_accepted(self) -> np.ndarray:
         """E[accepted draft tokens] per candidate. [C]"""
         miss = np.cumprod(1.0 - self.acceptance(), axis=1)  # [D, W]: P(ranks 0..r all rejected)
         q = np.concatenate([np.zeros((miss.shape[0], 1)), 1.0 - miss], axis=1)  # [D, 1 + W], q[:, 0] = 0
         per_depth = q[np.arange(self.width_table.shape[1])[None], self.width_table]  # [C, D]
+        per_depth = per_depth * np.where(self.width_table > 0, self.survival()[None], 1.0)
         return np.cumprod(per_depth, axis=1).sum(1)
+
+    def expected_verified(self) -> np.ndarray:
+        """Draft nodes each candidate is expected to verify after trimming. [C]"""
+        if not self.trims:
+            return self.nodes
+        level = np.cumprod(np.where(self.width_table > 0, self.width_table, 0), axis=1)  # [C, D] nodes per depth
+        return (level * np.cumprod(self.survival())[None]).sum(1)
+
+    def calibrated(self, conf: np.ndarray, depth: np.ndarray) -> np.ndarray:
+        """c[bucket, bin]: calibrated P(accepted | parent accepted) for confidences in [0, 1]. [N]"""
+        cell = (np.minimum(depth, 3) - 1, np.minimum((conf * self.BINS).astype(np.int64), self.BINS - 1))
+        a = self.calib_successes[cell] + self.calib_prior[0][cell[1]]
+        return a / (self.calib_trials[cell] + self.CALIB_WEIGHT)
+
+    def _latency_row(self, context: int, width: int) -> np.ndarray:
+        """latency(1 + k, context) for k = 0..width, cached per 16 tokens of context. [width + 1]"""
+        key = context // 16
+        row = self._latency_rows.get(key)
+        if row is None or len(row) <= width:
+            row = np.array([self.curve.at(1 + k, key * 16) for k in range(max(width, self.spec.max_nodes) + 1)])
+            self._latency_rows[key] = row
+        return row[: width + 1]
 
     def _draft_seconds(self, depth: int) -> float:
         if depth in self.draft_cost:
@@ -156,10 +243,11 @@ class AutoPolicy:
 
     def values(self, context: int) -> tuple[np.ndarray, float]:
         """(expected tokens per second of each candidate [C], of drafting nothing)."""
-        latency = {int(n): self.curve.at(int(n) + 1, context) for n in np.unique(self.nodes)}
-        step = np.array([self.scale * latency[int(n)] + self._draft_seconds(int(d)) + self.other
-                         for n, d in zip(self.nodes, self.depths)])
-        none = 1.0 / max(1e-12, self.scale * self.curve.at(1, context) + self.other)
+        row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
+        latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
+        draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
+        step = self.scale * latency + np.array([draft[int(d)] for d in self.depths]) + self.other
+        none = 1.0 / max(1e-12, self.scale * row[0] + self.other)
         return (1.0 + self.expected_accepted()) / np.maximum(step, 1e-12), none
 
     # ---- policy ----------------------------------------------------------------------------------
@@ -167,7 +255,13 @@ class AutoPolicy:
         values, none = self.values(context)
         best = int(values.argmax())
         self.probing = False
-        if values[best] <= none:
+        # With trimming, a proposal costs at most its drafting (trim may verify nothing), so a drafter
+        # whose draft costs under CHEAP of a one-token step is always asked.
+        deepest = np.flatnonzero(self.depths == self.depths.max())
+        cheap = self.trims and bool(self.draft_cost) and max(self.draft_cost.values()) <= self.CHEAP / none
+        if cheap:  # the deepest shape with the most expected acceptances; trimming picks what to verify
+            best = int(deepest[self.expected_accepted()[deepest].argmax()])
+        elif values[best] <= none:
             self.idle_steps += 1
             if self.idle_steps < self.probe_interval:
                 return None
@@ -175,6 +269,35 @@ class AutoPolicy:
             return ChainShape(1)
         widths = self.widths[best]
         return ChainShape(len(widths)) if max(widths) == 1 else TreeShape(widths)
+
+    def trim(self, draft: Draft, context: int) -> Draft:
+        """The part of `draft` worth verifying (module docstring, "Trimming"); `draft` itself when
+        trimming is off or the drafter gave no scores."""
+        self._proposed_depth, self._proposed = draft.depth, draft
+        if not self.spec.trim or draft.scores is None or not draft.num_nodes or draft.draft_probs is not None:
+            return draft  # sampled drafts are never trimmed: see the module docstring
+        self.trims = True
+        if self.probing:
+            return draft  # a probe is verified whole: it exists to give the estimates data
+        parents = draft.parents.tolist()
+        p = self.calibrated(*self._features(draft))
+        path = p.copy()
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                path[i] *= path[parent]
+        order = np.lexsort((np.arange(len(path)), -path))  # best first; a parent precedes its children
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum(path[order])])  # [N + 1]
+        value = gain / (self.scale * self._latency_row(context, len(path)) + self.other)
+        k = int(value.argmax())
+        return draft if k == len(path) else draft.subtree(torch.from_numpy(np.sort(order[:k])))
+
+    @staticmethod
+    def _features(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
+        """(confidence exp(score - parent's score) in [0, 1], depth) per node. [N], [N]"""
+        scores = draft.scores.detach().double().cpu().numpy()
+        parents = draft.parents.numpy()
+        own = scores - np.where(parents >= 0, scores[np.maximum(parents, 0)], 0.0)
+        return np.clip(np.exp(own), 0.0, 1.0), tree_ops.depths(draft.parents).numpy()
 
     def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
         predicted = self.curve.at(record.drafted + 1, context)
@@ -188,14 +311,59 @@ class AutoPolicy:
         if self.probing:
             self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
         self.drafted_steps += 1
-        if self.drafted_steps > 1 and record.draft_depth:
-            d, t = record.draft_depth, record.draft_time_s
+        if self.trims:
+            self._count_survivors(draft, record.shape)
+            if draft.scores is not None and draft.num_nodes:
+                self._calibrate(draft, acceptance)
+            if self._proposed is not None and self._proposed.scores is not None and acceptance.bonus:
+                self._calibrate_trimmed(self._proposed, draft, acceptance)
+        if self.drafted_steps > 1 and self._proposed_depth:
+            d, t = self._proposed_depth, record.draft_time_s
             self.draft_cost[d] = t if d not in self.draft_cost else self.draft_cost[d] + self.DRAFT_WEIGHT * (
                 t - self.draft_cost[d])
             per = t / d
             self.cost_per_depth = per if self.cost_per_depth is None else self.cost_per_depth + self.DRAFT_WEIGHT * (
                 per - self.cost_per_depth)
         self._count_siblings(draft, acceptance)
+
+    def _count_survivors(self, draft: Draft, shape: str) -> None:
+        """Nodes verified per depth against the nodes the chosen shape has there (v_d's counts)."""
+        from specdec.shapes import parse_shape
+
+        parsed = parse_shape(shape)
+        widths = (1,) * parsed.k if isinstance(parsed, ChainShape) else tuple(parsed.widths)
+        depth = min(len(widths), len(self.asked))
+        self.asked[:depth] += np.cumprod(widths[:depth])
+        if draft.num_nodes:
+            counts = np.bincount(tree_ops.depths(draft.parents).numpy() - 1, minlength=len(self.kept))
+            self.kept += counts[: len(self.kept)]
+
+    def _calibrate(self, draft: Draft, acceptance: Acceptance) -> None:
+        """Each verified node whose parent was accepted (or is the root): one trial of its cell."""
+        conf, depth = self._features(draft)
+        accepted = np.zeros(draft.num_nodes, dtype=bool)
+        accepted[acceptance.path] = True
+        parents = draft.parents.numpy()
+        tried = np.where(parents >= 0, accepted[np.maximum(parents, 0)], True)
+        cell = (np.minimum(depth[tried], 3) - 1, np.minimum((conf[tried] * self.BINS).astype(np.int64), self.BINS - 1))
+        np.add.at(self.calib_trials, cell, 1.0)
+        np.add.at(self.calib_successes, cell, accepted[tried].astype(np.float64))
+
+    def _calibrate_trimmed(self, proposed: Draft, verified: Draft, acceptance: Acceptance) -> None:
+        """Trimmed children of the last accepted node (or of the root): when the step ended on a
+        bonus token, the target drew it from its own distribution after that node, so "child ==
+        next token" is a fair trial of the child (exact at T = 0), though it was never verified."""
+        last = int(verified.node_ids[acceptance.path[-1]]) if acceptance.path else -1
+        ids = proposed.node_ids.numpy()
+        parent = -1 if last < 0 else int(np.flatnonzero(ids == last)[0])
+        kids = np.flatnonzero(proposed.parents.numpy() == parent)
+        kids = kids[~np.isin(ids[kids], verified.node_ids.numpy())]
+        if not len(kids):
+            return
+        conf, depth = self._features(proposed)
+        cell = (np.minimum(depth[kids], 3) - 1, np.minimum((conf[kids] * self.BINS).astype(np.int64), self.BINS - 1))
+        np.add.at(self.calib_trials, cell, 1.0)
+        np.add.at(self.calib_successes, cell, (proposed.tokens[0, kids].numpy() == acceptance.next_token).astype(np.float64))
 
     def _count_siblings(self, draft: Draft, acceptance: Acceptance) -> None:
         """Walk the accepted path: at each depth the children tried (by rank) and the one accepted."""

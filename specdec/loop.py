@@ -11,7 +11,7 @@ the *root*. Each step forwards [root, draft nodes...] in one tree forward, so ro
 is the target's distribution after the root and row i+1 the one after draft node i.
 
 The shape each step drafts comes from a `specdec.auto` policy (a fixed shape, or `auto`, which may
-also choose to draft nothing). A step that asks for no draft (the policy chose none, or only one
+also choose to draft nothing, and verifies only the part of a scored draft that pays: `trim`). A step that asks for no draft (the policy chose none, or only one
 token remains) does not call `drafter.propose`; the drafter still hears the step's `commit`. Every step is timed in three parts (target forward / drafter
 `propose` + `commit` / everything else); on CUDA the loop synchronizes at those boundaries so the
 split is honest (three syncs per step, beside the accepted path's).
@@ -134,15 +134,17 @@ def generate(
         # 1. Draft (the policy's shape; none, or nodes deeper than remaining - 1, are useless).
         t0 = time.perf_counter()
         step_shape = policy.choose(len(committed)) if remaining > 1 else None
+        tc = time.perf_counter()
         draft = Draft.empty()
         if step_shape is not None:
             draft = drafter.propose(DraftRequest(token_ids=token_ids, shape=step_shape, sampling=sampling,
                                                  generator=generator, max_depth=remaining - 1))
-        depth = draft.depth
-        if depth > remaining - 1:
+        if draft.depth > remaining - 1:
             draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
-            depth = remaining - 1
         sync()
+        proposed, tp = draft.num_nodes, time.perf_counter()
+        draft = policy.trim(draft, len(committed))  # the part worth verifying (auto), else all of it
+        depth = draft.depth
 
         # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
         t1 = time.perf_counter()
@@ -174,11 +176,13 @@ def generate(
         t4 = time.perf_counter()
         record = StepRecord(
             drafted=draft.num_nodes, draft_depth=depth, accepted=acceptance.num_accepted, bonus=acceptance.bonus,
-            draft_time_s=(t1 - t0) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
-            shape="" if step_shape is None else str(step_shape),
+            draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
+            shape="" if step_shape is None else str(step_shape), proposed=proposed,
         )
-        policy.observe(draft, acceptance, record, len(committed))
         record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
+        t5 = time.perf_counter()
+        policy.observe(draft, acceptance, record, len(committed))
+        record.other_time_s += time.perf_counter() - t5
         stats.steps.append(record)
         if eos and eos.intersection(new):
             break

@@ -27,6 +27,7 @@ class StepRecord:
     target_time_s: float  # the target's verification forward
     other_time_s: float  # the rest of the step: request, mask, acceptance, rollback, records
     shape: str = ""  # the shape drafted ("" = no draft was asked for)
+    proposed: int = 0  # draft nodes the drafter proposed (before the policy trimmed them to `drafted`)
 
     @property
     def verify_time_s(self) -> float:

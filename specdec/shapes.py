@@ -14,7 +14,8 @@ How each shape uses the drafter's distribution:
 - dynamic(top_k, depth, budget): EAGLE-2. At each depth the `top_k` nodes with the best cumulative
   draft log-probability are expanded into their `top_k` best children; at the end all candidates
   are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass,
-  with `Draft.scores` = each node's cumulative draft log-probability);
+  with `Draft.scores` = each node's cumulative draft log-probability, as chains and static trees
+  also record);
 - auto(...): not grown here: `specdec.auto` picks one of the shapes above (or none) per step.
 All growers work on tensors on the drafter's device (no per-node Python scalars).
 """
@@ -118,6 +119,9 @@ class AutoShape:
     probe: int = 4
     """After this many steps without a draft, draft chain(1) once to refresh the estimates; the
     interval doubles after each probe that is rejected (resets on an accepted one). >= 1."""
+    trim: int = 1
+    """1: when the drafter scores its nodes (`Draft.scores`), verify only the subtree with the best
+    expected tokens per second under calibrated confidences (`specdec.auto`); 0: verify every node."""
     latency: Any = field(default=None, compare=False)
     """A `specdec.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
     measured curve (`specdec.latency.cached_latency`). Not settable from a string."""
@@ -127,9 +131,12 @@ class AutoShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"auto({name}=...) must be an integer >= 1, got {value!r}")
+        if self.trim not in (0, 1) or isinstance(self.trim, bool):
+            raise ValueError(f"auto(trim=...) must be 0 or 1, got {self.trim!r}")
 
     def __str__(self) -> str:
-        return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes})"
+        trim = "" if self.trim else ",trim=0"
+        return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes}{trim})"
 
 
 Shape = ChainShape | TreeShape | DynamicShape
@@ -137,12 +144,12 @@ Shape = ChainShape | TreeShape | DynamicShape
 ShapeSpec = Shape | AutoShape
 """What `generate` accepts: a concrete shape, or `auto` (a concrete shape chosen per step)."""
 SHAPES: dict[str, type] = {"chain": ChainShape, "tree": TreeShape, "dynamic": DynamicShape, "auto": AutoShape}
-_KEYWORD_ONLY = {"auto": ("max_depth", "max_width", "max_nodes", "probe")}
+_KEYWORD_ONLY = {"auto": ("max_depth", "max_width", "max_nodes", "probe", "trim")}
 
 
 def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
     """`chain(4)` | `tree(4,2,2)` | `dynamic(top_k=8,depth=6,budget=32)` | `auto` |
-    `auto(max_depth=D,max_width=W,max_nodes=N,probe=P)` (or a config) -> config."""
+    `auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T)` (or a config) -> config."""
     if isinstance(spec, (ChainShape, TreeShape, DynamicShape, AutoShape)):
         return spec
     if isinstance(spec, str) and spec.strip() == "auto":
@@ -151,7 +158,7 @@ def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
     if not m or m.group(1) not in SHAPES:
         raise ValueError(
             f"cannot parse draft shape {spec!r}; expected one of chain(k), tree(w1,w2,...), "
-            "dynamic(top_k=K,depth=D,budget=N), auto or auto(max_depth=D,max_width=W,max_nodes=N,probe=P)"
+            "dynamic(top_k=K,depth=D,budget=N), auto or auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T)"
         )
     kind, body = m.group(1), m.group(2)
     args, kwargs = [], {}
@@ -237,6 +244,7 @@ def _ids(columns: torch.Tensor, vocab: SubVocab | None) -> torch.Tensor:
 def _grow_chain(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:
     k = min(shape.k, max_depth)
     columns, probs, logits = [], [], root_logits  # logits [B, Vd]
+    conf = []  # per depth [B, 1] the drafter's log-probability of the token it chose
     for depth in range(k):
         if sampling.greedy:
             column = logits.argmax(-1, keepdim=True)  # [B, 1]
@@ -244,6 +252,7 @@ def _grow_chain(shape, root_logits, score, sampling, generator, max_depth, vocab
             p = target_probs_from_logits(logits, sampling)  # [B, Vd]
             column = torch.multinomial(p, 1, generator=generator)
             probs.append(p)
+        conf.append(logits.float().log_softmax(-1).gather(-1, column))
         columns.append(column)
         if depth + 1 < k:
             logits = score([depth], _ids(column, vocab), [depth - 1])[:, -1]
@@ -251,28 +260,34 @@ def _grow_chain(shape, root_logits, score, sampling, generator, max_depth, vocab
     if probs:
         draft_probs = torch.stack(probs, 1)  # [B, k, Vd]
         draft_probs = draft_probs if vocab is None else vocab.expand(draft_probs)
-    return Draft(_ids(torch.cat(columns, 1), vocab), torch.arange(k) - 1, draft_probs)
+    scores = torch.cat(conf, 1)[0].cumsum(0)  # [k] cumulative draft log-probability
+    return Draft(_ids(torch.cat(columns, 1), vocab), torch.arange(k) - 1, draft_probs, scores=scores)
 
 
 def _grow_static(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:
     widths = [min(w, root_logits.shape[-1]) for w in shape.widths[:max_depth]]
     tokens: list[torch.Tensor] = []  # per level [B, n_level] target ids
     parents: list[torch.Tensor] = []  # per level [n_level]
+    scores: list[torch.Tensor] = []  # per level [n_level] cumulative draft log-probability
     frontier, frontier_logits = torch.tensor([-1]), root_logits[:, None]  # logits [B, n_frontier, Vd]
+    frontier_scores = torch.zeros(1, device=root_logits.device)
     count = 0
     for depth, width in enumerate(widths):
         # Level order: frontier node f's children are nodes count + f * width + (0..width-1), best first.
-        top = frontier_logits.topk(width, dim=-1).indices  # [B, n_frontier, width]
-        level_tokens = _ids(top.flatten(1), vocab)  # [B, n_frontier * width]
+        top = frontier_logits[0].topk(width, dim=-1).indices  # [n_frontier, width]
+        top_lp = frontier_logits[0].float().log_softmax(-1).gather(-1, top)
+        level_tokens = _ids(top.flatten(), vocab)[None]  # [B, n_frontier * width]
         level_parents = frontier.repeat_interleave(width)  # [n_frontier * width]
         level = torch.arange(count, count + level_parents.numel())
+        frontier_scores = (frontier_scores[:, None] + top_lp).flatten()  # [n_frontier * width]
         tokens.append(level_tokens)
         parents.append(level_parents)
+        scores.append(frontier_scores)
         count += level.numel()
         frontier = level
         if depth + 1 < len(widths):
             frontier_logits = score(level.tolist(), level_tokens, level_parents.tolist())
-    return Draft(torch.cat(tokens, 1), torch.cat(parents))
+    return Draft(torch.cat(tokens, 1), torch.cat(parents), scores=torch.cat(scores))
 
 
 def _grow_dynamic(shape, root_logits, score, sampling, generator, max_depth, vocab) -> Draft:

@@ -1,8 +1,10 @@
 """`shape="auto"`: parsing and bad options, the estimator's arithmetic, the shapes it picks under a
-steep and a flat (synthetic) latency curve, and exactness for every drafter."""
+steep and a flat (synthetic) latency curve, trimming (what it keeps, why sampled drafts are left
+whole, how trimmed nodes still calibrate, cheap drafters), and exactness for every drafter."""
 
 import numpy as np
 import pytest
+import torch
 
 import specdec
 import specdec.auto
@@ -10,7 +12,13 @@ from specdec.auto import AutoPolicy, candidate_widths
 from specdec.drafters import build_for_tests
 from specdec.latency import LatencyCurve
 from specdec.reference import reference_generate
+from specdec.cache import KVCache
+from specdec.draft import Acceptance, Draft
+from specdec.drafters.base import DraftRequest
+from specdec.metrics import StepRecord
+from specdec.sampling import SamplingConfig
 from specdec.shapes import AutoShape, parse_shape
+from specdec.verifier import acceptance_probability, residual_probs
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -48,10 +56,11 @@ def test_estimator_arithmetic():
     """E[accepted] = sum_d prod_{i<=d} q_i with q_i = 1 - prod_{r<w_i}(1 - s[i, r])."""
     assert candidate_widths(2, 2, 6) == [(2,), (1,), (2, 2), (2, 1), (1, 1)]
     policy = AutoPolicy(AutoShape(max_depth=2, max_width=2, max_nodes=6, latency=FLAT))
-    policy.successes[:] = [[1, 2], [0, 0]]  # s = (succ + 1) / (trials + 4), the Beta(1, 3) prior
-    policy.trials[:] = [[2, 2], [2, 2]]  # -> s = [[1/3, 1/2], [1/6, 1/6]]
-    a, b, c = 1 / 3, 1 / 2, 1 / 6
-    q1_2, q2_2 = 1 - (1 - a) * (1 - b), 1 - (1 - c) ** 2
+    policy.successes[:] = [[1, 2], [0, 0]]  # s = (succ + 1) / (trials + 4) at depth 1, the Beta(1, 3) prior
+    policy.trials[:] = [[2, 2], [2, 2]]
+    a, b = 1 / 3, 1 / 2  # depth 2: the same prior weight (4) centred on depth 1's estimates
+    c, d = (0 + 4 * a) / (2 + 4), (0 + 4 * b) / (2 + 4)
+    q1_2, q2_2 = 1 - (1 - a) * (1 - b), 1 - (1 - c) * (1 - d)
     expected = {(2,): q1_2, (1,): a, (2, 2): q1_2 + q1_2 * q2_2, (2, 1): q1_2 + q1_2 * c, (1, 1): a + a * c}
     got = dict(zip(policy.widths, policy.expected_accepted()))
     for widths, value in expected.items():
@@ -66,9 +75,10 @@ def test_steep_curve_drafts_nothing_but_probes(tiny_llama64):
     drafter = build_for_tests("small", target=tiny_llama64)
     out = specdec.generate(tiny_llama64, drafter, PROMPT, shape=AutoShape(probe=4, latency=STEEP),
                            max_new_tokens=24, stop_on_eos=False)
-    shapes = _shapes(out)
-    assert set(shapes) <= {"", "chain(1)"}, shapes  # nothing, or the one-token probe
-    assert shapes.count("") >= len(shapes) // 2
+    steps = out.stats.steps
+    # nothing verified but the one-token probes (a cheap drafter may be asked, then trimmed to nothing)
+    assert all(s.drafted == 0 or s.shape == "chain(1)" for s in steps), [(s.shape, s.drafted) for s in steps]
+    assert sum(s.drafted == 0 for s in steps) >= len(steps) // 2
 
 
 def test_flat_curve_drafts_wide_trees(tiny_llama64):
@@ -126,3 +136,110 @@ def test_auto_measures_the_target_curve_once(tiny_llama64, tmp_path, monkeypatch
                            stop_on_eos=False)
     assert saved[0].stat().st_mtime_ns == before and len(out.token_ids) == 4
     assert np.isfinite(out.stats.mean_acceptance_length)
+
+
+# ---- trimming: verify only the part of a scored draft that pays ------------------------------------
+SLOPED = curve(lambda w: 1.0 + 0.3 * (w - 1))  # every extra verified token costs 0.3 of a step
+
+
+def scored(confidences, parents, probs=None) -> Draft:
+    """A point-mass draft whose node i has confidence confidences[i] given its parent."""
+    own = torch.tensor(confidences, dtype=torch.float64).log()
+    scores = own.clone()
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            scores[i] += scores[parent]
+    return Draft(torch.arange(10, 10 + len(parents))[None], torch.tensor(parents), probs, scores=scores)
+
+
+def test_trim_keeps_the_ancestor_closed_subtree_with_the_best_value():
+    """Calibration starts at the drafter's own confidence (bin centres 0.95 and 0.15), so the expected
+    acceptances along the paths are P = [0.95, 0.95^2, 0.95^2 * 0.15, 0.15]; under SLOPED,
+    (1 + sum of the k best P) / (1 + 0.3 k) peaks at k = 2: nodes 0 and 1."""
+    draft = scored([0.95, 0.95, 0.15, 0.15], [-1, 0, 1, -1])
+    kept = AutoPolicy(AutoShape(latency=SLOPED)).trim(draft, 256)
+    assert kept.node_ids.tolist() == [0, 1] and kept.tokens.tolist() == [[10, 11]]
+    assert AutoPolicy(AutoShape(latency=FLAT)).trim(draft, 256) is draft  # width is free: verify all
+    assert AutoPolicy(AutoShape(latency=STEEP)).trim(draft, 256).num_nodes == 0  # nothing pays
+    assert AutoPolicy(AutoShape(trim=0, latency=STEEP)).trim(draft, 256) is draft  # trimming off
+    assert str(parse_shape("auto(trim=0)")) == "auto(max_depth=8,max_width=4,max_nodes=32,trim=0)"
+    with pytest.raises(ValueError, match="trim"):
+        parse_shape("auto(trim=2)")
+
+
+def test_sampled_drafts_are_never_trimmed_because_that_would_bias_the_output():
+    """A sampled node dropped for its own token's draft probability changes the law of the step: for
+    a one-node draft x ~ q verified only when q(x) is above the median, P(token) != target. The same
+    step verifying x always (or never) has the target's law. trim() leaves sampled drafts whole."""
+    g = torch.Generator().manual_seed(0)
+    p, q = (torch.randn(6, generator=g, dtype=torch.float64) * 2).softmax(-1), \
+        (torch.randn(6, generator=g, dtype=torch.float64) * 2).softmax(-1)
+
+    def law(verified):  # P(committed token) for x ~ q, verified when verified(x), else a plain step
+        out = torch.zeros(6, dtype=torch.float64)
+        for x in range(6):
+            if verified(x):
+                a = acceptance_probability(p[x], q[x])
+                out[x] += q[x] * a
+                out += q[x] * (1 - a) * residual_probs(p, q)
+            else:
+                out += q[x] * p
+        return out
+
+    assert torch.allclose(law(lambda x: True), p, atol=1e-12)
+    assert torch.allclose(law(lambda x: False), p, atol=1e-12)
+    assert not torch.allclose(law(lambda x: bool(q[x] > q.median())), p, atol=1e-3)
+    sampled = scored([0.5, 0.5], [-1, 0], probs=torch.full((1, 2, 6), 1 / 6))
+    assert AutoPolicy(AutoShape(latency=STEEP)).trim(sampled, 256) is sampled
+
+
+def test_trimmed_children_of_the_last_accepted_node_still_calibrate():
+    """Two root children trimmed away; the step ends on a bonus token equal to the second child's:
+    both count as trials of their cells, the second as a success."""
+    policy = AutoPolicy(AutoShape(latency=STEEP))
+    draft = scored([0.35, 0.65], [-1, -1])
+    kept = policy.trim(draft, 256)
+    assert kept.num_nodes == 0
+    record = StepRecord(drafted=0, draft_depth=0, accepted=0, bonus=True, draft_time_s=0.0, target_time_s=1.0,
+                        other_time_s=0.0, shape="tree(2)", proposed=2)
+    policy.observe(kept, Acceptance(path=[], next_token=11, bonus=True), record, 256)
+    assert policy.calib_trials[0, 3] == 1 and policy.calib_successes[0, 3] == 0  # confidence 0.35: bin 3
+    assert policy.calib_trials[0, 6] == 1 and policy.calib_successes[0, 6] == 1  # 0.65: bin 6, token 11
+    assert policy.kept[0] == 0 and policy.asked[0] == 2  # depth 1 survived 0 of the 2 nodes asked for
+
+
+def test_a_cheap_drafter_is_asked_for_the_deepest_shape_even_when_drafting_looks_worthless():
+    policy = AutoPolicy(AutoShape(max_depth=3, max_width=2, max_nodes=8, latency=SLOPED))
+    policy.trials[:] = 1000  # acceptance ~0: the model alone says "draft nothing"
+    policy.trims = True
+    policy.draft_cost = {1: 1e-4}  # under 3% of a one-token step (1 s)
+    shape = policy.choose(256)
+    assert shape is not None and len(getattr(shape, "widths", (1,) * getattr(shape, "k", 0))) == 3, shape
+    policy.draft_cost = {1: 0.5}  # an expensive drafter is not asked
+    policy.idle_steps = -100  # (no probe either)
+    assert policy.choose(256) is None
+
+
+def test_growers_and_ngram_record_path_confidences(tiny_llama64):
+    """Chains and static trees record cumulative draft log-probabilities (each node's own is the
+    log-softmax of its token); n-gram lookup ranks a long match above a short one."""
+    drafter = build_for_tests("small", target=tiny_llama64)
+    for shape in ("chain(3)", "tree(2,2)"):
+        drafter.reset()
+        drafter.commit(specdec.loop.prefill(tiny_llama64, KVCache(), PROMPT))
+        draft = drafter.propose(DraftRequest(token_ids=torch.tensor([PROMPT]), shape=parse_shape(shape),
+                                             sampling=SamplingConfig(), generator=torch.Generator(), max_depth=8))
+        parents = draft.parents.tolist()
+        own = [float(draft.scores[i] - (draft.scores[p] if p >= 0 else 0)) for i, p in enumerate(parents)]
+        assert all(x <= 1e-6 for x in own) and any(x < -1e-3 for x in own), own
+    ngram = build_for_tests("ngram", target=tiny_llama64)
+
+    def first_confidence(ids):
+        d = ngram.propose(DraftRequest(token_ids=torch.tensor([ids]), shape=parse_shape("chain(2)"),
+                                       sampling=SamplingConfig(), generator=torch.Generator(), max_depth=8))
+        return float(d.scores[0].exp())
+
+    # "1 2 3", "2 3" and "3" all seen before "4": weight 3 + 2 + 1 of that + 1; only "3": 1 of 1 + 1
+    long_match = first_confidence([1, 2, 3, 4, 9, 1, 2, 3])
+    short_match = first_confidence([5, 6, 3, 4, 9, 1, 2, 3])
+    assert long_match == pytest.approx(6 / 7) and short_match == pytest.approx(1 / 2)

@@ -3,11 +3,16 @@
 The trailing n-gram of the committed tokens (n from `max_ngram` down to `min_ngram`) is looked up
 earlier in the sequence; the tokens that followed each match are the candidate continuations. A
 chain takes the best candidate (longest n-gram, then most recent match); tree shapes merge several
-candidates into a trie within the shape's widths, depth and node budget. Drafts are point-mass.
+candidates into a trie within the shape's widths, depth and node budget. Drafts are point-mass;
+`Draft.scores` rank them by how many and how long the matches behind each node are (a continuation
+weighs the sum of its matches' n; a node's confidence is its share of its parent's weight, with a
+prior mass of 1 at the root), which `shape="auto"` calibrates against acceptance.
 Needs no model and no state beyond the tokens it is given.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -44,18 +49,19 @@ class NgramDrafter:
     def reset(self) -> None:
         pass
 
-    def candidates(self, ids: np.ndarray, depth: int) -> list[list[int]]:
-        """Continuations of the trailing n-gram's earlier occurrences, best first."""
-        out: list[list[int]] = []
+    def candidates(self, ids: np.ndarray, depth: int) -> dict[tuple[int, ...], int]:
+        """Continuations of the trailing n-gram's earlier occurrences, best first (longest n-gram,
+        then most recent match), each with its weight: the sum of the n of the matches that gave it."""
+        out: dict[tuple[int, ...], int] = {}
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ids) <= n:
                 continue
             windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # starts 0..L-1-n
             starts = np.flatnonzero((windows == ids[-n:]).all(1))[::-1]  # most recent first
             for s in starts[: self.max_matches]:
-                cont = ids[s + n : s + n + depth].tolist()
-                if cont and cont not in out:
-                    out.append(cont)
+                cont = tuple(ids[s + n : s + n + depth].tolist())
+                if cont:
+                    out[cont] = out.get(cont, 0) + n
         return out
 
     def propose(self, request: DraftRequest) -> Draft:
@@ -65,11 +71,16 @@ class NgramDrafter:
         parents: list[int] = []
         kids: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child node}
         node_depth = {-1: 0}
-        for cont in self.candidates(ids, depth):
+        found = self.candidates(ids, depth)
+        # weight[node]: the candidates' weight through it; the root also holds one unit of prior mass
+        # for "the target continues otherwise", so one long match outranks one short one.
+        weight = {-1: sum(found.values()) + 1}
+        for cont, w in found.items():
             node = -1
             for tok in cont:
                 if tok in kids[node]:
                     node = kids[node][tok]
+                    weight[node] += w
                     continue
                 if len(tokens) >= budget or len(kids[node]) >= widths[node_depth[node]]:
                     break
@@ -77,12 +88,18 @@ class NgramDrafter:
                 parents.append(node)
                 kids[node][tok] = len(tokens) - 1
                 node = len(tokens) - 1
-                kids[node], node_depth[node] = {}, node_depth[parents[-1]] + 1
+                kids[node], node_depth[node], weight[node] = {}, node_depth[parents[-1]] + 1, w
             if len(tokens) >= budget:
                 break
         if not tokens:
             return Draft.empty(device=request.token_ids.device)
-        return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long))
+        # Scores: cumulative log of each node's share of its parent's weight (its path's confidence).
+        scores: list[float] = []
+        for i, parent in enumerate(parents):
+            share = math.log(weight[i] / weight[parent])
+            scores.append(share + (scores[parent] if parent >= 0 else 0.0))
+        return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long),
+                     scores=torch.tensor(scores, dtype=torch.float32))
 
     def commit(self, step: Step) -> None:
         pass
