@@ -179,6 +179,7 @@ class AutoPolicy:
         self.trims = False  # True once a drafter has handed in scored drafts
         self._proposed_depth = 0
         self._proposed: Draft | None = None  # this step's draft before trimming
+        self._chosen: tuple[int, ...] = ()  # widths of the shape chosen for this step
         self._latency_rows: dict[int, np.ndarray] = {}
 
     # ---- estimates -------------------------------------------------------------------------------
@@ -266,8 +267,10 @@ class AutoPolicy:
             if self.idle_steps < self.probe_interval:
                 return None
             self.probing = True
+            self._chosen = (1,)
             return ChainShape(1)
         widths = self.widths[best]
+        self._chosen = widths
         return ChainShape(len(widths)) if max(widths) == 1 else TreeShape(widths)
 
     def trim(self, draft: Draft, context: int) -> Draft:
@@ -312,7 +315,7 @@ class AutoPolicy:
             self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
         self.drafted_steps += 1
         if self.trims:
-            self._count_survivors(draft, record.shape)
+            self._count_survivors(draft, self._chosen)
             if draft.scores is not None and draft.num_nodes:
                 self._calibrate(draft, acceptance)
             if self._proposed is not None and self._proposed.scores is not None and acceptance.bonus:
@@ -326,12 +329,8 @@ class AutoPolicy:
                 per - self.cost_per_depth)
         self._count_siblings(draft, acceptance)
 
-    def _count_survivors(self, draft: Draft, shape: str) -> None:
+    def _count_survivors(self, draft: Draft, widths: tuple[int, ...]) -> None:
         """Nodes verified per depth against the nodes the chosen shape has there (v_d's counts)."""
-        from specdec.shapes import parse_shape
-
-        parsed = parse_shape(shape)
-        widths = (1,) * parsed.k if isinstance(parsed, ChainShape) else tuple(parsed.widths)
         depth = min(len(widths), len(self.asked))
         self.asked[:depth] += np.cumprod(widths[:depth])
         if draft.num_nodes:

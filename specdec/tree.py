@@ -43,8 +43,15 @@ def chain_parents(k: int) -> torch.Tensor:
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself)."""
-    return ancestor_mask(parents).sum(1)
+    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself).
+    Host parents (every draft's) are walked once in order, since parents precede children; device
+    ones by the ancestor mask."""
+    if parents.device.type != "cpu":
+        return ancestor_mask(parents).sum(1)
+    out: list[int] = []
+    for parent in parents.tolist():
+        out.append(1 if parent < 0 else out[parent] + 1)
+    return torch.tensor(out, dtype=torch.long)
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:

@@ -197,6 +197,7 @@ def test_trimmed_children_of_the_last_accepted_node_still_calibrate():
     """Two root children trimmed away; the step ends on a bonus token equal to the second child's:
     both count as trials of their cells, the second as a success."""
     policy = AutoPolicy(AutoShape(latency=STEEP))
+    policy._chosen = (2,)  # as if choose() had picked tree(2)
     draft = scored([0.35, 0.65], [-1, -1])
     kept = policy.trim(draft, 256)
     assert kept.num_nodes == 0
