@@ -105,8 +105,9 @@ def test_cpu_like_curve_prefers_chains_to_trees():
 
 
 @pytest.mark.parametrize("name", specdec.drafters.names())
-@pytest.mark.parametrize("lat", [FLAT, curve(lambda w: 1.0 + 0.2 * (w - 1))], ids=["flat", "sloped"])
+@pytest.mark.parametrize("lat", [FLAT, curve(lambda w: 1.0 + 0.2 * (w - 1)), STEEP], ids=["flat", "sloped", "steep"])
 def test_auto_greedy_output_equals_reference(tiny64, name, lat):
+    """Steep: most steps ask for no draft (the drafter hears only `commit`), probes draft one token."""
     ref = reference_generate(tiny64, PROMPT, max_new_tokens=16, stop_on_eos=False)
     drafter = build_for_tests(name, target=tiny64)
     out = specdec.generate(tiny64, drafter, PROMPT, shape=AutoShape(latency=lat), max_new_tokens=16,

@@ -56,7 +56,7 @@ class HierarchicalDrafter:
         self.cache = KVCache()  # the intermediate's: committed tokens but the root, then this step's block
         self.consumed = 0  # committed tokens in self.cache
         self.root_position = 0  # where this step's root entry sits in self.cache
-        self.tree = Draft.empty()  # the top drafter's draft of this step
+        self.tree: Draft | None = None  # the top drafter's draft of this step (None: not asked this step)
         self.path: list[int] = []  # tree nodes the intermediate accepted
         self.mid_token: int | None = None
 
@@ -81,8 +81,8 @@ class HierarchicalDrafter:
         return Draft(torch.tensor([chain], device=request.token_ids.device), tree_ops.chain_parents(len(chain)))
 
     def commit(self, step: Step) -> None:
-        if step.is_prefill:
-            self.top.commit(step)
+        if step.is_prefill or self.tree is None:  # the prefill, or a step that asked for no draft:
+            self.top.commit(step)  # the intermediate runs the new tokens with the next request
             return
         accepted = step.acceptance.num_accepted  # chain nodes the target accepted
         tree_path = self.path[:accepted]
@@ -91,6 +91,7 @@ class HierarchicalDrafter:
         self.cache.keep(self.root_position, [0] + [1 + i for i in tree_path])
         self.consumed = self.root_position + 1 + len(tree_path)
         self.top.commit(self._top_step(step, tree_path, accepted > len(self.path)))
+        self.tree = None
 
     def _top_step(self, step: Step, tree_path: list[int], took_extra: bool) -> Step:
         """`step` re-expressed in the top drafter's draft (see the module docstring)."""
