@@ -53,8 +53,9 @@ would bias the output (tests/test_auto.py shows it with the exact law of one ste
   v_d = P(a depth-d node is verified | its parent is), from the nodes kept / proposed per depth
   (a depth the drafter leaves empty counts as dropped; prior: 1 of 1 kept), so E[accepted] =
   sum_d prod_{i<=d} v_i q_i and the verification width is 1 + sum_d (nodes at d) prod_{i<=d} v_i.
-  A drafter whose drafts have all cost under 3% of a one-token step (n-gram lookup) is asked every
-  step for the deepest shape of the menu with the most expected acceptances, even when "no draft"
+  A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
+  probes included, so a slow spike is forgotten; n-gram lookup) is asked every step for the
+  deepest shape of the menu with the most expected acceptances, even when "no draft"
   has the best value: trimming can still verify nothing, so asking costs at most the drafting, and
   only nodes whose calibrated confidence pays for their width are verified. An expensive drafter
   drafts only as deep as what survives trimming pays for.
@@ -165,6 +166,7 @@ class AutoPolicy:
         self.other = 0.0
         self.draft_cost: dict[int, float] = {}  # depth -> EMA seconds
         self.cost_per_depth: float | None = None
+        self.recent_draft_cost: float | None = None  # EMA of every drafted step's cost, probes included
         self.drafted_steps = 0
         self.idle_steps = 0
         self.probe_interval = spec.probe
@@ -179,7 +181,10 @@ class AutoPolicy:
         self.trims = False  # True once a drafter has handed in scored drafts
         self._proposed_depth = 0
         self._proposed: Draft | None = None  # this step's draft before trimming
+        self._features: tuple[np.ndarray, np.ndarray] | None = None  # its (confidence, depth) per node
+        self._keep: np.ndarray | None = None  # the proposal's nodes that were verified (None = all)
         self._chosen: tuple[int, ...] = ()  # widths of the shape chosen for this step
+        self._deepest: int | None = None  # the cheap path's candidate (see choose)
         self._latency_rows: dict[int, np.ndarray] = {}
 
     # ---- estimates -------------------------------------------------------------------------------
@@ -224,7 +229,7 @@ class AutoPolicy:
 
     def calibrated(self, conf: np.ndarray, depth: np.ndarray) -> np.ndarray:
         """c[bucket, bin]: calibrated P(accepted | parent accepted) for confidences in [0, 1]. [N]"""
-        cell = (np.minimum(depth, 3) - 1, np.minimum((conf * self.BINS).astype(np.int64), self.BINS - 1))
+        cell = self._cells(conf, depth)
         a = self.calib_successes[cell] + self.calib_prior[0][cell[1]]
         return a / (self.calib_trials[cell] + self.CALIB_WEIGHT)
 
@@ -253,16 +258,21 @@ class AutoPolicy:
 
     # ---- policy ----------------------------------------------------------------------------------
     def choose(self, context: int) -> Shape | None:
-        values, none = self.values(context)
-        best = int(values.argmax())
         self.probing = False
         # With trimming, a proposal costs at most its drafting (trim may verify nothing), so a drafter
-        # whose draft costs under CHEAP of a one-token step is always asked.
-        deepest = np.flatnonzero(self.depths == self.depths.max())
-        cheap = self.trims and bool(self.draft_cost) and max(self.draft_cost.values()) <= self.CHEAP / none
-        if cheap:  # the deepest shape with the most expected acceptances; trimming picks what to verify
-            best = int(deepest[self.expected_accepted()[deepest].argmax()])
-        elif values[best] <= none:
+        # whose drafted steps cost under CHEAP of a one-token step is always asked: for the deepest
+        # shape with the most expected acceptances (re-ranked every 8 drafted steps).
+        one_token = self.scale * self._latency_row(context, 0)[0] + self.other
+        cheap = self.trims and self.recent_draft_cost is not None and self.recent_draft_cost <= self.CHEAP * one_token
+        if cheap:
+            if self._deepest is None or self.drafted_steps % 8 == 0:
+                deepest = np.flatnonzero(self.depths == self.depths.max())
+                self._deepest = int(deepest[self.expected_accepted()[deepest].argmax()])
+            best = self._deepest
+        else:
+            values, none = self.values(context)
+            best = int(values.argmax())
+        if not cheap and values[best] <= none:
             self.idle_steps += 1
             if self.idle_steps < self.probe_interval:
                 return None
@@ -276,31 +286,35 @@ class AutoPolicy:
     def trim(self, draft: Draft, context: int) -> Draft:
         """The part of `draft` worth verifying (module docstring, "Trimming"); `draft` itself when
         trimming is off or the drafter gave no scores."""
-        self._proposed_depth, self._proposed = draft.depth, draft
-        if not self.spec.trim or draft.scores is None or not draft.num_nodes or draft.draft_probs is not None:
+        self._proposed, self._features, self._keep = draft, None, None
+        if not draft.num_nodes:
+            self._proposed_depth = 0
+            return draft
+        parents = draft.parents.tolist()
+        depth: list[int] = []
+        for parent in parents:
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        self._proposed_depth = max(depth)
+        if not self.spec.trim or draft.scores is None or draft.draft_probs is not None:
             return draft  # sampled drafts are never trimmed: see the module docstring
         self.trims = True
+        scores = draft.scores.tolist()
+        own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
+        self._features = conf, depths = np.minimum(np.exp(own), 1.0), np.array(depth)  # [N], [N]
         if self.probing:
             return draft  # a probe is verified whole: it exists to give the estimates data
-        parents = draft.parents.tolist()
-        p = self.calibrated(*self._features(draft))
-        path = p.copy()
+        path = self.calibrated(conf, depths).tolist()
         for i, parent in enumerate(parents):
             if parent >= 0:
                 path[i] *= path[parent]
-        order = np.lexsort((np.arange(len(path)), -path))  # best first; a parent precedes its children
-        gain = 1.0 + np.concatenate([[0.0], np.cumsum(path[order])])  # [N + 1]
+        order = sorted(range(len(path)), key=lambda i: (-path[i], i))  # best first; parents before children
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum([path[i] for i in order])])  # [N + 1]
         value = gain / (self.scale * self._latency_row(context, len(path)) + self.other)
         k = int(value.argmax())
-        return draft if k == len(path) else draft.subtree(torch.from_numpy(np.sort(order[:k])))
-
-    @staticmethod
-    def _features(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
-        """(confidence exp(score - parent's score) in [0, 1], depth) per node. [N], [N]"""
-        scores = draft.scores.detach().double().cpu().numpy()
-        parents = draft.parents.numpy()
-        own = scores - np.where(parents >= 0, scores[np.maximum(parents, 0)], 0.0)
-        return np.clip(np.exp(own), 0.0, 1.0), tree_ops.depths(draft.parents).numpy()
+        if k == len(path):
+            return draft
+        self._keep = np.array(sorted(order[:k]), dtype=np.int64)
+        return draft.subtree(torch.from_numpy(self._keep))
 
     def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
         predicted = self.curve.at(record.drafted + 1, context)
@@ -316,53 +330,63 @@ class AutoPolicy:
         self.drafted_steps += 1
         if self.trims:
             self._count_survivors(draft, self._chosen)
-            if draft.scores is not None and draft.num_nodes:
+            if self._features is not None and draft.num_nodes:
                 self._calibrate(draft, acceptance)
-            if self._proposed is not None and self._proposed.scores is not None and acceptance.bonus:
-                self._calibrate_trimmed(self._proposed, draft, acceptance)
+            if self._features is not None and self._keep is not None and acceptance.bonus:
+                self._calibrate_trimmed(draft, acceptance)
         if self.drafted_steps > 1 and self._proposed_depth:
             d, t = self._proposed_depth, record.draft_time_s
             self.draft_cost[d] = t if d not in self.draft_cost else self.draft_cost[d] + self.DRAFT_WEIGHT * (
                 t - self.draft_cost[d])
+            self.recent_draft_cost = t if self.recent_draft_cost is None else self.recent_draft_cost + \
+                self.DRAFT_WEIGHT * (t - self.recent_draft_cost)
             per = t / d
             self.cost_per_depth = per if self.cost_per_depth is None else self.cost_per_depth + self.DRAFT_WEIGHT * (
                 per - self.cost_per_depth)
         self._count_siblings(draft, acceptance)
+
+    def _verified_features(self) -> tuple[np.ndarray, np.ndarray]:
+        """(confidence, depth) of the verified nodes, from what `trim` computed for the proposal."""
+        conf, depth = self._features
+        return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
 
     def _count_survivors(self, draft: Draft, widths: tuple[int, ...]) -> None:
         """Nodes verified per depth against the nodes the chosen shape has there (v_d's counts)."""
         depth = min(len(widths), len(self.asked))
         self.asked[:depth] += np.cumprod(widths[:depth])
         if draft.num_nodes:
-            counts = np.bincount(tree_ops.depths(draft.parents).numpy() - 1, minlength=len(self.kept))
-            self.kept += counts[: len(self.kept)]
+            depths = self._verified_features()[1] if self._features is not None else tree_ops.depths(draft.parents).numpy()
+            self.kept += np.bincount(depths - 1, minlength=len(self.kept))[: len(self.kept)]
+
+    def _cells(self, conf: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Calibration cells (depth bucket, confidence bin) of nodes."""
+        return np.minimum(depth, 3) - 1, np.minimum((conf * self.BINS).astype(np.int64), self.BINS - 1)
 
     def _calibrate(self, draft: Draft, acceptance: Acceptance) -> None:
         """Each verified node whose parent was accepted (or is the root): one trial of its cell."""
-        conf, depth = self._features(draft)
+        conf, depth = self._verified_features()
         accepted = np.zeros(draft.num_nodes, dtype=bool)
         accepted[acceptance.path] = True
         parents = draft.parents.numpy()
         tried = np.where(parents >= 0, accepted[np.maximum(parents, 0)], True)
-        cell = (np.minimum(depth[tried], 3) - 1, np.minimum((conf[tried] * self.BINS).astype(np.int64), self.BINS - 1))
+        cell = self._cells(conf[tried], depth[tried])
         np.add.at(self.calib_trials, cell, 1.0)
         np.add.at(self.calib_successes, cell, accepted[tried].astype(np.float64))
 
-    def _calibrate_trimmed(self, proposed: Draft, verified: Draft, acceptance: Acceptance) -> None:
+    def _calibrate_trimmed(self, verified: Draft, acceptance: Acceptance) -> None:
         """Trimmed children of the last accepted node (or of the root): when the step ended on a
         bonus token, the target drew it from its own distribution after that node, so "child ==
         next token" is a fair trial of the child (exact at T = 0), though it was never verified."""
-        last = int(verified.node_ids[acceptance.path[-1]]) if acceptance.path else -1
-        ids = proposed.node_ids.numpy()
-        parent = -1 if last < 0 else int(np.flatnonzero(ids == last)[0])
-        kids = np.flatnonzero(proposed.parents.numpy() == parent)
-        kids = kids[~np.isin(ids[kids], verified.node_ids.numpy())]
+        last = int(self._keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
+        proposed = self._proposed
+        kids = np.flatnonzero(proposed.parents.numpy() == last)
+        kids = kids[~np.isin(kids, self._keep)]
         if not len(kids):
             return
-        conf, depth = self._features(proposed)
-        cell = (np.minimum(depth[kids], 3) - 1, np.minimum((conf[kids] * self.BINS).astype(np.int64), self.BINS - 1))
+        conf, depth = self._features
+        cell = self._cells(conf[kids], depth[kids])
         np.add.at(self.calib_trials, cell, 1.0)
-        np.add.at(self.calib_successes, cell, (proposed.tokens[0, kids].numpy() == acceptance.next_token).astype(np.float64))
+        np.add.at(self.calib_successes, cell, (proposed.tokens[0, kids].cpu().numpy() == acceptance.next_token).astype(np.float64))
 
     def _count_siblings(self, draft: Draft, acceptance: Acceptance) -> None:
         """Walk the accepted path: at each depth the children tried (by rank) and the one accepted."""

@@ -214,10 +214,10 @@ def test_a_cheap_drafter_is_asked_for_the_deepest_shape_even_when_drafting_looks
     policy = AutoPolicy(AutoShape(max_depth=3, max_width=2, max_nodes=8, latency=SLOPED))
     policy.trials[:] = 1000  # acceptance ~0: the model alone says "draft nothing"
     policy.trims = True
-    policy.draft_cost = {1: 1e-4}  # under 3% of a one-token step (1 s)
+    policy.draft_cost, policy.recent_draft_cost = {1: 1e-4}, 1e-4  # under 3% of a one-token step (1 s)
     shape = policy.choose(256)
     assert shape is not None and len(getattr(shape, "widths", (1,) * getattr(shape, "k", 0))) == 3, shape
-    policy.draft_cost = {1: 0.5}  # an expensive drafter is not asked
+    policy.draft_cost, policy.recent_draft_cost = {1: 0.5}, 0.5  # an expensive drafter is not asked
     policy.idle_steps = -100  # (no probe either)
     assert policy.choose(256) is None
 

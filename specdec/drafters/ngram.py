@@ -5,9 +5,9 @@ earlier in the sequence; the tokens that followed each match are the candidate c
 chain takes the best candidate (longest n-gram, then most recent match); tree shapes merge several
 candidates into a trie within the shape's widths, depth and node budget. Drafts are point-mass;
 `Draft.scores` rank them by how many and how long the matches behind each node are (a continuation
-weighs the sum of its matches' n; a node's confidence is its share of its parent's weight, with a
-prior mass of 1 at the root), which `shape="auto"` calibrates against acceptance.
-Needs no model and no state beyond the tokens it is given.
+weighs the sum of its matches' n; a node's confidence is its weight over its parent's weight plus
+a prior mass (1 - h) / h, where h is a running rate at which the best candidate's first token was
+the one committed), which `shape="auto"` calibrates against acceptance. That rate is its only state.
 """
 
 from __future__ import annotations
@@ -45,9 +45,15 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
+        self.reset()
+
+    HIT_WEIGHT = 0.2
+    """EMA weight of the hit rate (did the committed token after the root equal the best candidate's
+    first token), which sets the prior mass of the confidences."""
 
     def reset(self) -> None:
-        pass
+        self.hit_rate = 0.5
+        self._guess: tuple[int, int] | None = None  # (root position + 1, the best candidate's first token)
 
     def candidates(self, ids: np.ndarray, depth: int) -> dict[tuple[int, ...], int]:
         """Continuations of the trailing n-gram's earlier occurrences, best first (longest n-gram,
@@ -72,9 +78,8 @@ class NgramDrafter:
         kids: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child node}
         node_depth = {-1: 0}
         found = self.candidates(ids, depth)
-        # weight[node]: the candidates' weight through it; the root also holds one unit of prior mass
-        # for "the target continues otherwise", so one long match outranks one short one.
-        weight = {-1: sum(found.values()) + 1}
+        self._guess = (len(ids), next(iter(found))[0]) if found else None
+        weight = {-1: sum(found.values())}  # the candidates' weight through each node
         for cont, w in found.items():
             node = -1
             for tok in cont:
@@ -93,13 +98,23 @@ class NgramDrafter:
                 break
         if not tokens:
             return Draft.empty(device=request.token_ids.device)
-        # Scores: cumulative log of each node's share of its parent's weight (its path's confidence).
+        # Scores: cumulative log of each node's confidence, its weight over its parent's weight plus a
+        # prior mass for "the target continues otherwise" that shrinks as the recent hit rate grows.
+        prior = min(10.0, max(0.1, (1.0 - self.hit_rate) / max(self.hit_rate, 1e-3)))
         scores: list[float] = []
         for i, parent in enumerate(parents):
-            share = math.log(weight[i] / weight[parent])
-            scores.append(share + (scores[parent] if parent >= 0 else 0.0))
+            own = math.log(weight[i] / (weight[parent] + prior))
+            scores.append(own + (scores[parent] if parent >= 0 else 0.0))
         return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long),
                      scores=torch.tensor(scores, dtype=torch.float32))
 
     def commit(self, step: Step) -> None:
-        pass
+        """Update the hit rate from this step's committed tokens (whatever part of the draft was verified)."""
+        if step.is_prefill:
+            self.reset()
+        elif self._guess is not None:
+            position, token = self._guess
+            if step.token_ids.shape[1] > position:
+                hit = float(int(step.token_ids[0, position]) == token)
+                self.hit_rate += self.HIT_WEIGHT * (hit - self.hit_rate)
+        self._guess = None
