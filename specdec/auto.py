@@ -290,20 +290,17 @@ class AutoPolicy:
         if not draft.num_nodes:
             self._proposed_depth = 0
             return draft
-        parents = draft.parents.tolist()
-        depth: list[int] = []
-        for parent in parents:
-            depth.append(1 if parent < 0 else depth[parent] + 1)
-        self._proposed_depth = max(depth)
+        parents, depth = draft.parents.tolist(), tree_ops.depths(draft.parents).numpy()
+        self._proposed_depth = int(depth.max())
         if not self.spec.trim or draft.scores is None or draft.draft_probs is not None:
             return draft  # sampled drafts are never trimmed: see the module docstring
         self.trims = True
         scores = draft.scores.tolist()
         own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
-        self._features = conf, depths = np.minimum(np.exp(own), 1.0), np.array(depth)  # [N], [N]
+        self._features = conf, depth = np.minimum(np.exp(own), 1.0), depth  # [N], [N]
         if self.probing:
             return draft  # a probe is verified whole: it exists to give the estimates data
-        path = self.calibrated(conf, depths).tolist()
+        path = self.calibrated(conf, depth).tolist()
         for i, parent in enumerate(parents):
             if parent >= 0:
                 path[i] *= path[parent]

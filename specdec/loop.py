@@ -11,10 +11,12 @@ the *root*. Each step forwards [root, draft nodes...] in one tree forward, so ro
 is the target's distribution after the root and row i+1 the one after draft node i.
 
 The shape each step drafts comes from a `specdec.auto` policy (a fixed shape, or `auto`, which may
-also choose to draft nothing, and verifies only the part of a scored draft that pays: `trim`). A step that asks for no draft (the policy chose none, or only one
-token remains) does not call `drafter.propose`; the drafter still hears the step's `commit`. Every step is timed in three parts (target forward / drafter
-`propose` + `commit` / everything else); on CUDA the loop synchronizes at those boundaries so the
-split is honest (three syncs per step, beside the accepted path's).
+also choose to draft nothing), and the policy's `trim` picks the part of the proposal to verify
+(`auto` drops the nodes that do not pay; a fixed shape keeps all). A step that asks for no draft
+(the policy chose none, or only one token remains) does not call `drafter.propose`; the drafter
+still hears the step's `commit`. Every step is timed in three parts (target forward / drafter
+`propose` + `commit` / everything else, the policy included); on CUDA the loop synchronizes at
+those boundaries so the split is honest (three syncs per step, beside the accepted path's).
 """
 
 from __future__ import annotations
