@@ -118,6 +118,11 @@ class FixedShape:
         pass
 
 
+def _ema(old: float | None, new: float, weight: float) -> float:
+    """Exponential moving average: `new` on the first observation (old is None)."""
+    return new if old is None else old + weight * (new - old)
+
+
 def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tuple[int, ...]]:
     """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most
     max_nodes nodes, by depth and then widest first. Example (2, 2, 1): 2 + 4 + 4 = 10 nodes.
@@ -333,13 +338,9 @@ class AutoPolicy:
                 self._calibrate_trimmed(draft, acceptance)
         if self.drafted_steps > 1 and self._proposed_depth:
             d, t = self._proposed_depth, record.draft_time_s
-            self.draft_cost[d] = t if d not in self.draft_cost else self.draft_cost[d] + self.DRAFT_WEIGHT * (
-                t - self.draft_cost[d])
-            self.recent_draft_cost = t if self.recent_draft_cost is None else self.recent_draft_cost + \
-                self.DRAFT_WEIGHT * (t - self.recent_draft_cost)
-            per = t / d
-            self.cost_per_depth = per if self.cost_per_depth is None else self.cost_per_depth + self.DRAFT_WEIGHT * (
-                per - self.cost_per_depth)
+            self.draft_cost[d] = _ema(self.draft_cost.get(d), t, self.DRAFT_WEIGHT)
+            self.recent_draft_cost = _ema(self.recent_draft_cost, t, self.DRAFT_WEIGHT)
+            self.cost_per_depth = _ema(self.cost_per_depth, t / d, self.DRAFT_WEIGHT)
         self._count_siblings(draft, acceptance)
 
     def _verified_features(self) -> tuple[np.ndarray, np.ndarray]:
