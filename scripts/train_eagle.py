@@ -4,6 +4,7 @@
     python scripts/train_eagle.py stage=data data_max_minutes=120   # only rollouts (resumable)
     python scripts/train_eagle.py stage=train resume=true           # continue training from out_dir/last
     python scripts/train_eagle.py device=cuda gen_batch_size=256    # the same on a GPU
+    python scripts/train_eagle.py 'aux_layers=[3,15]' init_head=PLAIN_HEAD   # EAGLE-3 fusion, from a plain head
     python scripts/train_eagle.py 'sources=[chat:64,stdlib:16]' num_validation=8 shard_prompts=16 \\
         gen_batch_size=16 max_new_tokens=32 max_steps=20 val_every=10 out_dir=outputs/eagle-smoke   # smoke
 
@@ -13,7 +14,9 @@ experiments/prompts/ (an 8-word overlap is an error) and split into training and
 (checked disjoint). (2) Rollouts: the target's own continuations (greedy; every n-th shard sampled)
 in batches, written as checksummed shards under `data_dir/{train,val}` (specdec/drafters/eagle_shards.py);
 a rerun generates only the shards the manifest lacks, and training uses whatever is recorded (partial
-data is fine). (3) Training: EAGLE's loss per depth over the head's own multi-step predictions
+data is fine); with `aux_layers`, the target's hidden states after those layers are then computed for
+every recorded shard that lacks them (a prefill per sequence, `<store>/aux-<layers>/`, resumable the
+same way). (3) Training: EAGLE's loss per depth over the head's own multi-step predictions
 (`ttt_depth`; 1 = the plain EAGLE objective), optionally truncated after the first wrong depth
 (`truncate`); validation acceptance per depth every `val_every` steps (in the progress bar and
 `train_log.jsonl`); the best head by validation chain MAL is `out_dir/head-best`, the latest state
@@ -38,9 +41,9 @@ from tqdm import tqdm
 
 import specdec
 from specdec.drafters.eagle import HEADS_DIR
-from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary
-from specdec.drafters.eagle_shards import ShardStore, read_union
-from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
+from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, widen
+from specdec.drafters.eagle_shards import AuxStore, ShardStore, read_union
+from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_aux, fill_shards, make_batch,
                                              self_instruct, unroll)
 from specdec.drafters.training_prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
 from specdec.drafters.training_prompts.chat import TOPICS
@@ -95,6 +98,10 @@ class TrainConfig:
     """Start from this head (.safetensors) instead of a random initialisation ('' = random)."""
     resume: bool = False
     """Continue from out_dir/last.{safetensors,state.pt} when present."""
+    aux_layers: list[int] = field(default_factory=list)
+    """EAGLE-3 fusion: target hidden-state indices (k = after decoder layer k) the head reads besides
+    the final one, e.g. [3, 15]; [] = the final hidden state only. A plain init_head is widened
+    (the new inputs start at zero weight)."""
     ttt_depth: int = 1
     """Training-time test depth: losses on the head's own predictions for depths 1..ttt_depth (1 = plain EAGLE)."""
     depth_decay: float = 1.0
@@ -205,7 +212,7 @@ def train_stores(cfg: TrainConfig, target, data_dir: Path) -> list[ShardStore]:
 
 def load_head(cfg: TrainConfig, target, vocab: torch.Tensor, out: Path) -> tuple[EagleHead, dict | None]:
     """The head to train and the saved training state (resume), or (fresh head, None)."""
-    expected = HeadConfig.for_target(target)
+    expected = HeadConfig.for_target(target, aux_layers=tuple(cfg.aux_layers))
     last = out / "last.safetensors"
     if cfg.resume and last.exists():
         state_path = out / "last.state.pt"
@@ -217,6 +224,8 @@ def load_head(cfg: TrainConfig, target, vocab: torch.Tensor, out: Path) -> tuple
     if cfg.init_head:
         path = Path(hydra.utils.to_absolute_path(cfg.init_head))
         head = EagleHead.load(path)
+        if expected.aux_layers and not head.config.aux_layers:
+            head = widen(head, expected.aux_layers)
         head.config.check_same_geometry(expected, path)
         old = head.draft_vocab[~torch.isin(head.draft_vocab, vocab)]
         vocab = torch.cat([vocab, old])[: cfg.draft_vocab_size]
@@ -265,12 +274,19 @@ def main(raw) -> None:
             fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", **common)
         fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
                     worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts", **common)
+        if cfg.aux_layers:
+            layers = tuple(cfg.aux_layers)
+            HeadConfig.for_target(target, aux_layers=layers).check_target(target)
+            if cfg.worker == 0:
+                fill_aux(target, AuxStore(val_store, layers), desc="val aux features")
+            fill_aux(target, AuxStore(train_store, layers), desc="train aux features")
     data_minutes = (time.perf_counter() - started) / 60
     if cfg.stage == "data":
         print(json.dumps({"train_tokens": train_store.num_tokens, "val_tokens": val_store.num_tokens,
                           "minutes": round(data_minutes, 1)}), flush=True)
         return
-    data, val = read_union(train_stores(cfg, target, data_dir)), val_store.read_all()
+    layers = tuple(cfg.aux_layers)
+    data, val = read_union(train_stores(cfg, target, data_dir), layers), read_union([val_store], layers)
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
 

@@ -125,6 +125,7 @@ class Step:
     """One per sequence; empty after the prefill."""
     positions: torch.Tensor  # [B, K] absolute positions of the kept rows
     target_hidden: torch.Tensor  # [B, K, H] the target's final hidden state (lm_head input) per kept row
+    target_aux: torch.Tensor | None = None  # [B, K, kH] hidden states of `Target.aux_layers` per kept row
     _kv: Callable[[], KVLayers] = field(repr=False, default=list)
 
     @property

@@ -63,13 +63,15 @@ def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
     prefill `Step` a drafter's `commit` takes. Also how tests and tools start a drafter at a prefix."""
     count = len(token_ids) - 1
     if count:
-        hidden = target.prefill(token_ids[:-1], cache).hidden  # [B, L-1, H]
+        out = target.prefill(token_ids[:-1], cache)
+        hidden, aux = out.hidden, out.aux  # [B, L-1, H], [B, L-1, kH] or None
     else:
         hidden = torch.empty(1, 0, target.hidden_size, dtype=target.dtype, device=target.device)
+        aux = hidden.new_empty(1, 0, target.hidden_size * len(target.aux_layers)) if target.aux_layers else None
     return Step(
         token_ids=torch.tensor([list(token_ids)], dtype=torch.long), num_new=[len(token_ids)],
         draft=Draft.empty(), acceptances=[], positions=torch.arange(count)[None], target_hidden=hidden,
-        _kv=lambda: cache.tail(count),
+        target_aux=aux, _kv=lambda: cache.tail(count),
     )
 
 
@@ -172,7 +174,8 @@ def generate(
         drafter.commit(Step(
             token_ids=token_ids, num_new=[len(new)], draft=draft,
             acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
-            target_hidden=out.hidden[:, kept], _kv=lambda n=len(kept): cache.tail(n),
+            target_hidden=out.hidden[:, kept], target_aux=None if out.aux is None else out.aux[:, kept],
+            _kv=lambda n=len(kept): cache.tail(n),
         ))
         sync()
         t4 = time.perf_counter()

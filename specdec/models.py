@@ -63,6 +63,7 @@ def is_chain(parents: torch.Tensor | Sequence[int], n: int) -> bool:
 class ForwardOut:
     logits: torch.Tensor  # [B, N, V] (or [B, len(logits_rows), V])
     hidden: torch.Tensor  # [B, N, H] final hidden state (after the final norm), lm_head input
+    aux: torch.Tensor | None = None  # [B, N, kH] hidden states of the target's `aux_layers`, None when it has none
 
 
 @dataclass
@@ -77,6 +78,9 @@ class Target:
     """The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
+    aux_layers: tuple[int, ...] = ()
+    """Hidden-state indices (k = after decoder layer k) every forward also returns as `ForwardOut.aux`,
+    for drafters that read more than the final layer (EAGLE-3 fusion); set with `capture_layers`."""
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -169,6 +173,15 @@ class Target:
             return " ".join(map(str, token_ids))
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def capture_layers(self, layers: Sequence[int]) -> None:
+        """Make every later forward return the hidden states of `layers` (`ForwardOut.aux`, and so
+        `Step.target_aux`). A target serves one such set: ValueError if another was asked for."""
+        layers = tuple(int(k) for k in layers)
+        if self.aux_layers and layers and layers != self.aux_layers:
+            raise ValueError(f"target {self.label!r} already captures hidden states {list(self.aux_layers)}; "
+                             f"a second drafter asked for {list(layers)}")
+        self.aux_layers = layers or self.aux_layers
+
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(
@@ -184,7 +197,7 @@ class Target:
         Without `parents` (or with chain parents) the new tokens form a causal chain after everything
         cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
         `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
-        covers every new row.
+        (and `aux`, with `aux_layers`) cover every new row.
         """
         batch, n = tokens.shape
         if batch != 1:
@@ -208,11 +221,13 @@ class Target:
             position_ids=positions[None].to(self.device),  # [B, n]
             cache=cache.hf,
             use_cache=True,
+            output_hidden_states=bool(self.aux_layers),
         )
         hidden = out.last_hidden_state  # [B, n, H]
         rows = hidden if logits_rows is None else hidden[:, logits_rows]
         logits = self.logits(rows)
-        return ForwardOut(logits=logits, hidden=hidden)
+        aux = torch.cat([out.hidden_states[k] for k in self.aux_layers], -1) if self.aux_layers else None
+        return ForwardOut(logits=logits, hidden=hidden, aux=aux)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V].

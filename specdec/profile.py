@@ -264,7 +264,7 @@ def profile(
         drafter.commit(Step(
             token_ids=torch.tensor([committed], dtype=torch.long), num_new=[1], draft=draft,
             acceptances=[Acceptance(path=[], next_token=token, bonus=draft.num_nodes == 0)],
-            positions=torch.tensor([[past]]), target_hidden=out.hidden, _kv=lambda: cache.tail(1),
+            positions=torch.tensor([[past]]), target_hidden=out.hidden, target_aux=out.aux, _kv=lambda: cache.tail(1),
         ))
     return AcceptanceProfile(target=target.label, drafter=drafter.name, shape=shape, prompt_ids=prompt_ids,
                              greedy=committed[len(prompt_ids):], drafts=drafts,

@@ -16,7 +16,7 @@ from specdec import tree as tree_ops
 from specdec.cache import KVCache
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
-from specdec.drafters.eagle_head import EagleHead
+from specdec.drafters.eagle_head import EagleHead, widen
 from specdec.drafters.eagle_training import training_prompts
 from specdec.loop import prefill
 from specdec.reference import reference_generate
@@ -188,3 +188,56 @@ def test_a_quantized_target_finds_its_models_shipped_head():
 
     plain = shipped_head_path(SimpleNamespace(name="smollm2-135m", quant="none"))
     assert shipped_head_path(SimpleNamespace(name="smollm2-135m", quant="rtn4_g64")) == plain
+
+
+def fused_head(target, layers=(1,), seed=0):
+    """A random head fusing `layers` (EAGLE-3), its fc_aux nonzero so the aux features matter."""
+    head = widen(random_head(target, seed), layers)
+    with torch.no_grad():
+        head.fc_aux.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(seed))
+    return head
+
+
+@pytest.mark.parametrize("shape", ["chain(4)", "tree(3,2,1)", "dynamic(top_k=4,depth=5,budget=12)"])
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_head_fusing_aux_layers_is_exact_and_reads_them(shape, refresh):
+    """Greedy identity with a head that fuses target layer 1; its drafts depend on that layer (they
+    differ from the same head's without it), and a widened head (fc_aux = 0) drafts what it did before."""
+    tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+    ref = reference_generate(tiny, PROMPT, max_new_tokens=16, stop_on_eos=False)
+    drafter = build("eagle", target=tiny, head=fused_head(tiny), refresh=refresh)
+    assert tiny.aux_layers == (1,)
+    out = specdec.generate(tiny, drafter, PROMPT, shape=shape, max_new_tokens=16, stop_on_eos=False)
+    assert out.token_ids == ref
+    fused = _draft(drafter, tiny, shape).tokens
+    plain_head = random_head(tiny)
+    plain = _draft(build("eagle", target=tiny, head=plain_head), tiny, shape).tokens
+    widened = _draft(build("eagle", target=tiny, head=widen(plain_head, (1,))), tiny, shape).tokens
+    assert torch.equal(widened, plain)
+    assert not torch.equal(fused, plain), "the fused head's drafts do not depend on the aux layer"
+
+
+def test_aux_layers_reach_the_drafter_as_the_targets_hidden_states():
+    """Step.target_aux holds exactly the target's hidden states of its aux layers per kept row, and a
+    target serving one aux set refuses another; a head's aux layers must exist in the target."""
+    tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+    tiny.capture_layers((1,))
+    step = prefill(tiny, KVCache(), PROMPT)
+    states = tiny.base(input_ids=torch.tensor([PROMPT[:-1]]), output_hidden_states=True).hidden_states
+    torch.testing.assert_close(step.target_aux, states[1])
+    torch.testing.assert_close(step.target_hidden, states[-1])
+    with pytest.raises(ValueError, match=r"already captures hidden states \[1\]; a second drafter asked for \[0\]"):
+        tiny.capture_layers((0,))
+    other = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+    with pytest.raises(ValueError, match=r"aux_layers \[5\]"):
+        build("eagle", target=other, head=widen(random_head(other), (5,)))
+
+
+def test_a_fused_head_round_trips_through_its_files(tmp_path):
+    tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+    head = fused_head(tiny)
+    loaded = EagleHead.load(head.save(tmp_path / "fused", dtype=torch.float64), dtype=torch.float64)
+    assert loaded.config.aux_layers == (1,)
+    a = _draft(build("eagle", target=tiny, head=head), tiny, "tree(3,2,1)")
+    b = _draft(build("eagle", target=tiny, head=loaded), tiny, "tree(3,2,1)")
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)

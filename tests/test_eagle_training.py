@@ -270,6 +270,12 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     assert "resumed from" in second.stdout and "at step 3" in second.stdout
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 5
     assert (tmp_path / "data" / "train" / "manifest.json").read_text() == manifest
+    fused = run("max_steps=2", "aux_layers=[1]", f"init_head={tmp_path}/head-best.safetensors",
+                f"data_dir={tmp_path}/data", f"out_dir={tmp_path}/fused")  # EAGLE-3 fusion from the plain head
+    assert fused.returncode == 0, fused.stderr[-2000:]
+    assert (tmp_path / "data" / "train" / "aux-1" / "manifest.json").exists()
+    assert (tmp_path / "data" / "train" / "manifest.json").read_text() == manifest
+    assert EagleHead.load(tmp_path / "fused" / "last.safetensors").config.aux_layers == (1,)
 
 
 def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp_path):
@@ -294,3 +300,59 @@ def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp
         script.load_head(script.TrainConfig(resume=True), tiny, vocab, tmp_path)
     with pytest.raises(ValueError, match="must read 'name:count'"):
         script.parse_sources(["chat"])
+
+
+def test_aux_features_are_the_targets_hidden_states_and_a_bad_file_is_named(tiny, tmp_path, monkeypatch):
+    """fill_aux records, per shard, the target's hidden states of the aux layers for every token (equal to
+    what the drafting loop hands a fused head), resumes without recomputing, and names a missing,
+    corrupt or stale aux file."""
+    from specdec.drafters.eagle_shards import AuxStore
+    from specdec.drafters.eagle_training import fill_aux
+
+    monkeypatch.setattr(tiny, "aux_layers", ())  # restored after the test: the module's target stays plain
+    store = ShardStore(tmp_path / "s", FINGERPRINT)
+    fill(tiny, store)
+    aux = AuxStore(store, (1,))
+    fill_aux(tiny, aux, worker=(1, 2))
+    assert aux.done() == {1}
+    fill_aux(tiny, aux)
+    assert aux.done() == {0, 1, 2}
+    data = read_union([store], (1,))
+    for seq, feats in zip(data.sequences, data.aux):
+        tiny.capture_layers((1,))
+        step = prefill(tiny, KVCache(), seq.tolist() + [0])
+        torch.testing.assert_close(feats.float(), step.target_aux[0].float(), atol=0.05, rtol=0.02)  # bf16 on disk
+    batch = make_batch(data, [0, 1], 64)
+    assert batch.aux.shape == (2, batch.tokens.shape[1], tiny.hidden_size)
+    path = tmp_path / "s" / "aux-1" / "shard-00001.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ShardError, match="aux file .*aux-1/shard-00001.safetensors is missing, truncated or corrupt"):
+        read_union([ShardStore(tmp_path / "s", FINGERPRINT)], (1,))
+    with pytest.raises(ShardError, match="shard-00000.safetensors has no aux features for layers \\[3\\]"):
+        read_union([store], (3,))
+
+
+def test_unroll_with_aux_layers_predicts_what_a_fused_head_drafts(tiny, monkeypatch):
+    """As test_unroll_predicts_what_chain_drafting_drafts, for a head fusing layer 1: depth 1 reads the
+    aux features, deeper depths none, exactly as drafting does."""
+    from specdec.drafters.eagle_head import widen
+
+    monkeypatch.setattr(tiny, "aux_layers", ())
+    head = widen(random_head(tiny).float(), (1,))
+    with torch.no_grad():
+        head.fc_aux.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    prompt, depth = [5, 6, 7, 8, 9, 10, 3], 4
+    drafter = build("eagle", target=tiny, head=head, draft_vocab=None)
+    drafter.reset()
+    step = prefill(tiny, KVCache(), prompt)
+    drafter.commit(step)
+    request = DraftRequest(token_ids=torch.tensor([prompt]), shape=parse_shape(f"chain({depth})"),
+                           sampling=SamplingConfig(), generator=torch.Generator().manual_seed(0), max_depth=16)
+    draft = drafter.propose(request).tokens[0].tolist()
+    seq = prompt + draft
+    pad = torch.zeros(depth + 1, tiny.hidden_size)
+    data = Rollouts([torch.tensor(seq)], [torch.cat([step.target_hidden[0], pad])], [0], [len(prompt)], [0.0],
+                    [torch.cat([step.target_aux[0], pad])])
+    outs = unroll(head, tiny.base.get_input_embeddings(), make_batch(data, [0], 64), depth)
+    j = len(prompt) - 2
+    assert [int(tiny.lm_head(o[0, j]).argmax()) for o in outs] == draft

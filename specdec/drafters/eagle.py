@@ -4,7 +4,8 @@ Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleH
 (specdec/drafters/eagle_head.py) with its own KV cache over *pairs*: pair i is (feature at position
 i, embedding of token i+1), so L committed tokens give L-1 pairs, whose features are the target's
 final hidden states, taken from each `Step` the loop commits (`Step.target_hidden`) and held here
-until the head has run them. The head's output at the last pair
+until the head has run them (with a head that fuses aux layers, EAGLE-3, the target also returns
+those layers' hidden states, `Step.target_aux`, and they travel with the final ones). The head's output at the last pair
 predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
 Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
 and each expanded level is one tree forward of the head (`specdec.models.tree_attention`).
@@ -52,6 +53,9 @@ class EagleDrafter:
         self.lm_weight = target.lm_head.weight  # [V, H]
         self.softcap = target.softcap
         self.hidden_size = target.hidden_size
+        self.aux_layers = head.config.aux_layers
+        if self.aux_layers:
+            target.capture_layers(self.aux_layers)
         self.vocab = None  # [N] target ids scored by the draft, None = all
         self.sub_vocab: SubVocab | None = None  # the same, as the growers take it
         if draft_vocab is not None:
@@ -73,10 +77,11 @@ class EagleDrafter:
     def reset(self) -> None:
         self.cache = KVCache()
         self.consumed = 0  # pairs whose KV is in self.cache (pair i = feature i + token i+1)
-        self.features = self.lm_weight.new_empty(1, 0, self.hidden_size)  # [B, P, H] target features of
-        # the positions consumed, consumed + 1, ...: pairs not yet run by the head
+        width = self.hidden_size * (1 + len(self.aux_layers))
+        self.features = self.lm_weight.new_empty(1, 0, width)  # [B, P, (1 + k) H] target features (final,
+        # then aux layers) of the positions consumed, consumed + 1, ...: pairs not yet run by the head
         self.block = BlockSlots()
-        self.block_features = self.features  # [B, 1 + M, H]: root's predicted feature, then block entries'
+        self.block_features = self.features[..., :self.hidden_size]  # [B, 1 + M, H]: root's predicted feature, then block entries'
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [B, n, N] (float32) of predicted features [B, n, H] over the draft vocabulary
@@ -131,7 +136,13 @@ class EagleDrafter:
             self.cache.keep(self.consumed, kept)
             self.consumed += len(kept)
         first = int(step.positions[0, 0]) if step.positions.numel() else self.consumed
-        features = step.target_hidden.to(self.features.dtype)  # [B, K, H] at positions first, first + 1, ...
+        features = step.target_hidden  # [B, K, H] at positions first, first + 1, ...
+        if self.aux_layers:
+            if step.target_aux is None:
+                raise ValueError(f"the EAGLE head fuses target layers {list(self.aux_layers)} but the Step carries "
+                                 "no target_aux: the target must capture them (Target.capture_layers)")
+            features = torch.cat([features, step.target_aux], -1)  # [B, K, (1 + k) H]
+        features = features.to(self.features.dtype)
         self.features = torch.cat([self.features, features[:, max(0, self.consumed - first):]], 1)
 
 

@@ -13,12 +13,23 @@ t_{i+2}:
     x_i = fc(concat(embed(t_{i+1}), h_i))        # [B, n, 2H] -> [B, n, H]
     f_i = norm(decoder_layer(x_i))               # predicted feature ~ h_{i+1}
     logits_i = lm_head(f_i)                      # next-token logits after t_{i+1}
+
+With `aux_layers` (EAGLE-3's fusion of low and mid layers), the target's hidden states after those
+decoder layers, a_i [B, n, kH], also enter the projection, each RMS-normed (their scale differs from
+the final norm's output), through a separate fc_aux that starts at zero:
+
+    x_i = fc(concat(embed(t_{i+1}), h_i)) + fc_aux(concat(norm_1(a_i^1), ..., norm_k(a_i^k)))
+
+Only the target knows a_i, so only pairs that read the target's true features use it; pairs that read
+the head's own predicted feature (draft depths >= 2, and training-time-test depths >= 2) pass none,
+i.e. a zero contribution. A head with fc_aux = 0 is therefore exactly the head without aux layers,
+which is how `widen` starts a fused head from a trained plain one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -54,11 +65,17 @@ class HeadConfig:
     """RoPE base of the head's attention."""
     draft_vocab_size: int = 0
     """Length of the stored frequency-ranked draft vocabulary (0 = none stored)."""
+    aux_layers: tuple[int, ...] = ()
+    """Target hidden states (index into HF `hidden_states`: k = after decoder layer k) fused into the
+    projection besides the final one (EAGLE-3); () = the final hidden state only."""
     format_version: int = FORMAT_VERSION
     """Version of this file format."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aux_layers", tuple(int(k) for k in self.aux_layers))  # JSON gives a list
+
     @staticmethod
-    def for_target(target, draft_vocab_size: int = 0) -> HeadConfig:
+    def for_target(target, draft_vocab_size: int = 0, aux_layers: tuple[int, ...] = ()) -> HeadConfig:
         """The geometry of a head for `target` (a specdec Target): the shape of one of its layers."""
         cfg = target.model.config.get_text_config()
         heads = cfg.num_attention_heads
@@ -74,6 +91,7 @@ class HeadConfig:
             rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-5)),
             rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))),
             draft_vocab_size=draft_vocab_size,
+            aux_layers=tuple(aux_layers),
         )
 
     def check_target(self, target) -> None:
@@ -83,6 +101,10 @@ class HeadConfig:
             problems.append(f"hidden size {self.hidden_size} (target has {target.hidden_size})")
         if self.vocab_size != target.vocab_size:
             problems.append(f"vocabulary {self.vocab_size} (target has {target.vocab_size})")
+        layers = target.model.config.get_text_config().num_hidden_layers
+        if any(not 0 <= k < layers for k in self.aux_layers):
+            problems.append(f"aux_layers {list(self.aux_layers)} (hidden-state indices 0..{layers - 1} exist "
+                            f"before the final one, which is always read)")
         if problems:
             raise ValueError(
                 f"EAGLE head trained for {self.target_name!r} does not fit target {target.name!r}: "
@@ -115,13 +137,19 @@ class HeadConfig:
 
 
 class EagleHead(nn.Module):
-    """fc(2H -> H) + one Llama decoder layer + RMS norm. Holds no embedding and no lm_head."""
+    """fc(2H -> H) (+ fc_aux(kH -> H) over k normed aux layers) + one Llama decoder layer + RMS norm.
+    Holds no embedding and no lm_head."""
 
     def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = config
         llama = config.llama_config()
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        if config.aux_layers:
+            k = len(config.aux_layers)
+            self.aux_norms = nn.ModuleList(LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps) for _ in range(k))
+            self.fc_aux = nn.Linear(k * config.hidden_size, config.hidden_size, bias=False)
+            nn.init.zeros_(self.fc_aux.weight)
         self.layer = LlamaDecoderLayer(llama, layer_idx=0)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(llama)
@@ -130,14 +158,22 @@ class EagleHead(nn.Module):
 
     def forward(
         self,
-        features: torch.Tensor,  # [B, n, H] target (or predicted) feature at the previous position
+        features: torch.Tensor,  # [B, n, H] predicted feature, or [B, n, (1 + k) H] the target's (final, then aux)
         token_embeds: torch.Tensor,  # [B, n, H] target embedding of the token at each position
         positions: torch.Tensor,  # [n] long
         mask: torch.Tensor | None,  # [n, past + n] additive, None = plain causal (training)
         cache: DynamicCache | None = None,
     ) -> torch.Tensor:
-        """Predicted features [B, n, H] (inputs of the target's lm_head)."""
-        x = self.fc(torch.cat([token_embeds, features], -1).to(self.fc.weight.dtype))
+        """Predicted features [B, n, H] (inputs of the target's lm_head). Features wider than H carry
+        the aux layers after the final hidden state (see the module docstring); exactly H: none."""
+        hsize = self.config.hidden_size
+        x = self.fc(torch.cat([token_embeds, features[..., :hsize]], -1).to(self.fc.weight.dtype))
+        if features.shape[-1] > hsize:
+            aux = features[..., hsize:].to(x.dtype).split(hsize, -1)
+            if len(aux) != len(self.aux_norms):
+                raise ValueError(f"features of width {features.shape[-1]} carry {len(aux)} aux layers; "
+                                 f"this head fuses {len(self.aux_norms)} ({list(self.config.aux_layers)})")
+            x = x + self.fc_aux(torch.cat([norm(a) for norm, a in zip(self.aux_norms, aux)], -1))
         position_ids = positions[None].to(x.device)  # [B, n]
         cos_sin = self.rotary(x, position_ids)
         if mask is None:
@@ -184,6 +220,17 @@ class EagleHead(nn.Module):
         head = EagleHead(config, draft_vocab=vocab)
         head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
         return head.to(dtype).eval()
+
+
+def widen(head: EagleHead, aux_layers: tuple[int, ...]) -> EagleHead:
+    """A head fusing `aux_layers` that computes exactly what `head` (which fuses none) computes:
+    its weights copied, fc_aux zero, aux norms at 1. How a fused head starts from a trained plain one."""
+    if head.config.aux_layers:
+        raise ValueError(f"widen starts from a head without aux layers; this one fuses {list(head.config.aux_layers)}")
+    wide = EagleHead(replace(head.config, aux_layers=tuple(aux_layers)), draft_vocab=head.draft_vocab)
+    missing, unexpected = wide.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith(("fc_aux.", "aux_norms.")) for k in missing), (missing, unexpected)
+    return wide.to(head.fc.weight.dtype)
 
 
 def rank_vocabulary(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

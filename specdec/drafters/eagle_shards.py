@@ -9,6 +9,11 @@ worst an unrecorded file that the next run overwrites. Reading verifies every re
 SHA-256, tensor layout) and names the file that is missing, truncated or corrupt. Knows nothing about
 targets or training: it stores `Rollouts` (defined here) as flat tensors.
 
+`AuxStore` keeps features derived from a store's shards (EAGLE-3's low/mid target layers, computed
+afterwards by a prefill of each sequence) beside them in `<store>/aux-<layers>/`, one file per shard
+with its own manifest, each entry recording the SHA-256 of the shard it was computed from, so a shard
+and its aux file can never be paired wrongly, and a missing one is computed again, never twice.
+
 Shard layout (S sequences, T tokens, hidden width H):
     tokens [T] int32         all sequences concatenated
     offsets [S + 1] int64    sequence s is tokens[offsets[s]:offsets[s + 1]]
@@ -48,6 +53,8 @@ class Rollouts:
     """Prompt tokens at the start of each sequence."""
     temperature: list[float] = field(default_factory=list)
     """Temperature of each continuation (0 = greedy)."""
+    aux: list[torch.Tensor] = field(default_factory=list)
+    """Each [L, kH] (bf16): the target's hidden states of k aux layers per position; [] = none read."""
 
     @property
     def num_tokens(self) -> int:
@@ -56,7 +63,7 @@ class Rollouts:
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
         return Rollouts(*(sum((getattr(p, f) for p in parts), []) for f in
-                          ("sequences", "hidden", "prompt_index", "prompt_len", "temperature")))
+                          ("sequences", "hidden", "prompt_index", "prompt_len", "temperature", "aux")))
 
 
 class ShardError(ValueError):
@@ -216,13 +223,71 @@ class ShardStore:
         return Rollouts.concat([self.read(i) for i in sorted(self.shards)])
 
 
-def read_union(stores: list[ShardStore]) -> Rollouts:
+class AuxStore:
+    """Per-shard aux features of `store` for target hidden-state indices `layers` (see the module docstring)."""
+
+    def __init__(self, store: ShardStore, layers: tuple[int, ...]) -> None:
+        if not layers:
+            raise ValueError("an AuxStore needs at least one layer")
+        self.store, self.layers = store, tuple(int(k) for k in layers)
+        self.root = store.root / ("aux-" + "-".join(map(str, self.layers)))
+        path = self.root / MANIFEST
+        self.files: dict[int, dict] = {}
+        if path.exists():
+            try:
+                manifest = json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                raise ShardError(f"{path} is not valid JSON ({err}); delete {self.root} to compute the aux features again") from err
+            if tuple(manifest.get("layers", ())) != self.layers:
+                raise ShardError(f"{path} records layers {manifest.get('layers')}, expected {list(self.layers)}")
+            self.files = {int(k): v for k, v in manifest["files"].items()}
+
+    def done(self) -> set[int]:
+        """Shards of the store whose aux file is recorded and was computed from the shard as it is now."""
+        return {i for i, v in self.files.items() if i in self.store.shards
+                and v["shard_sha256"] == self.store.shards[i].sha256}
+
+    def write(self, index: int, aux: torch.Tensor) -> None:
+        """Write shard `index`'s aux features [T, kH] (T = the shard's tokens) and record them."""
+        info = self.store.shards[index]
+        if aux.shape[0] != info.num_tokens:
+            raise ShardError(f"aux features for {self.store.root / info.file} have {aux.shape[0]} rows, "
+                             f"the shard has {info.num_tokens} tokens")
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / info.file
+        _write_atomic(path, lambda p: save_file({"aux": aux.to(torch.bfloat16).contiguous()}, str(p)))
+        self.files[index] = {"file": info.file, "bytes": path.stat().st_size, "sha256": file_sha256(path),
+                             "shard_sha256": info.sha256}
+        manifest = {"layers": list(self.layers), "files": {str(i): self.files[i] for i in sorted(self.files)}}
+        _write_atomic(self.root / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1) + "\n"))
+
+    def read(self, index: int) -> torch.Tensor:
+        """Shard `index`'s aux features [T, kH] (bf16), verified (ShardError naming the file else)."""
+        info = self.store.shards[index]
+        entry = self.files.get(index)
+        if entry is None or entry["shard_sha256"] != info.sha256:
+            raise ShardError(f"{self.store.root / info.file} has no aux features for layers {list(self.layers)} in "
+                             f"{self.root}: compute them (train_eagle.py stage=data with aux_layers set)")
+        path = self.root / entry["file"]
+        if not path.exists() or path.stat().st_size != entry["bytes"] or file_sha256(path) != entry["sha256"]:
+            raise ShardError(f"aux file {path} is missing, truncated or corrupt (size or SHA-256 differs from {self.root / MANIFEST})")
+        try:
+            aux = load_file(str(path))["aux"]
+        except (SafetensorError, KeyError) as err:
+            raise ShardError(f"aux file {path} cannot be read: {err}") from err
+        if aux.shape[0] != info.num_tokens:
+            raise ShardError(f"aux file {path} has {aux.shape[0]} rows, its shard {info.num_tokens} tokens")
+        return aux
+
+
+def read_union(stores: list[ShardStore], aux_layers: tuple[int, ...] = ()) -> Rollouts:
     """The shards of several stores over one prompt list (e.g. one per rollout worker), in store
-    order, each shard index once; ShardError if two stores disagree on the prompts of an index or
-    none records a shard."""
+    order, each shard index once, with their aux features of `aux_layers` when given; ShardError if
+    two stores disagree on the prompts of an index, an aux file is missing or none records a shard."""
     seen: dict[int, tuple[ShardStore, ShardInfo]] = {}
     parts = []
     for store in stores:
+        aux_store = AuxStore(store, aux_layers) if aux_layers else None
         for i in sorted(store.done()):
             info = store.shards[i]
             if i in seen:
@@ -232,7 +297,11 @@ def read_union(stores: list[ShardStore]) -> Rollouts:
                                      "but continue other prompts: the stores come from different prompt lists")
                 continue
             seen[i] = (store, info)
-            parts.append(store.read(i))
+            part = store.read(i)
+            if aux_store is not None:
+                aux = aux_store.read(i)
+                part.aux = list(aux.split([s.numel() for s in part.sequences]))
+            parts.append(part)
     if not parts:
         raise ShardError(f"no recorded shards in {[str(s.root) for s in stores]}: generate rollouts first")
     return Rollouts.concat(parts)

@@ -6,7 +6,8 @@ left-padded with an attention mask, KV-cached, recording its final hidden states
 batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed back for depths
 2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
 per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
-`acceptance_per_depth` (validation). Knows nothing about Hydra, files or drafting: prompt sources
+`acceptance_per_depth` (validation), and `fill_aux` (EAGLE-3's low/mid-layer features of recorded
+shards, by a prefill of each sequence). Knows nothing about Hydra, files or drafting: prompt sources
 live in specdec/drafters/training_prompts/, shards in specdec/drafters/eagle_shards.py and
 scripts/train_eagle.py drives it all.
 
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore
+from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardError, ShardStore
 from specdec.drafters.training_prompts import Prompt, prompt_text
 from specdec.drafters.training_prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
 
@@ -152,6 +153,25 @@ def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int
         store.write(i, Rollouts.concat(parts), [texts[r] for r in rows], hidden_dtype)
 
 
+@torch.inference_mode()
+def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), desc: str = "aux features") -> None:
+    """Compute and record, for every shard of `aux_store.store` that lacks them, the target's hidden
+    states at `aux_store.layers` for every token (one causal prefill per sequence: the same states the
+    rollout's KV-cached steps computed, up to rounding). `worker=(k, n)`: only shards i % n == k."""
+    from tqdm import tqdm
+
+    k, n = worker
+    store = aux_store.store
+    todo = [i for i in sorted(store.done()) if i % n == k and i not in aux_store.done()]
+    for i in tqdm(todo, desc=desc, unit="shard"):
+        rollouts = store.read(i)
+        rows = []
+        for seq in rollouts.sequences:
+            states = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
+            rows.append(torch.cat([states[layer][0] for layer in aux_store.layers], -1).to(torch.bfloat16).cpu())
+        aux_store.write(i, torch.cat(rows))
+
+
 def self_instruct(target, topics: list[str], n: int, *, seed: int = 0, batch_size: int = 16,
                   max_new_tokens: int = 40) -> list[Prompt]:
     """Up to `n` distinct questions the target writes when asked to pose one on each seed topic
@@ -186,6 +206,7 @@ class TrainBatch:
     hidden: torch.Tensor  # [B, L, H] float32 target features
     length: torch.Tensor  # [B] real tokens per row
     generated: torch.Tensor  # [B, L] bool: the token is the target's continuation (not prompt, not padding)
+    aux: torch.Tensor | None = None  # [B, L, kH] float32 aux-layer features (None: the data has none)
 
 
 def make_batch(data: Rollouts, rows: list[int], max_len: int, device: torch.device | str = "cpu") -> TrainBatch:
@@ -195,10 +216,14 @@ def make_batch(data: Rollouts, rows: list[int], max_len: int, device: torch.devi
     tokens = torch.zeros(len(rows), width, dtype=torch.long)
     hidden = torch.zeros(len(rows), width, hsize)
     generated = torch.zeros(len(rows), width, dtype=torch.bool)
+    aux = torch.zeros(len(rows), width, data.aux[rows[0]].shape[-1]) if data.aux else None
     for b, (r, n) in enumerate(zip(rows, lengths)):
         tokens[b, :n], hidden[b, :n] = data.sequences[r][:n], data.hidden[r][:n].float()
         generated[b, data.prompt_len[r]:n] = True
-    return TrainBatch(tokens.to(device), hidden.to(device), torch.tensor(lengths, device=device), generated.to(device))
+        if aux is not None:
+            aux[b, :n] = data.aux[r][:n].float()
+    return TrainBatch(tokens.to(device), hidden.to(device), torch.tensor(lengths, device=device), generated.to(device),
+                      None if aux is None else aux.to(device))
 
 
 def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -213,11 +238,13 @@ def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
 def unroll(head, embed, batch: TrainBatch, depth: int, noise: float = 0.0,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """The head's predicted features for depths 1..depth, each [B, n, H] with n = L - 1 pairs; entry
-    j of depth s predicts h_{j+s} (see the module docstring). Depth 1 reads the true features (plus
-    uniform noise of width `noise`, EAGLE's robustness trick); deeper depths read the previous depth's
-    predictions (gradients flow through them)."""
+    j of depth s predicts h_{j+s} (see the module docstring). Depth 1 reads the true features (with
+    the batch's aux layers, if any, as drafting does; plus uniform noise of width `noise`, EAGLE's
+    robustness trick); deeper depths read the previous depth's predictions (gradients flow through them)."""
     n = batch.tokens.shape[1] - 1
     feats = batch.hidden[:, :n]  # [B, n, H]
+    if batch.aux is not None:
+        feats = torch.cat([feats, batch.aux[:, :n]], -1)  # [B, n, (1 + k) H]
     if noise > 0:
         feats = feats + (torch.rand(feats.shape, generator=generator).to(feats.device) - 0.5) * noise
     dtype = head.fc.weight.dtype

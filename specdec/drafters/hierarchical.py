@@ -106,7 +106,8 @@ class HierarchicalDrafter:
         next_token = step.acceptance.next_token
         acceptance = Acceptance(path=path, next_token=next_token, bonus=not kids[path[-1] if path else -1])
         return Step(token_ids=step.token_ids, num_new=step.num_new, draft=tree, acceptances=[acceptance],
-                    positions=step.positions, target_hidden=step.target_hidden, _kv=step.target_kv)
+                    positions=step.positions, target_hidden=step.target_hidden,
+                    target_aux=step.target_aux, _kv=step.target_kv)
 
 
 DEFAULT_MID_QUANT = "torchao_int4"
