@@ -102,6 +102,18 @@ def texts_sha256(texts: list[str]) -> str:
     return hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
 
 
+def _verify_file(what: str, path: Path, size: int, sha256: str, manifest: Path) -> Path:
+    """`path` after checking it exists with the `size` and `sha256` that `manifest` records (ShardError naming it else)."""
+    if not path.exists():
+        raise ShardError(f"{what} {path} is recorded in {manifest} but missing")
+    actual = path.stat().st_size
+    if actual != size:
+        raise ShardError(f"{what} {path} is truncated or altered: {actual} bytes, the manifest records {size}")
+    if file_sha256(path) != sha256:
+        raise ShardError(f"{what} {path} is corrupt: its SHA-256 differs from the manifest's")
+    return path
+
+
 def _write_atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
@@ -187,15 +199,7 @@ class ShardStore:
 
     def verify(self, info: ShardInfo) -> Path:
         """The shard's path after checking it exists, has its recorded size and checksum (ShardError else)."""
-        path = self.root / info.file
-        if not path.exists():
-            raise ShardError(f"shard {path} is recorded in {self.root / MANIFEST} but missing")
-        size = path.stat().st_size
-        if size != info.bytes:
-            raise ShardError(f"shard {path} is truncated or altered: {size} bytes, the manifest records {info.bytes}")
-        if file_sha256(path) != info.sha256:
-            raise ShardError(f"shard {path} is corrupt: its SHA-256 differs from the manifest's")
-        return path
+        return _verify_file("shard", self.root / info.file, info.bytes, info.sha256, self.root / MANIFEST)
 
     def read(self, index: int):
         """The Rollouts of recorded shard `index` (hidden as float32), verified first."""
@@ -268,9 +272,7 @@ class AuxStore:
         if entry is None or entry["shard_sha256"] != info.sha256:
             raise ShardError(f"{self.store.root / info.file} has no aux features for layers {list(self.layers)} in "
                              f"{self.root}: compute them (train_eagle.py stage=data with aux_layers set)")
-        path = self.root / entry["file"]
-        if not path.exists() or path.stat().st_size != entry["bytes"] or file_sha256(path) != entry["sha256"]:
-            raise ShardError(f"aux file {path} is missing, truncated or corrupt (size or SHA-256 differs from {self.root / MANIFEST})")
+        path = _verify_file("aux file", self.root / entry["file"], entry["bytes"], entry["sha256"], self.root / MANIFEST)
         try:
             aux = load_file(str(path))["aux"]
         except (SafetensorError, KeyError) as err:
