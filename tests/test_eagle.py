@@ -241,3 +241,6 @@ def test_a_fused_head_round_trips_through_its_files(tmp_path):
     a = _draft(build("eagle", target=tiny, head=head), tiny, "tree(3,2,1)")
     b = _draft(build("eagle", target=tiny, head=loaded), tiny, "tree(3,2,1)")
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    plain, features = random_head(tiny), torch.zeros(1, 2, 2 * tiny.hidden_size)
+    with pytest.raises(ValueError, match=r"carry 1 aux layers; this head fuses 0 \(\[\]\)"):
+        plain(features, torch.zeros(1, 2, tiny.hidden_size), torch.arange(2), None)

@@ -170,9 +170,9 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([token_embeds, features[..., :hsize]], -1).to(self.fc.weight.dtype))
         if features.shape[-1] > hsize:
             aux = features[..., hsize:].to(x.dtype).split(hsize, -1)
-            if len(aux) != len(self.aux_norms):
+            if len(aux) != len(self.config.aux_layers):
                 raise ValueError(f"features of width {features.shape[-1]} carry {len(aux)} aux layers; "
-                                 f"this head fuses {len(self.aux_norms)} ({list(self.config.aux_layers)})")
+                                 f"this head fuses {len(self.config.aux_layers)} ({list(self.config.aux_layers)})")
             x = x + self.fc_aux(torch.cat([norm(a) for norm, a in zip(self.aux_norms, aux)], -1))
         position_ids = positions[None].to(x.device)  # [B, n]
         cos_sin = self.rotary(x, position_ids)
