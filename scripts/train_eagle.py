@@ -5,6 +5,7 @@
     python scripts/train_eagle.py stage=train resume=true           # continue training from out_dir/last
     python scripts/train_eagle.py device=cuda gen_batch_size=256    # the same on a GPU
     python scripts/train_eagle.py 'aux_layers=[3,15]' init_head=PLAIN_HEAD   # EAGLE-3 fusion, from a plain head
+    python scripts/train_eagle.py stage=train 'extra_data_dirs=[outputs/old-data]'  # train on another run's data too
     python scripts/train_eagle.py 'sources=[chat:64,stdlib:16]' num_validation=8 shard_prompts=16 \\
         gen_batch_size=16 max_new_tokens=32 max_steps=20 val_every=10 out_dir=outputs/eagle-smoke   # smoke
 
@@ -42,7 +43,7 @@ from tqdm import tqdm
 import specdec
 from specdec.drafters.eagle import HEADS_DIR
 from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, widen
-from specdec.drafters.eagle_shards import AuxStore, ShardStore, read_union
+from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardStore, read_union
 from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_aux, fill_shards, make_batch,
                                              self_instruct, unroll)
 from specdec.drafters.training_prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
@@ -94,6 +95,10 @@ class TrainConfig:
     validation split. stage=train reads every data_dir/train* store (a shard index twice: once)."""
     worker: int = 0
     """This process's k in 0..workers-1."""
+    extra_data_dirs: list[str] = field(default_factory=list)
+    """stage=train also trains on the training stores of these data directories (rollouts of other
+    prompt lists with the same rollout settings, e.g. an earlier run's data); validation stays
+    data_dir's. Shards are de-duplicated within a directory, never across."""
     init_head: str = ""
     """Start from this head (.safetensors) instead of a random initialisation ('' = random)."""
     resume: bool = False
@@ -286,7 +291,12 @@ def main(raw) -> None:
                           "minutes": round(data_minutes, 1)}), flush=True)
         return
     layers = tuple(cfg.aux_layers)
-    data, val = read_union(train_stores(cfg, target, data_dir), layers), read_union([val_store], layers)
+    data_dirs = [data_dir] + [Path(hydra.utils.to_absolute_path(d)) for d in cfg.extra_data_dirs]
+    missing = [str(d) for d in data_dirs[1:] if not train_stores(cfg, target, d)]
+    if missing:
+        raise FileNotFoundError(f"extra_data_dirs {missing} hold no training store (train*/manifest.json)")
+    data = Rollouts.concat([read_union(train_stores(cfg, target, d), layers) for d in data_dirs])
+    val = read_union([val_store], layers)
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
 

@@ -220,6 +220,24 @@ def test_chat_prompts_vary_in_task_length_and_turns():
         assert marker in text
 
 
+def test_natural_sources_are_written_chats_and_a_bad_line_is_named(tmp_path):
+    """Every natural_*.jsonl is a registered source of distinct chats (user first and last, some
+    multi-turn); a line with an even number of turns is an error naming the file and line."""
+    from specdec.drafters.training_prompts import natural
+
+    names = [n for n in SOURCES if n.startswith("natural-")]
+    assert len(names) == len(list(natural.HERE.glob("natural_*.jsonl"))) >= 2
+    for name in names:
+        prompts = SOURCES[name](100_000, 0)
+        assert len(prompts) >= 500 and len({prompt_text(p) for p in prompts}) == len(prompts)
+        assert all(p[0]["role"] == p[-1]["role"] == "user" for p in prompts) and any(len(p) == 3 for p in prompts)
+        assert SOURCES[name](50, 1) != SOURCES[name](50, 0) and SOURCES[name](50, 0) == prompts[:50]
+    bad = tmp_path / "natural_bad.jsonl"
+    bad.write_text('{"turns": ["hi"]}\n{"turns": ["hi", "hello"]}\n')
+    with pytest.raises(ValueError, match="natural_bad.jsonl:2: 'turns' must be an odd number"):
+        natural.load([bad])
+
+
 def test_split_is_disjoint_and_an_overlapping_validation_set_is_an_error():
     prompts = collect({"chat": 300, "stdlib": 40}, seed=1)
     train, val = split(prompts, 30, seed=1)
@@ -276,6 +294,16 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     assert (tmp_path / "data" / "train" / "aux-1" / "manifest.json").exists()
     assert (tmp_path / "data" / "train" / "manifest.json").read_text() == manifest
     assert EagleHead.load(tmp_path / "fused" / "last.safetensors").config.aux_layers == (1,)
+    # another prompt list in its own data_dir, trained on together with the first run's data
+    old = json.loads((tmp_path / "summary.json").read_text())["train_sequences"]
+    mixed = run("max_steps=1", "sources=[stdlib:12]", f"data_dir={tmp_path}/data2", f"out_dir={tmp_path}/mixed",
+                f"extra_data_dirs=[{tmp_path}/data]")
+    assert mixed.returncode == 0, mixed.stderr[-2000:]
+    store = tmp_path / "data2" / "train"
+    new = len(read_union([ShardStore(store, json.loads((store / "manifest.json").read_text())["fingerprint"])]).sequences)
+    assert json.loads((tmp_path / "mixed" / "summary.json").read_text())["train_sequences"] == old + new
+    lost = run("stage=train", "max_steps=1", f"out_dir={tmp_path}/lost", f"extra_data_dirs=[{tmp_path}/nowhere]")
+    assert lost.returncode != 0 and "nowhere" in lost.stderr and "hold no training store" in lost.stderr
 
 
 def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp_path):

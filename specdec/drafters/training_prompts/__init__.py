@@ -12,6 +12,8 @@ Sources (each module docstring says where its text comes from):
   rewriting, extraction, multi-turn) x styles and lengths, filled under a seed (chat.py).
 - `stdlib`: passages from the docstrings of Python's standard library (PSF licence; ships with the
   interpreter) wrapped in rewriting / extraction / summarising / explaining tasks (stdlib.py).
+- `natural-<name>`: chat prompts written for this project one by one, as people type them, one
+  source per file natural_<name>.jsonl (natural.py).
 - `templates-v1`: the templates the first shipped head was trained on (kept for reproducibility).
 
 The evaluation suites (experiments/prompts/*.jsonl) are never read here; tests/test_eagle_training.py
@@ -130,4 +132,4 @@ def check_disjoint(train: list[Prompt], validation: list[Prompt], n: int = 8, wh
                          f"{[o[:80] for o in overlap[:3]]}")
 
 
-from specdec.drafters.training_prompts import chat, stdlib, templates_v1  # noqa: E402,F401  (registers the sources)
+from specdec.drafters.training_prompts import chat, natural, stdlib, templates_v1  # noqa: E402,F401  (registers the sources)

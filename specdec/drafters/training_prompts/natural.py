@@ -1,0 +1,65 @@
+"""The `natural-*` prompt sources: chat prompts written out one by one, as people type them.
+
+The `chat` source fills templates, so its prompts share their phrasings ("Is X good or bad for the
+environment? Answer in one paragraph."), and a head trained on the target's answers to them learns
+those answers' openings. These prompts were written for this project (2026-12-01) as individual
+messages, one source per file (`natural-<name>` reads natural_<name>.jsonl):
+- `natural-life`: everyday life (cooking, home, travel, money, work, relationships, hobbies, ...);
+- `natural-tasks`: knowledge and tasks (science, history, computers, coding, math, writing,
+  rewriting and extraction over an included passage, recommendations, ...);
+- `natural-talk`: conversation and creative or personal requests (opinions, dilemmas, role-play,
+  stories and poems with specific details, games, replies to a pasted email or message, plans);
+- `natural-study`: students and working people (homework in every subject, exams, business,
+  spreadsheets, programming with pasted errors, IT troubleshooting, paperwork, grammar);
+~800 each, in varied lengths, tones and constraints, one in six to one in fourteen multi-turn. Each line of a file is
+{"turns": [user, assistant, user, ...]} (an odd number of turns, user first and last).
+
+The writers never saw the evaluation suites (experiments/prompts/); tests/test_eagle_training.py
+checks every source against all of them. Ten prompts that coincided with an evaluation prompt by
+chance (e.g. "why do cats purr") were removed when that check first ran.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from specdec.drafters.training_prompts import Prompt, register
+
+HERE = Path(__file__).parent
+
+
+def load(files: list[Path]) -> list[Prompt]:
+    """Every prompt of `files`, in file order, each turn stripped, duplicates (by text) dropped.
+    ValueError naming the file and line for a line that is not a chat with an odd number of turns."""
+    out, seen = [], set()
+    roles = ("user", "assistant")
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            turns = json.loads(line).get("turns")
+            if not isinstance(turns, list) or len(turns) % 2 != 1 or not all(isinstance(t, str) and t.strip()
+                                                                              for t in turns):
+                raise ValueError(f"{path}:{number}: 'turns' must be an odd number of non-empty strings "
+                                 "(user first and last)")
+            prompt = tuple({"role": roles[i % 2], "content": t.strip()} for i, t in enumerate(turns))
+            key = "\n".join(m["content"] for m in prompt)
+            if key not in seen:
+                seen.add(key)
+                out.append(prompt)
+    return out
+
+
+def _source(name: str):
+    def prompts(n: int, seed: int = 0) -> list[Prompt]:
+        """Up to `n` of the prompts of natural_<name>.jsonl, in an order shuffled under `seed`."""
+        pool = load([HERE / f"natural_{name}.jsonl"])
+        random.Random(f"natural-{name}-{seed}").shuffle(pool)
+        return pool[:n]
+    return prompts
+
+
+for _name in sorted(p.stem.removeprefix("natural_") for p in HERE.glob("natural_*.jsonl")):
+    register(f"natural-{_name}")(_source(_name))
