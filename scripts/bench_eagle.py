@@ -7,11 +7,18 @@ or the rollout throughput of training-data generation per batch size.
     python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
     python scripts/bench_eagle.py --prompts 1 --max-new-tokens 16  # a smoke run
     python scripts/bench_eagle.py --rollout-batches 1 32 --prompts 32 --max-new-tokens 64  # rollout tokens/s
+    python scripts/bench_eagle.py --teacher-forced 6 --heads ...  # acceptance per depth on target rollouts, fast
 
 Prompts: the first turn of each question in `--suite` (default experiments/prompts/default.jsonl;
 chat template applied). At T = 0 every configuration must reproduce the plain greedy output (else
 AssertionError). For every prompt the plain loop and every EAGLE configuration run back to back, so
 load drift hits all of them alike. Prints a human card, then one JSON line.
+
+`--teacher-forced D` scores instead each head's greedy chain(D) acceptance per depth on the target's
+own greedy continuations of the prompts (computed once, batched), exactly as training's validation
+does (specdec/drafters/eagle_training.py `acceptance_per_depth`): what a greedy chain(D) draft
+would get from every position of those sequences (a real run drafts only from the positions its
+steps reach, so its MAL differs a little), seconds per head rather than minutes, and no timings.
 """
 
 from __future__ import annotations
@@ -73,6 +80,36 @@ def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_token
                 "tokens_per_s": tokens[b] / seconds[b]} for b in batches}
 
 
+def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max_new_tokens: int, depth: int,
+                   vocab: int | None) -> dict:
+    """Greedy chain acceptance per depth (acc@s, chain MAL) of every head on the target's greedy
+    continuations of `prompts`, teacher-forced: one batched rollout, one prefill per sequence for
+    the aux layers of fused heads, then eagle_training.acceptance_per_depth per head."""
+    from specdec.drafters.eagle import HEADS_DIR
+    from specdec.drafters.eagle_head import EagleHead
+    from specdec.drafters.eagle_training import acceptance_per_depth, make_batch, rollout_batch
+
+    loaded = {label: EagleHead.load(path or HEADS_DIR / f"{target.name}.safetensors").float().eval()
+              for label, path in heads.items()}
+    layers = sorted({k for h in loaded.values() for k in h.config.aux_layers})
+    data = rollout_batch(target, prompts, max_new_tokens=max_new_tokens, temperature=0.0)
+    with torch.inference_mode():
+        states = [target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
+                  for seq in data.sequences] if layers else []
+    embed = target.base.get_input_embeddings()
+    lm_weight = target.lm_head.weight.detach().float()
+    out = {}
+    for label, head in loaded.items():
+        own = head.config.aux_layers
+        data.aux = [torch.cat([s[k][0].float().cpu() for k in own], -1) for s in states] if own else []
+        batches = [make_batch(data, list(range(b, min(len(data.sequences), b + 8))), 10**6)
+                   for b in range(0, len(data.sequences), 8)]
+        ids = head.draft_vocab[:vocab] if vocab else torch.arange(target.vocab_size)
+        out[label] = acceptance_per_depth(head, embed, lm_weight[ids.to(lm_weight.device)], ids.to(lm_weight.device),
+                                          batches, depth)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
@@ -90,6 +127,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
                         help="instead: measure training-rollout tokens/s at these batch sizes")
+    parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
+                        help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -110,6 +149,22 @@ def main() -> None:
         print(json.dumps({"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
                           "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
                           "machine": machine, "results": rows}))
+        return
+
+    if args.teacher_forced:
+        started = time.perf_counter()
+        vocab = None if args.vocabs[0] == "full" else int(args.vocabs[0])
+        rows = teacher_forced(target, parse_heads(args.heads), prompts, args.max_new_tokens, args.teacher_forced, vocab)
+        print(f"Teacher-forced acceptance: target {target.name}, {len(prompts)} prompts from {args.suite} "
+              f"(stride {args.stride}), greedy rollouts of {args.max_new_tokens} tokens, draft vocab "
+              f"{vocab or target.vocab_size}, {time.perf_counter() - started:.0f} s")
+        for label, row in rows.items():
+            accs = " ".join(f"{row[f'acc@{s}']:.3f}" for s in range(1, args.teacher_forced + 1))
+            print(f"{label:20s} acc@1..{args.teacher_forced} {accs}  chain({args.teacher_forced}) MAL "
+                  f"{row['chain_mal']:.3f}  ({row['positions']} positions)")
+        print(json.dumps({"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
+                          "source": str(args.suite), "stride": args.stride, "max_new_tokens": args.max_new_tokens,
+                          "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}))
         return
 
     methods: dict[str, tuple[object, str]] = {"plain": (None, "chain(1)")}
