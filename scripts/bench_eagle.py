@@ -93,15 +93,17 @@ def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max
               for label, path in heads.items()}
     layers = sorted({k for h in loaded.values() for k in h.config.aux_layers})
     data = rollout_batch(target, prompts, max_new_tokens=max_new_tokens, temperature=0.0)
+    states = []  # per sequence: {layer: [n, H]}, only the layers some head fuses
     with torch.inference_mode():
-        states = [target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
-                  for seq in data.sequences] if layers else []
+        for seq in data.sequences if layers else []:
+            hidden = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
+            states.append({k: hidden[k][0].float().cpu() for k in layers})
     embed = target.base.get_input_embeddings()
     lm_weight = target.lm_head.weight.detach().float()
     out = {}
     for label, head in loaded.items():
         own = head.config.aux_layers
-        data.aux = [torch.cat([s[k][0].float().cpu() for k in own], -1) for s in states] if own else []
+        data.aux = [torch.cat([s[k] for k in own], -1) for s in states] if own else []
         batches = [make_batch(data, list(range(b, min(len(data.sequences), b + 8))), 10**6)
                    for b in range(0, len(data.sequences), 8)]
         ids = head.draft_vocab[:vocab] if vocab else torch.arange(target.vocab_size)

@@ -292,10 +292,11 @@ def main(raw) -> None:
         return
     layers = tuple(cfg.aux_layers)
     data_dirs = [data_dir] + [Path(hydra.utils.to_absolute_path(d)) for d in cfg.extra_data_dirs]
-    missing = [str(d) for d in data_dirs[1:] if not train_stores(cfg, target, d)]
+    stores = {d: train_stores(cfg, target, d) for d in data_dirs}
+    missing = [str(d) for d in data_dirs[1:] if not stores[d]]
     if missing:
         raise FileNotFoundError(f"extra_data_dirs {missing} hold no training store (train*/manifest.json)")
-    data = Rollouts.concat([read_union(train_stores(cfg, target, d), layers) for d in data_dirs])
+    data = Rollouts.concat([read_union(stores[d], layers) for d in data_dirs])
     val = read_union([val_store], layers)
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
