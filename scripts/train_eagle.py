@@ -15,9 +15,9 @@ experiments/prompts/ (an 8-word overlap is an error) and split into training and
 (checked disjoint). (2) Rollouts: the target's own continuations (greedy; every n-th shard sampled)
 in batches, written as checksummed shards under `data_dir/{train,val}` (specdec/drafters/eagle_shards.py);
 a rerun generates only the shards the manifest lacks, and training uses whatever is recorded (partial
-data is fine); with `aux_layers`, the target's hidden states after those layers are then computed for
-every recorded shard that lacks them (a prefill per sequence, `<store>/aux-<layers>/`, resumable the
-same way). (3) Training: EAGLE's loss per depth over the head's own multi-step predictions
+data is fine); with `aux_layers`, the target's hidden states after those layers are recorded with each
+new shard from the rollout's own forwards, and computed for any recorded shard that lacks them (a
+prefill per sequence), in `<store>/aux-<layers>/`, resumable the same way. (3) Training: EAGLE's loss per depth over the head's own multi-step predictions
 (`ttt_depth`; 1 = the plain EAGLE objective), optionally truncated after the first wrong depth
 (`truncate`); validation acceptance per depth every `val_every` steps (in the progress bar and
 `train_log.jsonl`); the best head by validation chain MAL is `out_dir/head-best`, the latest state
@@ -275,13 +275,16 @@ def main(raw) -> None:
         deadline = started + 60 * cfg.data_max_minutes
         common = dict(shard_prompts=cfg.shard_prompts, batch_size=cfg.gen_batch_size, max_new_tokens=cfg.max_new_tokens,
                       temperature=cfg.temperature, seed=cfg.seed, hidden_dtype=getattr(torch, cfg.hidden_dtype))
-        if cfg.worker == 0:
-            fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", **common)
-        fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
-                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts", **common)
-        if cfg.aux_layers:
-            layers = tuple(cfg.aux_layers)
+        layers = tuple(cfg.aux_layers)
+        if layers:
             HeadConfig.for_target(target, aux_layers=layers).check_target(target)
+        if cfg.worker == 0:
+            fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts",
+                        aux_store=AuxStore(val_store, layers) if layers else None, **common)
+        fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
+                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts",
+                    aux_store=AuxStore(train_store, layers) if layers else None, **common)
+        if layers:  # shards recorded before aux_layers was set (or whose aux write was interrupted)
             if cfg.worker == 0:
                 fill_aux(target, AuxStore(val_store, layers), desc="val aux features")
             fill_aux(target, AuxStore(train_store, layers), desc="train aux features")

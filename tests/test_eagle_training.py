@@ -297,9 +297,11 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     # another prompt list in its own data_dir, trained on together with the first run's data
     old = json.loads((tmp_path / "summary.json").read_text())["train_sequences"]
     mixed = run("max_steps=1", "sources=[stdlib:12]", f"data_dir={tmp_path}/data2", f"out_dir={tmp_path}/mixed",
-                f"extra_data_dirs=[{tmp_path}/data]")
+                f"extra_data_dirs=[{tmp_path}/data]", "aux_layers=[1]")  # new shards: aux from the rollouts
     assert mixed.returncode == 0, mixed.stderr[-2000:]
+    assert "train aux features: 0shard" in mixed.stderr and "train aux features: 100%" not in mixed.stderr
     store = tmp_path / "data2" / "train"
+    assert (store / "aux-1" / "manifest.json").exists()
     new = len(read_union([ShardStore(store, json.loads((store / "manifest.json").read_text())["fingerprint"])]).sequences)
     assert json.loads((tmp_path / "mixed" / "summary.json").read_text())["train_sequences"] == old + new
     lost = run("stage=train", "max_steps=1", f"out_dir={tmp_path}/lost", f"extra_data_dirs=[{tmp_path}/nowhere]")
@@ -358,6 +360,29 @@ def test_aux_features_are_the_targets_hidden_states_and_a_bad_file_is_named(tiny
         read_union([ShardStore(tmp_path / "s", FINGERPRINT)], (1,))
     with pytest.raises(ShardError, match="shard-00000.safetensors has no aux features for layers \\[3\\]"):
         read_union([store], (3,))
+
+
+def test_rollouts_record_aux_features_equal_to_fill_aux_and_the_same_shards(tiny, tmp_path, monkeypatch):
+    """fill_shards with an AuxStore records each shard's aux features from the rollout's own forwards:
+    the same shards as without it, and the same features as fill_aux's prefill (bf16 rounding), so
+    fill_aux finds nothing left to do."""
+    from specdec.drafters.eagle_shards import AuxStore
+    from specdec.drafters.eagle_training import fill_aux
+
+    monkeypatch.setattr(tiny, "aux_layers", ())
+    plain, during, after = (ShardStore(tmp_path / n, FINGERPRINT) for n in ("plain", "during", "after"))
+    fill(tiny, plain)
+    fill(tiny, during, aux_store=AuxStore(during, (1, 2)))
+    fill(tiny, after)
+    assert {i: v.sha256 for i, v in during.shards.items()} == {i: v.sha256 for i, v in plain.shards.items()}
+    assert AuxStore(during, (1, 2)).done() == set(during.shards) == {0, 1, 2}
+    fill_aux(tiny, AuxStore(after, (1, 2)))
+    got, want = read_union([during], (1, 2)), read_union([after], (1, 2))
+    assert len(got.aux) == len(PROMPTS)
+    for a, b, seq in zip(got.aux, want.aux, got.sequences):
+        assert a.shape == (seq.numel(), 2 * tiny.hidden_size)
+        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.02)
+    assert not torch.equal(got.aux[0][:, :tiny.hidden_size], got.aux[0][:, tiny.hidden_size:])  # two layers, in order
 
 
 def test_unroll_with_aux_layers_predicts_what_a_fused_head_drafts(tiny, monkeypatch):

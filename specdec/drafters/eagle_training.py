@@ -7,7 +7,7 @@ batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed
 2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
 per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
 `acceptance_per_depth` (validation), and `fill_aux` (EAGLE-3's low/mid-layer features of recorded
-shards, by a prefill of each sequence). Knows nothing about Hydra, files or drafting: prompt sources
+shards, by a prefill of each sequence; new shards get them from the rollout itself). Knows nothing about Hydra, files or drafting: prompt sources
 live in specdec/drafters/training_prompts/, shards in specdec/drafters/eagle_shards.py and
 scripts/train_eagle.py drives it all.
 
@@ -43,13 +43,15 @@ def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
 
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
-                  generator: torch.Generator | None = None) -> Rollouts:
+                  generator: torch.Generator | None = None, aux_layers: tuple[int, ...] = ()) -> Rollouts:
     """Let `target` continue every prompt at once (temperature 0 = greedy): one left-padded batch,
     an attention mask over the padding, a KV cache. A sequence ends at EOS (dropped) or after
     `max_new_tokens`; the token whose hidden state was never computed (the last) is dropped. A row
     that ends leaves the batch (its cache rows are dropped), so long answers do not make short ones
     pay for padding steps.
-    Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty)."""
+    Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty).
+    With `aux_layers`, `aux` holds the hidden states of those layers at every kept position (bf16, the
+    same states fill_aux's prefill computes, up to rounding), taken from the rollout's own forwards."""
     device = target.device
     pad = getattr(target.tokenizer, "pad_token_id", None) or 0  # never attended to: any id will do
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
@@ -62,13 +64,21 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
             >= torch.tensor([width - len(e) for e in encoded], device=device)[:, None]).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
     cache = DynamicCache()
-    h = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True).last_hidden_state  # [b, width, H]
+    want_aux = bool(aux_layers)
+
+    def aux_of(out) -> torch.Tensor:  # [rows, N, kH] bf16 on the CPU
+        return torch.cat([out.hidden_states[k] for k in aux_layers], -1).to(torch.bfloat16).cpu()
+
+    out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                      output_hidden_states=want_aux)
+    h = out.last_hidden_state  # [b, width, H]
     prompt_h = h.float().cpu()
+    prompt_aux = aux_of(out) if want_aux else None  # [b, width, kH]
     live = torch.arange(b)  # original row of each batch entry still generating
     last_h, last = h[:, -1], positions[:, -1]  # [live, H], [live]
     tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
     hidden = [[] for _ in range(b)]  # [H] per generated token fed back (all but EOS and the very last)
+    aux = [[] for _ in range(b)]  # [kH] per such token, with aux_layers
     for step in range(max_new_tokens):
         logits = target.lm_head(last_h).float()  # [live, V]
         if target.softcap:
@@ -89,33 +99,42 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
             live, nxt, mask, last = live[keep.cpu()], nxt[keep], mask[keep], last[keep]
         mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
-        last_h = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                             cache=cache, use_cache=True).last_hidden_state[:, -1]  # [live, H]
+        out = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
+                          cache=cache, use_cache=True, output_hidden_states=want_aux)
+        last_h = out.last_hidden_state[:, -1]  # [live, H]
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
-    out = Rollouts([], [])
+        if want_aux:
+            for row, vec in zip(live.tolist(), aux_of(out)[:, -1]):
+                aux[row].append(vec)
+    result = Rollouts([], [])
     for row, e in enumerate(encoded):
         keep = len(hidden[row])  # generated tokens whose hidden state exists (EOS and the last one have none)
         gen_h = torch.stack(hidden[row]) if keep else prompt_h[row, :0]
-        out.sequences.append(torch.tensor(e + tokens[row][:keep]))
-        out.hidden.append(torch.cat([prompt_h[row, width - len(e):], gen_h]).clone())
-        out.prompt_len.append(len(e))
-        out.temperature.append(float(temperature))
-    return out
+        result.sequences.append(torch.tensor(e + tokens[row][:keep]))
+        result.hidden.append(torch.cat([prompt_h[row, width - len(e):], gen_h]).clone())
+        result.prompt_len.append(len(e))
+        result.temperature.append(float(temperature))
+        if want_aux:
+            gen_a = torch.stack(aux[row]) if keep else prompt_aux[row, :0]
+            result.aux.append(torch.cat([prompt_aux[row, width - len(e):], gen_a]).clone())
+    return result
 
 
 def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int]], *, shard_prompts: int,
                 batch_size: int, max_new_tokens: int, sampled_fraction: float = 0.0, temperature: float = 0.7,
                 seed: int = 0, hidden_dtype: torch.dtype = torch.bfloat16, deadline: float = float("inf"),
                 max_shards: int | None = None, worker: tuple[int, int] = (0, 1), skip: set[int] = frozenset(),
-                desc: str = "rollouts") -> None:
+                aux_store: AuxStore | None = None, desc: str = "rollouts") -> None:
     """Write every shard of `prompts` that `store` lacks, in index order, until time.perf_counter()
     passes `deadline` or `max_shards` were written. Shard i holds prompts [i * shard_prompts,
     (i + 1) * shard_prompts); it is sampled (at `temperature`) when sampled_fraction > 0 and
     i % round(1 / sampled_fraction) is the last residue, else greedy; its sampling seed depends on
     (seed, i) only, so a shard's content does not depend on which run wrote it. `worker=(k, n)` writes
     only shards i with i % n == k (n processes share the prompt list, each with its own store);
-    `skip` lists shards another store already holds."""
+    `skip` lists shards another store already holds. With `aux_store` (over `store`), each new shard's
+    aux features are recorded from the rollout's own forwards right after the shard (fill_aux then
+    has nothing left to do for it; a shard whose aux write was interrupted is left to fill_aux)."""
     import time
 
     from tqdm import tqdm
@@ -145,12 +164,16 @@ def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int
         for start in range(rows.start, rows.stop, batch_size):
             batch_rows = list(range(start, min(rows.stop, start + batch_size)))
             part = rollout_batch(target, [prompts[r] for r in batch_rows], max_new_tokens=max_new_tokens,
-                                 temperature=shard_temperature, generator=generator)
+                                 temperature=shard_temperature, generator=generator,
+                                 aux_layers=aux_store.layers if aux_store is not None else ())
             part.prompt_index = batch_rows
             parts.append(part)
             tokens += sum(s.numel() - n for s, n in zip(part.sequences, part.prompt_len))
             bar.set_postfix(gen_tok_per_s=f"{tokens / (time.perf_counter() - started):.0f}")
-        store.write(i, Rollouts.concat(parts), [texts[r] for r in rows], hidden_dtype)
+        shard = Rollouts.concat(parts)
+        store.write(i, shard, [texts[r] for r in rows], hidden_dtype)
+        if aux_store is not None:
+            aux_store.write(i, torch.cat(shard.aux))
 
 
 @torch.inference_mode()

@@ -11,12 +11,22 @@ messages, one source per file (`natural-<name>` reads natural_<name>.jsonl):
   stories and poems with specific details, games, replies to a pasted email or message, plans);
 - `natural-study`: students and working people (homework in every subject, exams, business,
   spreadsheets, programming with pasted errors, IT troubleshooting, paperwork, grammar);
+and, a second round (same day, four more writers, each told only its area and the format):
+- `natural-help`: practical help (devices and apps, home repair, garden, pets, cars, fitness,
+  parenting, moving, shopping, events, recipes, budgets, paperwork);
+- `natural-write`: writing and editing (rewrite, shorten, re-tone or summarise a pasted text,
+  extract items from it, draft emails, letters, toasts, posts, descriptions, poems; translate);
+- `natural-curious`: curiosity and explanations (nature, space, the body, history, words, money,
+  culture, "difference between", "explain like I'm 10", recommendations with reasons);
+- `natural-code`: code, data and math (functions in a dozen languages, pasted snippets, bugs and
+  tracebacks, regex, git, spreadsheets, SQL, pandas; word problems, algebra, probability);
 ~800 each, in varied lengths, tones and constraints, one in six to one in fourteen multi-turn. Each line of a file is
 {"turns": [user, assistant, user, ...]} (an odd number of turns, user first and last).
 
 The writers never saw the evaluation suites (experiments/prompts/); tests/test_eagle_training.py
-checks every source against all of them. Ten prompts that coincided with an evaluation prompt by
-chance (e.g. "why do cats purr") were removed when that check first ran.
+checks every source against all of them. Prompts that coincided with an evaluation prompt by chance
+were removed when that check first ran: ten of the first round (e.g. "why do cats purr"), two of the
+second ("what should I look for when buying a ...").
 """
 
 from __future__ import annotations
