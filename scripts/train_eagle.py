@@ -17,9 +17,9 @@ in batches, written as checksummed shards under `data_dir/{train,val}` (specdec/
 a rerun generates only the shards the manifest lacks, and training uses whatever is recorded (partial
 data is fine); with `aux_layers`, the target's hidden states after those layers are recorded with each
 new shard from the rollout's own forwards, and computed for any recorded shard that lacks them (a
-prefill per sequence), in `<store>/aux-<layers>/`, resumable the same way. (3) Training: EAGLE's loss per depth over the head's own multi-step predictions
-(`ttt_depth`; 1 = the plain EAGLE objective), optionally truncated after the first wrong depth
-(`truncate`); validation acceptance per depth every `val_every` steps (in the progress bar and
+prefill per sequence), in `<store>/aux-<layers>/`, resumable the same way. (3) Training: EAGLE's
+loss per depth over the head's own multi-step predictions (`ttt_depth`; 1 = the plain EAGLE
+objective), optionally truncated after the first wrong depth (`truncate`); validation acceptance per depth every `val_every` steps (in the progress bar and
 `train_log.jsonl`); the best head by validation chain MAL is `out_dir/head-best`, the latest state
 `out_dir/last` (+ `last.state.pt`), from which `resume=true` continues. The resolved config is saved
 beside the results.

@@ -7,9 +7,9 @@ batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed
 2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
 per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
 `acceptance_per_depth` (validation), and `fill_aux` (EAGLE-3's low/mid-layer features of recorded
-shards, by a prefill of each sequence; new shards get them from the rollout itself). Knows nothing about Hydra, files or drafting: prompt sources
-live in specdec/drafters/training_prompts/, shards in specdec/drafters/eagle_shards.py and
-scripts/train_eagle.py drives it all.
+shards, by a prefill of each sequence; new shards get them from the rollout itself). Knows nothing
+about Hydra, files or drafting: prompt sources live in specdec/drafters/training_prompts/, shards in
+specdec/drafters/eagle_shards.py and scripts/train_eagle.py drives it all.
 
 Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
 pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
