@@ -19,10 +19,10 @@ data is fine); with `aux_layers`, the target's hidden states after those layers 
 new shard from the rollout's own forwards, and computed for any recorded shard that lacks them (a
 prefill per sequence), in `<store>/aux-<layers>/`, resumable the same way. (3) Training: EAGLE's
 loss per depth over the head's own multi-step predictions (`ttt_depth`; 1 = the plain EAGLE
-objective), optionally truncated after the first wrong depth (`truncate`); validation acceptance per depth every `val_every` steps (in the progress bar and
-`train_log.jsonl`); the best head by validation chain MAL is `out_dir/head-best`, the latest state
-`out_dir/last` (+ `last.state.pt`), from which `resume=true` continues. The resolved config is saved
-beside the results.
+objective), optionally truncated after the first wrong depth (`truncate`); validation acceptance per
+depth every `val_every` steps (in the progress bar and `train_log.jsonl`); the best head by validation
+chain MAL is `out_dir/head-best`, the latest state `out_dir/last` (+ `last.state.pt`), from which
+`resume=true` continues. The resolved config is saved beside the results.
 """
 
 from __future__ import annotations
@@ -278,16 +278,17 @@ def main(raw) -> None:
         layers = tuple(cfg.aux_layers)
         if layers:
             HeadConfig.for_target(target, aux_layers=layers).check_target(target)
+        val_aux, train_aux = (AuxStore(val_store, layers), AuxStore(train_store, layers)) if layers else (None, None)
         if cfg.worker == 0:
-            fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts",
-                        aux_store=AuxStore(val_store, layers) if layers else None, **common)
+            fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", aux_store=val_aux,
+                        **common)
         fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
-                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts",
-                    aux_store=AuxStore(train_store, layers) if layers else None, **common)
+                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts", aux_store=train_aux,
+                    **common)
         if layers:  # shards recorded before aux_layers was set (or whose aux write was interrupted)
             if cfg.worker == 0:
-                fill_aux(target, AuxStore(val_store, layers), desc="val aux features")
-            fill_aux(target, AuxStore(train_store, layers), desc="train aux features")
+                fill_aux(target, val_aux, desc="val aux features")
+            fill_aux(target, train_aux, desc="train aux features")
     data_minutes = (time.perf_counter() - started) / 60
     if cfg.stage == "data":
         print(json.dumps({"train_tokens": train_store.num_tokens, "val_tokens": val_store.num_tokens,

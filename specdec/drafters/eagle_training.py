@@ -41,6 +41,12 @@ def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
     return target.encode_prompt(prompt)
 
 
+def aux_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """The hidden states of `layers` (HF `hidden_states` indices) side by side, [..., kH] bf16 on the CPU:
+    what an AuxStore records, whether from a rollout's forwards or a prefill."""
+    return torch.cat([hidden_states[k] for k in layers], -1).to(torch.bfloat16).cpu()
+
+
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
                   generator: torch.Generator | None = None, aux_layers: tuple[int, ...] = ()) -> Rollouts:
@@ -65,15 +71,11 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
     cache = DynamicCache()
     want_aux = bool(aux_layers)
-
-    def aux_of(out) -> torch.Tensor:  # [rows, N, kH] bf16 on the CPU
-        return torch.cat([out.hidden_states[k] for k in aux_layers], -1).to(torch.bfloat16).cpu()
-
     out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                       output_hidden_states=want_aux)
     h = out.last_hidden_state  # [b, width, H]
     prompt_h = h.float().cpu()
-    prompt_aux = aux_of(out) if want_aux else None  # [b, width, kH]
+    prompt_aux = aux_features(out.hidden_states, aux_layers) if want_aux else None  # [b, width, kH]
     live = torch.arange(b)  # original row of each batch entry still generating
     last_h, last = h[:, -1], positions[:, -1]  # [live, H], [live]
     tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
@@ -105,7 +107,7 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
         if want_aux:
-            for row, vec in zip(live.tolist(), aux_of(out)[:, -1]):
+            for row, vec in zip(live.tolist(), aux_features(out.hidden_states, aux_layers)[:, -1]):
                 aux[row].append(vec)
     result = Rollouts([], [])
     for row, e in enumerate(encoded):
@@ -191,7 +193,7 @@ def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), d
         rows = []
         for seq in rollouts.sequences:
             states = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
-            rows.append(torch.cat([states[layer][0] for layer in aux_store.layers], -1).to(torch.bfloat16).cpu())
+            rows.append(aux_features(states, aux_store.layers)[0])
         aux_store.write(i, torch.cat(rows))
 
 
