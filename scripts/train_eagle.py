@@ -267,6 +267,7 @@ def main(raw) -> None:
     if not 0 <= cfg.worker < cfg.workers:
         raise ValueError(f"worker must be in 0..workers-1, got worker={cfg.worker}, workers={cfg.workers}")
     val_store = ShardStore(data_dir / "val", {**fingerprint(cfg, target), "split": "val", "sampled_fraction": 0.0})
+    backfilled = 0  # shards whose aux features needed fill_aux's separate prefill pass
     if cfg.stage in ("all", "data"):
         train_store = ShardStore(data_dir / train_store_name(cfg), {**fingerprint(cfg, target), "split": "train"})
         others = set().union(*(s.done() for s in train_stores(cfg, target, data_dir) if s.root != train_store.root))
@@ -287,12 +288,12 @@ def main(raw) -> None:
                     **common)
         if layers:  # shards recorded before aux_layers was set (or whose aux write was interrupted)
             if cfg.worker == 0:
-                fill_aux(target, val_aux, desc="val aux features")
-            fill_aux(target, train_aux, desc="train aux features")
+                backfilled += fill_aux(target, val_aux, desc="val aux features")
+            backfilled += fill_aux(target, train_aux, desc="train aux features")
     data_minutes = (time.perf_counter() - started) / 60
     if cfg.stage == "data":
         print(json.dumps({"train_tokens": train_store.num_tokens, "val_tokens": val_store.num_tokens,
-                          "minutes": round(data_minutes, 1)}), flush=True)
+                          "aux_backfilled_shards": backfilled, "minutes": round(data_minutes, 1)}), flush=True)
         return
     layers = tuple(cfg.aux_layers)
     data_dirs = [data_dir] + [Path(hydra.utils.to_absolute_path(d)) for d in cfg.extra_data_dirs]
@@ -377,7 +378,7 @@ def main(raw) -> None:
             break
     bar.close()
     summary = {"train_sequences": len(data.sequences), "train_tokens": data.num_tokens, "val_tokens": val.num_tokens,
-               "data_minutes": round(data_minutes, 1), "total_minutes": round((time.perf_counter() - started) / 60, 1),
+               "aux_backfilled_shards": backfilled, "data_minutes": round(data_minutes, 1), "total_minutes": round((time.perf_counter() - started) / 60, 1),
                "steps": step, "best": best}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)

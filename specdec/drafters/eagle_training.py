@@ -179,10 +179,11 @@ def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int
 
 
 @torch.inference_mode()
-def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), desc: str = "aux features") -> None:
+def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), desc: str = "aux features") -> int:
     """Compute and record, for every shard of `aux_store.store` that lacks them, the target's hidden
     states at `aux_store.layers` for every token (one causal prefill per sequence: the same states the
-    rollout's KV-cached steps computed, up to rounding). `worker=(k, n)`: only shards i % n == k."""
+    rollout's KV-cached steps computed, up to rounding). `worker=(k, n)`: only shards i % n == k.
+    Returns how many shards it filled."""
     from tqdm import tqdm
 
     k, n = worker
@@ -195,6 +196,7 @@ def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), d
             states = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
             rows.append(aux_features(states, aux_store.layers)[0])
         aux_store.write(i, torch.cat(rows))
+    return len(todo)
 
 
 def self_instruct(target, topics: list[str], n: int, *, seed: int = 0, batch_size: int = 16,
