@@ -378,8 +378,8 @@ def main(raw) -> None:
             break
     bar.close()
     summary = {"train_sequences": len(data.sequences), "train_tokens": data.num_tokens, "val_tokens": val.num_tokens,
-               "aux_backfilled_shards": backfilled, "data_minutes": round(data_minutes, 1), "total_minutes": round((time.perf_counter() - started) / 60, 1),
-               "steps": step, "best": best}
+               "aux_backfilled_shards": backfilled, "data_minutes": round(data_minutes, 1),
+               "total_minutes": round((time.perf_counter() - started) / 60, 1), "steps": step, "best": best}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)
     if cfg.ship:
