@@ -36,6 +36,9 @@ class ModelConfig:
     """Device the target (and the drafter) run on."""
     dtype: Optional[str] = None
     """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
+    kernel: str = "auto"
+    """What runs the plain linear layers (`specdec.kernels`): `auto` (measured once per machine), `torch`,
+    `onednn`; the one chosen is in each cell's `target_info.kernel`."""
 
 
 @dataclass

@@ -64,7 +64,8 @@ LIBRARIES = ["specdec", "torch", "transformers", "hydra-core", "omegaconf", "num
 def cell_key(cfg: ExperimentConfig, questions_digest: str) -> dict[str, Any]:
     """Everything that changes a cell's numbers; two configs with equal keys are the same cell."""
     return {
-        "model": {"name": cfg.model.name, "device": cfg.model.device, "dtype": cfg.model.dtype},
+        "model": {"name": cfg.model.name, "device": cfg.model.device, "dtype": cfg.model.dtype,
+                  "kernel": cfg.model.kernel},
         "quant": quantization.parse_spec(cfg.quant.spec).text,
         "reference": REFERENCE_QUANT,
         "drafter": {"name": cfg.drafter.name, "options": dict(cfg.drafter.options)},
@@ -136,7 +137,8 @@ def versions() -> dict[str, str | None]:
 
 
 def _target_key(cfg: ExperimentConfig, spec: str | None = None) -> tuple:
-    return (cfg.model.name, cfg.model.device, cfg.model.dtype, cfg.quant.spec if spec is None else spec)
+    return (cfg.model.name, cfg.model.device, cfg.model.dtype, cfg.model.kernel,
+            cfg.quant.spec if spec is None else spec)
 
 
 def is_reference(spec: str) -> bool:
@@ -196,7 +198,7 @@ def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specde
             del _DRAFTERS[drafter_key]
     log.info("loading target %s (quant=%s)", cfg.model.name, key[-1])
     _TARGETS[key] = specdec.load_target(cfg.model.name, device=cfg.model.device, dtype=cfg.model.dtype,
-                                        quant=key[-1])
+                                        kernel=cfg.model.kernel, quant=key[-1])
     return _TARGETS[key]
 
 

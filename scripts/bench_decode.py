@@ -2,12 +2,15 @@
 
 Same target, prompts, lengths and greedy decoding. For every prompt all configurations run back to
 back (HF generate, HF prompt lookup, our plain loop, then each drafter x shape), so machine noise
-hits them alike. Prints a card per configuration: tokens/s, ratio to HF `generate` greedy and to HF
-prompt lookup (`prompt_lookup_num_tokens`), mean acceptance length (MAL), the split of step time
-into target forward / draft (propose + commit) / everything else, and how many outputs equal our
-plain loop's; then one JSON line. Not a test: a measurement.
+hits them alike. HF runs on the target's own model, so with its linear kernel (`--kernel`, default
+`auto`); when that is not `torch`, `hf_generate[torch kernel]` also runs HF on the same weights in
+transformers' own `nn.Linear`s (what a plain transformers user gets). Prints a card per
+configuration: tokens/s, ratio to HF `generate` greedy and to HF prompt lookup
+(`prompt_lookup_num_tokens`), mean acceptance length (MAL), the split of step time into target
+forward / draft (propose + commit) / everything else, and how many outputs equal our plain loop's;
+then one JSON line. Not a test: a measurement.
 
-    python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--drafters eagle,ngram]
+    python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto] [--drafters eagle,ngram]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
         [--new-tokens 64] [--threads 1]
 
@@ -28,6 +31,7 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec import kernels
 from specdec.drafters import build
 from specdec.latency import machine_name
 from specdec.loading import check_device
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
+    parser.add_argument("--kernel", default="auto", choices=kernels.CHOICES,
+                        help="linear kernel of the target (specdec.kernels); HF runs on the same model")
     parser.add_argument("--drafters", default="eagle,ngram", help="comma-separated registered drafters")
     parser.add_argument("--shapes", default="chain(4);dynamic(8,6,32);auto", help="semicolon-separated shapes")
     parser.add_argument("--prompts", default="chat_heldout")
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: unknown drafters {unknown}; registered: {', '.join(specdec.drafters.names())}")
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, args.num_prompts)
-    target = specdec.load_target(args.model, device=args.device, dtype=args.dtype)
+    target = specdec.load_target(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     n = args.new_tokens
 
@@ -106,8 +112,14 @@ def main(argv: list[str] | None = None) -> None:
             return out.token_ids, out.stats
         return run
 
+    def hf_stock(ids: list[int]) -> tuple[list[int], None]:
+        with kernels.plain_linears(target.model):  # the same weights in transformers' own nn.Linear
+            return hf(ids)
+
     configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
                "plain": ours(None, "chain(1)")}
+    if target.kernel != "torch":
+        configs["hf_generate[torch kernel]"] = hf_stock
     for name in drafter_names:
         drafter = build(name, target=target)
         for spec, shape in shapes.items():
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in configs:
             same[name] += outs[name] == outs["plain"]
     tps = {name: tokens[name] / seconds[name] for name in configs}
-    print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, greedy, {n} new tokens, "
+    print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, kernel {target.kernel}, greedy, {n} new tokens, "
           f"{len(prompts)} prompts from {args.prompts})")
     print(f"   machine: {machine_name(target.device)} ({platform.machine()}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; configurations interleaved per prompt")
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             text += f" {'':5s} {'':6s} {'':6s} {'':6s}"
         print(text + f" {same[name]:>3d}/{len(prompts)}")
         rows.append(row)
-    print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device),
+    print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
                       "dtype": str(target.dtype), "machine": machine_name(target.device), "prompts": args.prompts,
                       "num_prompts": len(prompts), "new_tokens": n, "threads": torch.get_num_threads(),
                       "configs": rows}))

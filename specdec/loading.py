@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from specdec import kernels
 from specdec.models import Target
 from specdec.quiet import no_progress_bars
 
@@ -52,6 +53,7 @@ def load_target(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     quant: str | None = None,
+    kernel: str = "auto",
     attn_implementation: str | None = None,
 ) -> Target:
     """Load a target model by built-in name, local directory or Hugging Face hub id.
@@ -63,9 +65,14 @@ def load_target(
         dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
             checkpoint's own dtype for others.
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
+        kernel: what runs the plain linear layers (`specdec.kernels`): `auto` (the faster of the
+            kernels that can run here, measured once per machine x target and cached), `torch`
+            (the modules as loaded), `onednn` (weights prepacked for oneDNN; CPU, fp32/bf16).
         attn_implementation: passed to transformers (e.g. "eager", "sdpa").
     """
     device = check_device(device)
+    if kernel not in kernels.CHOICES:
+        raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(kernels.CHOICES)}")
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32, bfloat16, float16")
@@ -78,7 +85,7 @@ def load_target(
         from specdec import quant as quant_lib
 
         target = quant_lib.quantize_target(target, quant)
-    return target
+    return kernels.use_kernel(target, kernel)
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -153,15 +160,17 @@ def embedded_model_dir() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with no_progress_bars():  # conversion, loading and shard-writing bars: a first run prints nothing
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are already dequantized to fp32; drop the GGUF marker so they save as plain
         # safetensors and load back as an ordinary model.
         model.hf_quantizer = None
         model.config.quantization_config = None
         del model.config.quantization_config
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        with no_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -78,6 +78,9 @@ class Target:
     """The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
+    kernel: str = "torch"
+    """The kernel its plain linear layers run with (`specdec.kernels`: `torch`, `onednn`); set by
+    `specdec.kernels.use_kernel` (`load_target(kernel=...)`), never by changing this field."""
     aux_layers: tuple[int, ...] = ()
     """Hidden-state indices (k = after decoder layer k) every forward also returns as `ForwardOut.aux`,
     for drafters that read more than the final layer (EAGLE-3 fusion); set with `capture_layers`."""
@@ -91,7 +94,7 @@ class Target:
     def __repr__(self) -> str:
         params = sum(p.numel() for p in self.model.parameters())
         return (f"Target({self.name!r}, dtype={str(self.dtype).replace('torch.', '')}, device={self.device}, "
-                f"quant={self.quant!r}, parameters={params / 1e6:.1f}M, vocab={self.vocab_size})")
+                f"quant={self.quant!r}, kernel={self.kernel!r}, parameters={params / 1e6:.1f}M, vocab={self.vocab_size})")
 
     # ---- facts ---------------------------------------------------------------------------------
     @property

@@ -6,14 +6,19 @@ Owns two things and nothing else:
   CUDA/MX kernels; the CPU paths specdec uses do not need them) and torch's "... is an Enum
   subclass ... register_constant() ... deprecated" (torchao registering its enums). Every other
   record of those loggers passes. Run by `specdec/__init__.py` before anything imports transformers.
-- `no_progress_bars()`: a context in which transformers shows no "Loading weights" bar (restored
-  after), for loading the embedded model and other checkpoints.
+- `no_progress_bars()`: a context in which transformers shows no progress bar (restored after),
+  for loading, converting and saving the embedded model and other checkpoints: its own bars
+  ("Loading weights", "Writing model shards") through its logging switch, and the bar of its GGUF
+  reader ("Converting and de-quantizing GGUF tensors", a plain tqdm that switch does not reach) by
+  giving that one module a disabled tqdm.
 Knows nothing about models, drafters or quantization.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,8 +53,22 @@ def no_progress_bars() -> Iterator[None]:
 
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    gguf_reader = sys.modules.get("transformers.modeling_gguf_pytorch_utils")  # imported only with gguf
+    if gguf_reader is None and _has_gguf():
+        import transformers.modeling_gguf_pytorch_utils as gguf_reader
+    plain_tqdm = getattr(gguf_reader, "tqdm", None)
+    if plain_tqdm is not None:
+        gguf_reader.tqdm = functools.partial(plain_tqdm, disable=True)
     try:
         yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+        if plain_tqdm is not None:
+            gguf_reader.tqdm = plain_tqdm
+
+
+def _has_gguf() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None

@@ -1,5 +1,6 @@
 """End to end on the embedded SmolLM2-135M-Instruct: greedy speculation reproduces plain greedy
-decoding in fp32 and in bf16, with a garbage drafter and with the n-gram drafter.
+decoding in fp32 (under each linear kernel) and in bf16, with a garbage drafter and with the n-gram
+drafter.
 
 The near-tie rule: a tree forward of many tokens and a one-token forward round differently, so a
 speculative run may leave the plain run where the target's top two logits are closer than the
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import specdec
+from specdec import kernels
 from specdec.loading import cache_dir, embedded_model_dir
 from specdec.reference import next_token_logits
 
@@ -42,9 +44,18 @@ def _first_difference(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16"])
+@pytest.fixture(scope="module", params=["fp32-torch", "fp32-onednn", "bf16-auto"])
 def target(request, embedded):
-    return embedded if request.param == "fp32" else specdec.load_target("smollm2-135m", dtype=torch.bfloat16)
+    """The embedded target under each linear kernel in fp32 (the fixture `embedded` is `auto`'s
+    choice), and in bf16."""
+    dtype, kernel = request.param.split("-")
+    reason = kernels.why_not(kernel, "cpu", torch.float32) if kernel != "auto" else None
+    if reason:
+        pytest.skip(f"kernel {kernel} cannot run here: {reason}")
+    if dtype == "fp32" and embedded.kernel == kernel:
+        return embedded
+    return specdec.load_target("smollm2-135m", dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
+                               kernel=kernel)
 
 
 @pytest.fixture(scope="module")

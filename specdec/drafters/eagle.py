@@ -24,10 +24,12 @@ about verification; the target's lm_head and embedding are shared, never copied 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 
+from specdec import kernels
 from specdec.cache import KVCache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import DraftRequest, register
@@ -49,6 +51,9 @@ class EagleDrafter:
         self.name = name
         self.refresh = refresh
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        if target.kernel != "torch":  # the target's linear kernel for the head too, on a copy: the
+            self.head = copy.deepcopy(self.head)  # caller's head may still be trained
+            kernels.apply_kernel(self.head, target.kernel)
         self.embed = target.base.get_input_embeddings()
         self.lm_weight = target.lm_head.weight  # [V, H]
         self.softcap = target.softcap
@@ -72,6 +77,8 @@ class EagleDrafter:
             self.vocab = head.draft_vocab[:draft_vocab].to(target.device)
             self.sub_vocab = SubVocab(self.vocab, target.vocab_size)
             self.vocab_weight = self.lm_weight[self.vocab].detach()  # [N, H]
+        weight = self.lm_weight if self.vocab is None else self.vocab_weight
+        self.scorer = kernels.linear_over(weight, target.kernel)  # None: W @ x^T below
         self.reset()
 
     def reset(self) -> None:
@@ -88,7 +95,8 @@ class EagleDrafter:
         (column j = token `self.vocab[j]`; N = V without a draft vocabulary)."""
         weight = self.lm_weight if self.vocab is None else self.vocab_weight  # [N, H]
         flat = features.reshape(-1, features.shape[-1]).to(weight.dtype)  # [B*n, H]
-        logits = (weight @ flat.T).T.reshape(*features.shape[:-1], -1)  # W @ x^T: see Target.logits
+        rows = self.scorer(flat) if self.scorer is not None else (weight @ flat.T).T  # W @ x^T: see Target.logits
+        logits = rows.reshape(*features.shape[:-1], -1)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()

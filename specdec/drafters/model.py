@@ -107,7 +107,8 @@ def early_exit_copy(target: Target, layers: int) -> Target:
     shallow.config = copy.copy(target.model.config)
     shallow.config.num_hidden_layers = layers
     shallow.model.config = shallow.config
-    return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]", quant=target.quant)
+    return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]", quant=target.quant,
+                  kernel=target.kernel, info=target.info)
 
 
 @register("small")

@@ -7,7 +7,9 @@ target is not quantized already (in a packed format: an rtn target, whose weight
 dequantized, may be quantized again, e.g. a low-bit self-draft of an rtn target), that the backend takes the model's dtype, that the group size
 divides every quantized layer (errors in the spec, whatever is installed), and that the backend can
 run on the target's device with the libraries installed here; then applies the backend and checks that it quantized every layer it was given.
-Never substitutes another backend.
+Never substitutes another backend. Backends see plain `nn.Linear`s: a target whose linears are
+packed for another kernel (`specdec.kernels`) is unpacked first, and the quantized target gets the
+kernel that was asked for when the target was loaded (`auto`: measured again for the new spec).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from specdec import kernels
 from specdec.models import Target
 from specdec.quant.layers import check_group_size, quantizable_linears, weight_bytes
 from specdec.quant.registry import BackendUnavailableError, QuantSpec, QuantSpecError, availability, get, parse_spec
@@ -41,7 +44,8 @@ def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     if b.dtypes is not None and target.dtype not in b.dtypes:
         raise QuantSpecError(f"{spec.text}: backend {b.name!r} quantizes models in {[str(d) for d in b.dtypes]}, "
                              f"but {target.name!r} is {target.dtype}; load it in one of those dtypes")
-    check_group_size(target.model, spec)
+    with kernels.plain_linears(target.model) as model:
+        check_group_size(model, spec)
     available = availability(spec, target.device)
     if not available.ok:
         raise BackendUnavailableError(f"cannot quantize {target.name!r} with {spec.text!r}: {available.reason}")
@@ -66,6 +70,7 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
     spec = check_quantizable(target, spec)
     b = get(spec.backend)
     model = target.model
+    kernels.apply_kernel(model, "torch")  # backends know nn.Linear only
     layers = [] if b.name == "none" else quantizable_linears(model)
     params = sum(p.numel() for p in model.parameters())  # before packing changes numel
     quantized_params = sum(model.get_submodule(n).weight.numel() for n in layers)
@@ -97,13 +102,15 @@ def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
         "calibration": calibration_description() if b.calibrated else None,
         "on_top_of": None if target.quant == "none" else target.quant,
     }
-    return Target(model, target.tokenizer, name=target.name, quant=spec.text, info={**target.info, "quant": info})
+    quantized = Target(model, target.tokenizer, name=target.name, quant=spec.text, info={**target.info, "quant": info})
+    return kernels.use_kernel(quantized, target.info.get("kernel", {}).get("requested", target.kernel))
 
 
 def quantized_copy(target: Target, spec: str | QuantSpec) -> Target:
     """A quantized deep copy of `target`; `target` itself is not modified. Checks the spec before
     copying, so a bad spec fails fast."""
     check_quantizable(target, spec)
-    clone = Target(copy.deepcopy(target.model), target.tokenizer, name=target.name, quant=target.quant,
-                   info=dict(target.info))
+    with kernels.plain_linears(target.model) as plain:  # deep-copy plain linears, not packed weights
+        model = copy.deepcopy(plain)
+    clone = Target(model, target.tokenizer, name=target.name, quant=target.quant, info=dict(target.info))
     return quantize_target(clone, spec)

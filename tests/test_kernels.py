@@ -1,0 +1,225 @@
+"""Linear kernels (specdec.kernels): the packed linear computes F.linear, the swap is reversible and
+shares weights, `auto` is measured once and cached, bad kernels are refused before any work, and
+greedy speculation stays exact for every drafter on a target whose linears are packed."""
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import specdec
+from specdec import certify, kernels
+from specdec.drafters import build_for_tests
+from specdec.quant import quantized_copy
+
+ONEDNN = kernels.why_not("onednn", "cpu", torch.float32)
+needs_onednn = pytest.mark.skipif(ONEDNN is not None, reason=f"oneDNN kernel unavailable: {ONEDNN}")
+
+
+@pytest.fixture()
+def kernel_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    return tmp_path / "kernels"
+
+
+def _packed_tiny(family="llama", dtype=torch.float32, seed=0):
+    return kernels.use_kernel(specdec.tiny_target(family, vocab_size=64, dtype=dtype, seed=seed, logit_scale=4.0),
+                              "onednn")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (1, 7, 48), (2, 3, 48)])
+def test_onednn_linear_computes_f_linear(bias, shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias)
+    packed = kernels.OneDNNLinear(linear)
+    x = torch.randn(*shape)
+    want = F.linear(x.double(), linear.weight.double(), None if linear.bias is None else linear.bias.double())
+    got = packed(x)
+    assert got.shape == (*shape[:-1], 80) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # a kernel that skipped the bias, or multiplied by the untransposed weight, is caught
+    assert bias is False or (got.double() - (want - linear.bias.double())).abs().max() > 1e-3
+    xb, lb = x.bfloat16(), kernels.OneDNNLinear(linear.bfloat16())
+    torch.testing.assert_close(lb(xb).float(), F.linear(xb, lb.weight, lb.bias).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+def test_apply_kernel_swaps_plain_linears_only_and_round_trips():
+    target = specdec.tiny_target("llama", vocab_size=64, dtype=torch.float32, seed=0)
+    model = target.model
+    plain = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+    weights = {n: p.data_ptr() for n, p in model.named_parameters()}
+    keys = set(model.state_dict())
+    assert kernels.apply_kernel(model, "onednn") == len(plain) > 0
+    assert all(isinstance(model.get_submodule(n), kernels.OneDNNLinear) for n in plain)
+    assert kernels.kernel_in_use(model) == "onednn"
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == weights  # shared, not copied
+    assert set(model.state_dict()) == keys
+    assert kernels.apply_kernel(model, "onednn") == 0  # nothing plain is left to pack
+    assert kernels.apply_kernel(model, "torch") == len(plain)
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in plain)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == weights
+
+
+def test_kernels_leave_other_dtypes_and_linear_subclasses_alone():
+    class Special(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(8, 8).double(), Special(8, 8), nn.Linear(8, 8).half())
+    assert kernels.apply_kernel(model, "onednn") == 0
+    assert [type(m) for m in model] == [nn.Linear, Special, nn.Linear]
+
+
+@needs_onednn
+def test_a_deep_copy_of_a_packed_model_is_packed_over_copied_weights():
+    target = _packed_tiny()
+    clone = copy.deepcopy(target.model)
+    x = torch.tensor([[1, 5, 9]])
+    torch.testing.assert_close(clone(x).logits, target.model(x).logits)
+    pairs = [(a, b) for a, b in zip(target.model.modules(), clone.modules()) if isinstance(a, kernels.OneDNNLinear)]
+    assert pairs and all(isinstance(b, kernels.OneDNNLinear) and b.weight is not a.weight for a, b in pairs)
+    with torch.no_grad():
+        pairs[0][1].weight.zero_()  # the copy's weights are its own
+    assert pairs[0][0].weight.abs().sum() > 0
+
+
+@needs_onednn
+def test_casting_a_packed_model_packs_the_cast_weights():
+    target = _packed_tiny(seed=2)
+    x = torch.tensor([[1, 5, 9]])
+    with kernels.plain_linears(target.model) as plain:
+        want = copy.deepcopy(plain).bfloat16()(x).logits
+    target.model.bfloat16()
+    assert kernels.kernel_in_use(target.model) == "onednn"
+    torch.testing.assert_close(target.model(x).logits, want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="cannot become torch.float16"):
+        target.model.half()
+
+
+@needs_onednn
+def test_plain_linears_restores_the_packed_modules():
+    target = _packed_tiny()
+    packed = {n: m for n, m in target.model.named_modules() if isinstance(m, kernels.OneDNNLinear)}
+    with kernels.plain_linears(target.model) as model:
+        assert kernels.kernel_in_use(model) == "torch"
+        assert all(model.get_submodule(n).weight is m.weight for n, m in packed.items())
+    assert all(target.model.get_submodule(n) is m for n, m in packed.items())
+
+
+def test_auto_takes_the_only_kernel_without_measuring(kernel_cache):
+    target = kernels.use_kernel(specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64), "auto")
+    assert target.kernel == "torch" and target.info["kernel"] == {
+        "requested": "auto", "kernel": "torch", "description": kernels.KERNELS["torch"].description}
+    assert not kernel_cache.exists()
+
+
+@needs_onednn
+def test_auto_measures_once_per_machine_and_reuses_the_choice(kernel_cache, monkeypatch):
+    first = specdec.load_target("tiny-llama")
+    files = list(kernel_cache.glob("*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored["kernel"] == first.kernel == first.info["kernel"]["kernel"]
+    assert set(stored["seconds"]) == {"torch", "onednn"}
+    assert stored["kernel"] == kernels.pick({k: {int(w): s for w, s in v.items()} for k, v in stored["seconds"].items()})
+    assert kernels.kernel_in_use(first.model) == first.kernel
+
+    def no_second_measurement(*args, **kwargs):
+        raise AssertionError("auto measured again although a choice is stored")
+
+    monkeypatch.setattr(kernels, "measure_choice", no_second_measurement)
+    again = specdec.load_target("tiny-llama")
+    assert again.kernel == first.kernel
+    files[0].write_text(json.dumps({**stored, "kernel": "cublas"}))
+    with pytest.raises(ValueError, match="delete it to measure again"):
+        specdec.load_target("tiny-llama")
+
+
+def test_pick_takes_the_least_total_time():
+    assert kernels.pick({"torch": {1: 1.0, 8: 3.0}, "onednn": {1: 1.2, 8: 2.0}}) == "onednn"
+    assert kernels.pick({"torch": {1: 1.0, 8: 2.0}, "onednn": {1: 1.2, 8: 2.0}}) == "torch"
+
+
+def test_bad_kernels_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="unknown linear kernel 'mkl'.*auto, torch, onednn"):
+        specdec.load_target("no/such/model", kernel="mkl")  # refused before the (failing) load
+    with pytest.raises(ValueError, match="kernel='onednn' cannot run here.*not torch.float64"):
+        kernels.use_kernel(specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64), "onednn")
+    with pytest.raises(ValueError, match="runs on cpu only, not on cuda"):
+        kernels.resolve("onednn", "cuda", torch.float32)
+
+
+@needs_onednn
+@pytest.mark.parametrize("name", specdec.drafters.names())
+def test_greedy_speculation_is_exact_with_packed_linears(name):
+    target = _packed_tiny()
+    drafter = build_for_tests(name, target=target)
+    for shape in ("chain(4)", "tree(3,2,2)"):
+        divergence = certify.greedy_case(target, drafter, shape, max_new_tokens=16)
+        assert divergence is None, f"{name} diverged from greedy with the onednn kernel: {divergence}"
+
+
+@needs_onednn
+def test_packed_and_plain_kernels_agree_on_the_same_weights():
+    packed = _packed_tiny(seed=3)
+    plain = specdec.tiny_target("llama", vocab_size=64, dtype=torch.float32, seed=3, logit_scale=4.0)
+    prompt = certify.GREEDY_PROMPTS[0]
+    a = specdec.generate(packed, None, list(prompt), max_new_tokens=16, stop_on_eos=False).token_ids
+    b = specdec.generate(plain, None, list(prompt), max_new_tokens=16, stop_on_eos=False).token_ids
+    assert a == b
+
+
+@needs_onednn
+def test_quantizing_a_packed_target_unpacks_quantizes_and_packs_again():
+    target = _packed_tiny()
+    prompt = list(certify.GREEDY_PROMPTS[1])
+    before = specdec.generate(target, None, prompt, max_new_tokens=12, stop_on_eos=False).token_ids
+    copy8 = quantized_copy(target, "rtn8_pc")
+    assert copy8.kernel == "onednn" and copy8.quant == "rtn8_pc"
+    assert kernels.kernel_in_use(copy8.model) == "onednn"
+    original = {n: m.weight for n, m in target.model.named_modules() if isinstance(m, kernels.OneDNNLinear)}
+    copied = {n: m.weight for n, m in copy8.model.named_modules() if isinstance(m, kernels.OneDNNLinear)}
+    assert set(copied) == set(original) and all(copied[n] is not original[n] for n in original)
+    assert any(not torch.equal(copied[n], original[n]) for n in original)  # the copy's weights were rounded
+    assert specdec.generate(target, None, prompt, max_new_tokens=12, stop_on_eos=False).token_ids == before
+    with pytest.raises(specdec.quant.QuantSpecError, match="does not divide"):  # layers are seen through the packing
+        specdec.quant.check_quantizable(target, "rtn4_g48")
+    with pytest.raises(ValueError, match="packed for the onednn kernel"):  # never a silently skipped layer
+        specdec.quant.get("rtn").apply(target.model, specdec.quant.parse_spec("rtn4_g32"))
+    quantized = specdec.quant.quantize_target(target, "rtn4_g32")
+    assert quantized.kernel == "onednn" and quantized.info["quant"]["layers_quantized"] > 0
+
+
+@needs_onednn
+def test_eagle_packs_a_copy_of_its_head():
+    target = _packed_tiny()
+    head = specdec.drafters.eagle.random_head(target)
+    drafter = specdec.drafters.build("eagle", target=target, head=head, draft_vocab=20)
+    assert isinstance(drafter.head.fc, kernels.OneDNNLinear) and drafter.scorer is not None
+    assert type(head.fc) is nn.Linear  # the caller's head can still be trained
+    assert certify.greedy_case(target, drafter, "chain(4)", max_new_tokens=12) is None
+
+
+@needs_onednn
+def test_bench_kernels_times_both_kernels_on_the_same_weights(kernel_cache, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--target", "tiny-llama", "--specs", "none,fp16", "--widths", "1,4", "--contexts", "8",
+                "--repeats", "1"])
+    card = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    none, fp16 = card["results"]
+    assert set(none["seconds"]) == {"torch", "onednn"} and all(len(v) == 2 for v in none["seconds"].values())
+    assert none["auto"] in ("torch", "onednn")
+    assert set(fp16["seconds"]) == {"torch"} and "float16" in fp16["skipped"]["onednn"]
+    with pytest.raises(SystemExit, match="must start at 1"):
+        bench.main(["--target", "tiny-llama", "--widths", "2,4"])
