@@ -20,13 +20,23 @@ and, a second round (same day, four more writers, each told only its area and th
   culture, "difference between", "explain like I'm 10", recommendations with reasons);
 - `natural-code`: code, data and math (functions in a dozen languages, pasted snippets, bugs and
   tracebacks, regex, git, spreadsheets, SQL, pandas; word problems, algebra, probability);
+and a third round (2026-12-01, four more writers, the same instructions about independence):
+- `natural-pasted`: requests over a pasted passage the writer invented (emails, notes, reviews,
+  logs, tables, clauses, abstracts, story excerpts): summarise, answer, extract, proofread, reply;
+- `natural-casual`: short, messy everyday messages (greetings, typos, slang, non-native phrasing,
+  quick facts and conversions, jokes and word games, "is it normal that ...");
+- `natural-pro`: work and domain questions (marketing, HR, small business, finance basics, plain-
+  language law, general health information, trades, research, teaching, product, logistics, ...);
+- `natural-format`: requests for a stated output form or constraint (lists, tables, JSON, exact
+  sentence counts, poems of a given form, ELI5, quizzes, flashcards, tone rewrites, role-play);
 ~800 each, in varied lengths, tones and constraints, one in six to one in fourteen multi-turn. Each line of a file is
 {"turns": [user, assistant, user, ...]} (an odd number of turns, user first and last).
 
 The writers never saw the evaluation suites (experiments/prompts/); tests/test_eagle_training.py
 checks every source against all of them. Prompts that coincided with an evaluation prompt by chance
 were removed when that check first ran: ten of the first round (e.g. "why do cats purr"), two of the
-second ("what should I look for when buying a ...").
+second ("what should I look for when buying a ..."), six of the third ("how do bees make honey",
+"Write a haiku about the first snow of winter.", ...).
 """
 
 from __future__ import annotations
