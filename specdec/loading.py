@@ -163,12 +163,11 @@ def embedded_model_dir() -> Path:
         with no_progress_bars():  # conversion, loading and shard-writing bars: a first run prints nothing
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # The weights are already dequantized to fp32; drop the GGUF marker so they save as plain
-        # safetensors and load back as an ordinary model.
-        model.hf_quantizer = None
-        model.config.quantization_config = None
-        del model.config.quantization_config
-        with no_progress_bars():
+            # The weights are already dequantized to fp32; drop the GGUF marker so they save as plain
+            # safetensors and load back as an ordinary model.
+            model.hf_quantizer = None
+            model.config.quantization_config = None
+            del model.config.quantization_config
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
         if out.exists():

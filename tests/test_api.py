@@ -61,3 +61,18 @@ def test_building_an_early_exit_drafter_leaves_the_target_intact():
     assert len(target.model.model.layers) == 4 and target.model.config.num_hidden_layers == 4
     assert len(drafter.model.model.model.layers) == 1
     assert specdec.generate(target, None, [1, 2, 3], max_new_tokens=6, stop_on_eos=False).token_ids == before
+
+
+def test_no_progress_bars_silences_the_gguf_reader_bar(capfd):
+    """The first load converts the embedded GGUF file; transformers' GGUF reader draws a plain tqdm
+    bar that its own progress-bar switch does not reach. Inside `no_progress_bars` it draws nothing,
+    and the reader's tqdm is restored after."""
+    import transformers.modeling_gguf_pytorch_utils as reader
+
+    from specdec.quiet import no_progress_bars
+
+    with no_progress_bars():
+        list(reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+    assert "Converting" not in capfd.readouterr().err
+    list(reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+    assert "Converting" in capfd.readouterr().err
