@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from specdec.cache import KVCache
-from specdec.latency import machine_name
+from specdec.latency import cache_root, machine_name
 from specdec.models import Target
 
 KERNEL_SCHEMA = "specdec.kernel-choice/1"
@@ -211,9 +210,8 @@ CHOICE_WIDTHS = (1, 8)
 
 
 def cache_dir() -> Path:
-    """Where measured choices are kept: $SPECDEC_CACHE/kernels (else ~/.cache/specdec/kernels)."""
-    root = os.environ.get("SPECDEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
-    return Path(root) / "kernels"
+    """Where measured choices are kept: $SPECDEC_CACHE/kernels (`latency.cache_root()`)."""
+    return cache_root() / "kernels"
 
 
 def candidates(device: torch.device | str, dtype: torch.dtype) -> list[str]:

@@ -168,10 +168,16 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
                         contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table))
 
 
+def cache_root() -> Path:
+    """specdec's cache folder: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+
+
 def cache_dir() -> Path:
-    """Where measured curves are kept: $SPECDEC_CACHE/latency (else ~/.cache/specdec/latency)."""
-    root = os.environ.get("SPECDEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
-    return Path(root) / "latency"
+    """Where measured curves are kept: `cache_root()`/latency."""
+    return cache_root() / "latency"
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),

@@ -9,7 +9,6 @@ user's cache directory, tiny randomly initialised models built from a config (fo
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from specdec import kernels
+from specdec.latency import cache_root
 from specdec.models import Target
 from specdec.quiet import no_progress_bars
 
@@ -41,10 +41,8 @@ def builtin_targets() -> list[str]:
 
 
 def cache_dir() -> Path:
-    """$SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+    """$SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec (`latency.cache_root()`)."""
+    return cache_root()
 
 
 def load_target(
