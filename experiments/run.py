@@ -174,13 +174,15 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
 
 def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str) -> dict:
     """The target's latency curve (JSON), from `cached_latency`: measured once per target x machine x
-    threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here."""
+    threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here. Timed through
+    the forward the cells' loop runs (`cache="auto"`: the CUDA graph fast path on CUDA)."""
     runner = cfg.runner
     key = (_target_key(cfg, spec), tuple(runner.latency_widths), tuple(runner.latency_contexts), runner.latency_repeats)
     if key not in _CURVES:
         log.info("latency curve of %s", target.label)
         _CURVES[key] = cached_latency(target, widths=tuple(runner.latency_widths),
-                                      contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats).to_json()
+                                      contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
+                                      cache="auto").to_json()
     return _CURVES[key]
 
 

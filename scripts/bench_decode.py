@@ -12,7 +12,13 @@ then one JSON line. Not a test: a measurement.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto] [--drafters eagle,ngram]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
-        [--new-tokens 64] [--threads 1]
+        [--new-tokens 64] [--threads 1] [--cache auto] [--latency 1,2,4,...,128]
+
+--cache: the loop's (cache, forward) pair (`specdec.forwards.CACHES`; `auto` = `graphs`, the CUDA
+graph fast path, on CUDA, else `dynamic`); when it is not `dynamic`, a `plain[cache=dynamic]` row
+runs the plain loop without it, for comparison. --latency W,W,...: first print the target's forward
+time per width through that pair and through `dynamic` (`specdec.latency.measure_latency`, 256
+cached tokens).
 
 --prompts: `chat_heldout` (experiments/prompts/chat_heldout.jsonl: chat prompts no training or
 evaluation set contains) or `FILE.jsonl[:category,category]` (e.g.
@@ -33,7 +39,8 @@ import torch
 import specdec
 from specdec import kernels
 from specdec.drafters import build
-from specdec.latency import machine_name
+from specdec.forwards import resolve_cache
+from specdec.latency import machine_name, measure_latency
 from specdec.loading import check_device
 from specdec.metrics import GenerationStats
 from specdec.shapes import parse_shape
@@ -70,6 +77,18 @@ def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **optio
     return tokens
 
 
+def print_latency(target: specdec.Target, widths: tuple[int, ...], cache: str) -> None:
+    """The target's forward time per width after 256 cached tokens, through `cache` and `dynamic`."""
+    kinds = dict.fromkeys([cache, "dynamic"])
+    curves = {kind: measure_latency(target, widths, (256,), repeats=5, cache=kind) for kind in kinds}
+    print(f"== latency ({target.label}, {target.dtype}, {target.device}, 256 cached tokens, median of 5): ms per forward")
+    print("   " + f"{'width':>6s}" + "".join(f"{kind:>10s}" for kind in kinds))
+    for w in widths:
+        print("   " + f"{w:6d}" + "".join(f"{curves[kind].at(w) * 1e3:10.2f}" for kind in kinds))
+    print(json.dumps({"bench": "latency", "model": target.label, "device": str(target.device), "widths": list(widths),
+                      "ms": {kind: [curves[kind].at(w) * 1e3 for w in widths] for kind in kinds}}))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -84,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--cache", default="auto", help="auto or a key of specdec.forwards.CACHES")
+    parser.add_argument("--latency", default="", help="comma-separated widths: print the latency curve first")
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
@@ -102,13 +123,20 @@ def main(argv: list[str] | None = None) -> None:
     target = specdec.load_target(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     n = args.new_tokens
+    try:
+        cache = resolve_cache(args.cache, target)
+        widths = tuple(int(w) for w in args.latency.split(",") if w.strip())
+    except ValueError as err:
+        raise SystemExit(f"error: --cache / --latency: {err}") from None
+    if widths:
+        print_latency(target, widths, cache)
 
     def hf(ids: list[int], **options) -> tuple[list[int], None]:
         return hf_generate(target, ids, n, **options), None
 
-    def ours(drafter, shape):
+    def ours(drafter, shape, kind=cache):
         def run(ids):
-            out = specdec.generate(target, drafter, ids, shape=shape, max_new_tokens=n, stop_on_eos=False)
+            out = specdec.generate(target, drafter, ids, shape=shape, max_new_tokens=n, stop_on_eos=False, cache=kind)
             return out.token_ids, out.stats
         return run
 
@@ -120,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                "plain": ours(None, "chain(1)")}
     if target.kernel != "torch":
         configs["hf_generate[torch kernel]"] = hf_stock
+    if cache != "dynamic":
+        configs["plain[cache=dynamic]"] = ours(None, "chain(1)", "dynamic")
     for name in drafter_names:
         drafter = build(name, target=target)
         for spec, shape in shapes.items():
@@ -146,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in configs:
             same[name] += outs[name] == outs["plain"]
     tps = {name: tokens[name] / seconds[name] for name in configs}
-    print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, kernel {target.kernel}, greedy, {n} new tokens, "
+    print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, kernel {target.kernel}, cache {cache}, "
+          f"greedy, {n} new tokens, "
           f"{len(prompts)} prompts from {args.prompts})")
     print(f"   machine: {machine_name(target.device)} ({platform.machine()}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; configurations interleaved per prompt")
@@ -169,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         print(text + f" {same[name]:>3d}/{len(prompts)}")
         rows.append(row)
     print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
+                      "cache": cache,
                       "dtype": str(target.dtype), "machine": machine_name(target.device), "prompts": args.prompts,
                       "num_prompts": len(prompts), "new_tokens": n, "threads": torch.get_num_threads(),
                       "configs": rows}))

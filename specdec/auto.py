@@ -23,7 +23,8 @@ plus "no draft":
   to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
   conditions on depth and rank only).
 - latency(w, c): the target's measured `LatencyCurve` (`cached_latency`, measured once per
-  target/device/dtype/machine/threads); `scale` is an exponential moving average (weight 0.2) of
+  target/device/dtype/machine/threads, through the loop's own forward: with `cache="graphs"` a
+  padded, bucketed one, whose curve steps at the buckets); `scale` is an exponential moving average (weight 0.2) of
   observed forward time / curve time, which absorbs machine load without re-measuring.
 - draft_cost(D): the drafter's own measured cost (propose + commit) as an EMA (weight 0.3) per
   draft depth; a depth not yet observed costs (EMA of cost per depth) x D. The first drafted step
@@ -146,14 +147,14 @@ class AutoPolicy:
 
     TARGET_WEIGHT, DRAFT_WEIGHT, OTHER_WEIGHT = 0.2, 0.3, 0.2
 
-    def __init__(self, spec: AutoShape, target: Target | None = None) -> None:
+    def __init__(self, spec: AutoShape, target: Target | None = None, cache: str = "dynamic") -> None:
         if spec.latency is None:
             if target is None:
                 raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
             from specdec.latency import cached_latency
 
             widths = tuple(w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < 2 * (spec.max_nodes + 1)) or (1,)
-            self.curve = cached_latency(target, widths=widths)
+            self.curve = cached_latency(target, widths=widths, cache=cache)
         else:
             self.curve = spec.latency
         self.spec = spec
@@ -408,18 +409,20 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """drafter -> {(config, target id): its AutoPolicy}: estimates carried across generations."""
 
 
-def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None) -> ShapePolicy:
+def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None,
+                 cache: str = "dynamic") -> ShapePolicy:
     """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
-    one, reused from earlier generations of the same `drafter` (see the module docstring)."""
+    one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
+    is the loop's cache kind (`specdec.forwards.CACHES`): whose forwards a latency curve must time."""
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)
     try:
         learned = _LEARNED.setdefault(drafter, {})
     except TypeError:  # None, or a drafter that cannot be weakly referenced or hashed: no memory
-        return factory(spec, target)
-    key = (spec, id(spec.latency), id(target))
+        return factory(spec, target, cache)
+    key = (spec, id(spec.latency), id(target), cache)
     if key not in learned:
-        learned[key] = factory(spec, target)
+        learned[key] = factory(spec, target, cache)
     learned[key].start()
     return learned[key]

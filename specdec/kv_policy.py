@@ -57,6 +57,9 @@ class KVPolicy:
     """Base policy: keeps every entry as is (`full`). Subclasses override the hooks they need."""
 
     spec = "full"
+    evicts = False
+    """True when the policy drops stored entries (`KVCache.retain`): its cache cannot be a
+    preallocated one (`specdec.static_cache`), which never evicts."""
 
     def check(self, facts: ModelFacts) -> None:
         """Raise ValueError when this policy cannot run on a model with these facts."""
@@ -85,6 +88,8 @@ W prompt positions' queries, summed over layers, heads and queries (used by snap
 class Window(KVPolicy):
     """StreamingLLM: the first `sink` and the last `recent` stored entries."""
 
+    evicts = True
+
     def __init__(self, sink: int = 4, recent: int = 256) -> None:
         if sink < 0 or recent < 1:
             raise ValueError(f"window(sink={sink},recent={recent}): need sink >= 0 and recent >= 1")
@@ -106,6 +111,8 @@ class Window(KVPolicy):
 class SnapKV(KVPolicy):
     """The `budget` prompt positions with the most attention from the last `window` prompt queries
     (the window itself always kept), chosen once at the prefill; generated entries are all kept."""
+
+    evicts = True
 
     def __init__(self, budget: int = 1024, window: int = 32) -> None:
         if window < 1 or budget < window:
@@ -162,6 +169,7 @@ class Compose(KVPolicy):
     def __init__(self, parts: list[KVPolicy]) -> None:
         self.parts = parts
         self.spec = "+".join(p.spec for p in parts)
+        self.evicts = any(p.evicts for p in parts)
 
     def check(self, facts: ModelFacts) -> None:
         for p in self.parts:

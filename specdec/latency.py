@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.cache import KVCache
+from specdec.forwards import CACHES, resolve_cache, verification_width
 from specdec.models import Target
 
 SCHEMA = "specdec.latency/1"
@@ -135,33 +135,38 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                    contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0) -> LatencyCurve:
+                    contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
+                    cache: str = "dynamic") -> LatencyCurve:
     """Time one forward of each width after each context (median of `repeats`, widths interleaved
-    within each repeat so drift hits all widths alike; one warm-up pass first)."""
+    within each repeat so drift hits all widths alike; one warm-up pass first). `cache` names the
+    (cache, forward) pair to time (`specdec.forwards.CACHES`; `graphs`: the bucketed static
+    forward, captured on CUDA, with the default buckets widened to the widest width)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     longest = max(contexts) + max(widths)
     if longest > target.context_length:
         raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
                          f"context length {target.context_length}")
+    kind = resolve_cache(cache, target)
+    padded, buckets = verification_width(kind, max(widths), None)
     gen = torch.Generator().manual_seed(seed)
     table = []
     for context in contexts:
-        cache = KVCache()
+        kv, forward = CACHES[kind](target, context + padded, buckets)
         prefix = torch.randint(0, target.vocab_size, (context,), generator=gen).tolist()
         if prefix:
-            target.prefill(prefix, cache)
+            target.prefill(prefix, kv)
         times: dict[int, list[float]] = {w: [] for w in widths}
         for rep in range(repeats + 1):
             for w in widths:
                 tokens = torch.randint(0, target.vocab_size, (1, w), generator=gen)
                 _sync(target.device)
                 t0 = time.perf_counter()
-                target.forward(tokens, cache, torch.full((w,), -1, dtype=torch.long))
+                forward(tokens, kv, torch.full((w,), -1, dtype=torch.long))
                 _sync(target.device)
                 if rep:  # rep 0 warms up
                     times[w].append(time.perf_counter() - t0)
-                cache.truncate(context)
+                kv.truncate(context)
         table.append([statistics.median(times[w]) for w in widths])
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
                         machine=machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
@@ -181,15 +186,17 @@ def cache_dir() -> Path:
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                   contexts: tuple[int, ...] = (256,), repeats: int = 5) -> LatencyCurve:
-    """`measure_latency` once per target x device x dtype x kernel x machine x threads x grid; later calls
-    read the saved curve."""
+                   contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic") -> LatencyCurve:
+    """`measure_latency` once per target x device x dtype x kernel x machine x threads x grid x
+    cache kind; later calls read the saved curve."""
+    kind = resolve_cache(cache, target)
     key = "_".join([target.label, str(target.device), str(target.dtype).replace("torch.", ""), target.kernel,
                     machine_name(target.device), f"t{torch.get_num_threads()}",
-                    "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"])
+                    "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
+                   + ([] if kind == "dynamic" else [kind]))
     path = cache_dir() / ("".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key) + ".json")
     if path.exists():
         return LatencyCurve.load(path)
-    curve = measure_latency(target, widths, contexts, repeats)
+    curve = measure_latency(target, widths, contexts, repeats, cache=kind)
     curve.save(path)
     return curve

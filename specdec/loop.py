@@ -17,6 +17,9 @@ also choose to draft nothing), and the policy's `trim` picks the part of the pro
 still hears the step's `commit`. Every step is timed in three parts (target forward / drafter
 `propose` + `commit` / everything else, the policy included); on CUDA the loop synchronizes at
 those boundaries so the split is honest (three syncs per step, beside the accepted path's).
+
+The target's cache and the forward that writes it come as a pair (`specdec.forwards.CACHES`); the
+prefill always runs through `Target.forward`, the steps through the pair's forward.
 """
 
 from __future__ import annotations
@@ -29,19 +32,15 @@ import torch
 
 from specdec import tree as tree_ops
 from specdec.auto import shape_policy
-from specdec.cache import Cache, KVCache
+from specdec.cache import Cache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import Drafter, DraftRequest, build
+from specdec.forwards import CACHES, resolve_cache, verification_width
 from specdec.metrics import GenerationStats, StepRecord
 from specdec.models import Target
 from specdec.sampling import SamplingConfig
 from specdec.shapes import ShapeSpec, parse_shape
-from specdec.static_cache import StaticKVCache
 from specdec.verifier import verify
-
-CACHES = {"dynamic": lambda capacity: KVCache(), "static": StaticKVCache}
-"""The target's KV cache per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
-`static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by default)."""
 
 
 @dataclass
@@ -88,8 +87,9 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     stop_on_eos: bool = True,
-    cache: str = "dynamic",
+    cache: str = "auto",
     cache_capacity: int | None = None,
+    buckets: Sequence[int] | None = None,
 ) -> GenerationOutput:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
@@ -97,7 +97,9 @@ def generate(
     distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
     `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`) or `auto` (`specdec.auto`).
-    `cache` is a key of `CACHES`; `cache_capacity` sizes a static cache (default: just enough).
+    `cache` is `auto` or a key of `CACHES`; `cache_capacity` sizes a preallocated cache (default:
+    just enough); `buckets` are the verification widths of `cache="graphs"` (default
+    `specdec.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     shape = parse_shape(shape)
@@ -110,14 +112,15 @@ def generate(
             f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.label!r} "
             f"({target.context_length}); shorten the prompt or lower max_new_tokens"
         )
-    if cache not in CACHES:
-        raise ValueError(f"unknown cache {cache!r}; expected one of {', '.join(CACHES)}")
-    needed = len(prompt_ids) + max_new_tokens + shape.max_nodes
+    kind = resolve_cache(cache, target)
+    width, buckets = verification_width(kind, shape.max_nodes + 1, buckets)
+    needed = len(prompt_ids) + max_new_tokens + width - 1
     if cache_capacity is not None and cache_capacity < needed:
+        padded = f", padded to bucket {width}" if kind == "graphs" else ""
         raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({len(prompt_ids)}) + "
-                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({shape.max_nodes}) = {needed}")
+                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({width - 1}{padded}) = {needed}")
     drafter = drafter if drafter is not None else build("none", target=target)
-    policy = shape_policy(shape, target, drafter)
+    policy = shape_policy(shape, target, drafter, cache=kind)
     drafter.reset()
     eos = target.eos_token_ids if stop_on_eos else set()
     generator = torch.Generator(device=target.device).manual_seed(seed)
@@ -126,7 +129,7 @@ def generate(
     start = time.perf_counter()
 
     # Prefill every prompt token but the last, which becomes the root of the first step.
-    cache = CACHES[cache](cache_capacity or needed)
+    cache, forward = CACHES[kind](target, cache_capacity or needed, buckets)
     committed = list(prompt_ids)
     first = prefill(target, cache, committed)
     drafter.commit(first)
@@ -155,7 +158,7 @@ def generate(
         past = cache.next_position
         tokens = torch.cat([draft.tokens.new_tensor([[committed[-1]]]), draft.tokens], 1)  # [B, 1 + N]
         parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # draft roots hang off block 0
-        out = target.forward(tokens, cache, parents)
+        out = forward(tokens, cache, parents)
         sync()
         t2 = time.perf_counter()
 

@@ -5,10 +5,18 @@ Owns `StaticKVCache`, which follows the `specdec.cache.Cache` protocol (absolute
 [B, kv_heads, capacity, head_dim] allocated on the first write (device and dtype from the model).
 A forward appends n entries per layer by a slice write; `keep` moves the accepted block entries
 into place with one gather per layer; no step allocates or concatenates cache tensors. This is the
-storage a captured (CUDA graph) or compiled forward needs; the capture itself is not here. Knows
-nothing about drafts or acceptance, and nothing about eviction (`evicted` stays 0).
+storage a captured (CUDA graph) or compiled forward needs; the capture itself is in
+`specdec.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
+stays 0).
 
-The model sees `hf`, a small object with the calls it makes: `update` and `get_seq_length` from the
+Two ways to write, one storage. A forward of any width through `hf` (the prefill, `cache="static"`)
+appends at the stored length by a slice write, and the model reads the filled views. A
+static-shape forward (`specdec.graphs`) goes through `slot_writer(slots)` instead: it writes its W
+entries at the cache slots held in a device tensor and hands the model the *whole* buffers (masked
+by the caller), so shapes and addresses never change between steps; the caller then says how many
+of those entries are real with `advance(n)`.
+
+The model sees a small object with the calls it makes: `update` and `get_seq_length` from the
 attention layers, and, when the caller leaves the causal mask to the model (a chain forward),
 `get_query_offset` and `get_mask_sizes` from transformers' mask builder.
 """
@@ -42,6 +50,21 @@ class _Writer:
         return self.owner.length + query_length, 0
 
 
+class _SlotWriter:
+    """What the attention layers call in a static-shape forward: `update` writes the W new entries
+    at `slots` ([W] long, on the buffers' device) and returns the whole [B, kv_heads, capacity, D]
+    buffers, so nothing in the forward depends on the stored length."""
+
+    def __init__(self, owner: StaticKVCache, slots: torch.Tensor) -> None:
+        self.owner, self.slots = owner, slots
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.owner.keys[layer_idx], self.owner.values[layer_idx]
+        k.index_copy_(2, self.slots, keys)
+        v.index_copy_(2, self.slots, values)
+        return k, v
+
+
 class StaticKVCache:
     """Fixed-capacity full cache (every position kept). Tensors per layer: [B, kv_heads, S, head_dim]."""
 
@@ -63,12 +86,35 @@ class StaticKVCache:
     def next_position(self) -> int:
         return self.evicted + self.length
 
+    @property
+    def allocated(self) -> bool:
+        return bool(self.keys)
+
+    def reset(self) -> None:
+        """Forget every entry, keeping the buffers (and so their addresses)."""
+        self.lengths = [0] * len(self.lengths)
+
+    def slot_writer(self, slots: torch.Tensor) -> _SlotWriter:
+        """The cache object for a static-shape forward writing at `slots` ([W] long, device); needs
+        the buffers allocated (by any earlier forward through `hf`)."""
+        if not self.allocated:
+            raise ValueError("a static-shape forward needs the static cache's buffers: run one forward "
+                             "through `cache.hf` first (it allocates them)")
+        return _SlotWriter(self, slots)
+
+    def advance(self, n: int) -> None:
+        """Count n more entries as stored: the real rows a static-shape forward wrote at slots
+        length .. length + n - 1 (its padding rows beyond them stay unstored)."""
+        if self.length + n > self.capacity:
+            raise ValueError(f"static cache overflow: {self.length} entries + {n} new > capacity {self.capacity}")
+        self.lengths = [self.length + n] * len(self.lengths)
+
     def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append keys/values [B, kv_heads, n, head_dim] to `layer`; the layer's filled views."""
         if layer == len(self.keys):
             shape = (*keys.shape[:2], self.capacity, keys.shape[-1])
-            self.keys.append(keys.new_empty(shape))
-            self.values.append(values.new_empty(shape))
+            self.keys.append(keys.new_zeros(shape))  # zeros, not empty: a static-shape forward reads
+            self.values.append(values.new_zeros(shape))  # every slot, and 0 x NaN garbage would be NaN
             self.lengths.append(0)  # buffers are allocated by the first forward, before any entry
         start, n = self.lengths[layer], keys.shape[-2]
         if start + n > self.capacity:

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 import specdec
-from specdec import loop, tree as tree_ops
+from specdec import tree as tree_ops
 from specdec.cache import KVCache
 from specdec.drafters import build
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.self_draft import SelfDrafter
+from specdec.forwards import CACHES
 from specdec.kv_policy import apply_to_prefill, attention_probe
 
 
@@ -70,14 +71,23 @@ class _Recorder(KVCache):
     ("self_draft:quant(bits=2,group=4)", "tree(3,2,2)", 0.0),
     ("self_draft:snapkv(budget=4,window=1)+window(sink=1,recent=4)+quant(bits=4)", "chain(3)", 1.0),
 ])
-def test_caches_equal_prefill_after_every_step_of_the_loop(tiny_llama64, monkeypatch, name, shape, temperature):
+@pytest.mark.parametrize("draft_cache", ["dynamic", "graphs"])
+def test_caches_equal_prefill_after_every_step_of_the_loop(tiny_llama64, monkeypatch, name, shape, temperature,
+                                                          draft_cache):
     """At every draft request, the target's cache holds exactly the committed tokens but the root,
     and a model drafter's cache holds exactly the tokens it claims to have consumed; a self-drafter's
-    cache equals its KV policy applied to a fresh prefill (for `full`: the target's own cache)."""
-    _Recorder.made = []
-    monkeypatch.setattr(loop, "KVCache", _Recorder)
+    cache equals its KV policy applied to a fresh prefill (for `full`: the target's own cache).
+    Model drafters run their own cache both ways: growing, and the preallocated static-shape fast
+    path (`graphs`, which evicting KV policies cannot use)."""
     name, _, kv = name.partition(":")
-    drafter = build(name, target=tiny_llama64, **({"kv": kv} if kv else {}))
+    if draft_cache == "graphs" and (name not in ("small", "self_draft") or "window" in kv or "snapkv" in kv):
+        pytest.skip("no model-drafter cache of its own, or a KV policy that evicts")
+    _Recorder.made = []
+    monkeypatch.setitem(CACHES, "dynamic", lambda target, capacity, buckets: (_Recorder(), target.forward))
+    options = {"kv": kv} if kv else {}
+    if name in ("small", "self_draft"):
+        options["cache"] = draft_cache
+    drafter = build(name, target=tiny_llama64, **options)
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     checked = []
     propose = drafter.propose
@@ -96,6 +106,8 @@ def test_caches_equal_prefill_after_every_step_of_the_loop(tiny_llama64, monkeyp
     specdec.generate(tiny_llama64, drafter, prompt, shape=shape, max_new_tokens=24,
                      temperature=temperature, stop_on_eos=False)
     assert len(checked) >= 3
+    if name in ("small", "self_draft"):
+        assert type(drafter.cache).__name__ == ("StaticKVCache" if draft_cache == "graphs" else "KVCache")
 
 
 def assert_self_draft_cache_is_the_policy_of_a_prefill(target, drafter: SelfDrafter, committed: list[int],

@@ -8,11 +8,12 @@ import torch
 import specdec
 from specdec.cache import KVCache
 from specdec.drafters import DraftRequest, build, build_for_tests
-from specdec.loop import CACHES, prefill
+from specdec.forwards import CACHES
+from specdec.loop import prefill
 from specdec.reference import reference_generate
-from specdec.static_cache import StaticKVCache
 from specdec.sampling import SamplingConfig
 from specdec.shapes import parse_shape
+from specdec.static_cache import StaticKVCache
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 
@@ -87,17 +88,26 @@ class _CheckingDrafter:
         self.inner.commit(step)
 
 
+@pytest.mark.parametrize("kind", ["static", "graphs"])
 @pytest.mark.parametrize("name", specdec.drafters.names())
 @pytest.mark.parametrize("shape", ["chain(3)", "tree(2,2)", "dynamic(top_k=3,depth=3,budget=6)"])
-def test_static_cache_is_exact_and_equals_a_prefill_after_every_step(tiny_llama64, name, shape, monkeypatch):
-    caches = []
-    monkeypatch.setitem(CACHES, "static", lambda capacity: caches.append(StaticKVCache(capacity)) or caches[-1])
+def test_preallocated_caches_are_exact_and_equal_a_prefill_after_every_step(tiny_llama64, kind, name, shape,
+                                                                             monkeypatch):
+    caches, make = [], CACHES[kind]
+
+    def recording(*args):
+        cache, forward = make(*args)
+        caches.append(cache)
+        return cache, forward
+
+    monkeypatch.setitem(CACHES, kind, recording)
     drafter = _CheckingDrafter(build_for_tests(name, target=tiny_llama64), tiny_llama64, caches)
     out = specdec.generate(tiny_llama64, drafter, PROMPT, shape=shape, max_new_tokens=12, stop_on_eos=False,
-                           cache="static")
+                           cache=kind)
     assert out.token_ids == reference_generate(tiny_llama64, PROMPT, max_new_tokens=12, stop_on_eos=False)
     assert drafter.checked == out.stats.num_steps + 1  # the prefill, then every step
-    assert caches[-1].capacity == len(PROMPT) + 12 + parse_shape(shape).max_nodes
+    if kind == "static":
+        assert caches[-1].capacity == len(PROMPT) + 12 + parse_shape(shape).max_nodes
 
 
 def test_static_cache_bad_sizes_fail_clearly(tiny_llama64):

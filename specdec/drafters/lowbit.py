@@ -27,9 +27,10 @@ extra."""
 
 
 @register("lowbit")
-def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT) -> SelfDrafter:
-    """A drafter running a `quant`-quantized copy of `target` (any `specdec.quant` spec)."""
-    return build_self_draft(target=target, weights=quant, name="lowbit")
+def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT, cache: str = "auto") -> SelfDrafter:
+    """A drafter running a `quant`-quantized copy of `target` (any `specdec.quant` spec); `cache`
+    is the copy's own cache kind (`specdec.forwards.drafter_cache`)."""
+    return build_self_draft(target=target, weights=quant, name="lowbit", cache=cache)
 
 
 build_lowbit.test_options = {"quant": "rtn8_pc"}

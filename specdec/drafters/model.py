@@ -17,9 +17,9 @@ import copy
 
 import torch
 
-from specdec.cache import KVCache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import DraftRequest, register
+from specdec.forwards import drafter_cache
 from specdec.models import Target
 from specdec.shapes import grow_tree
 
@@ -58,7 +58,7 @@ class BlockSlots:
 class ModelDrafter:
     """Drafts with `draft_model`, a Target sharing the target's vocabulary."""
 
-    def __init__(self, draft_model: Target, *, target: Target, name: str) -> None:
+    def __init__(self, draft_model: Target, *, target: Target, name: str, cache: str = "auto") -> None:
         if draft_model.vocab_size != target.vocab_size:
             raise ValueError(
                 f"draft model {draft_model.label!r} has vocabulary {draft_model.vocab_size}, target "
@@ -66,20 +66,22 @@ class ModelDrafter:
             )
         self.name = name
         self.model = draft_model
+        self.cache_kind = cache
+        """Its own cache (`specdec.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA."""
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache()
+        self.cache, self._forward = drafter_cache(self.model, self.cache_kind)
         self.consumed = 0  # committed tokens whose KV is in self.cache
         self.block = BlockSlots()
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
         parents = self.block.add(node_ids, parent_ids)
-        return self.model.forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
+        return self._forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
 
     def propose(self, request: DraftRequest) -> Draft:
         pending = request.token_ids[:, self.consumed:]  # [B, n] always includes the root
-        out = self.model.forward(pending, self.cache, logits_rows=slice(-1, None))
+        out = self._forward(pending, self.cache, logits_rows=slice(-1, None))
         self.consumed = request.token_ids.shape[1]
         self.block = BlockSlots()
         return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
@@ -113,18 +115,20 @@ def early_exit_copy(target: Target, layers: int) -> Target:
 
 @register("small")
 def build_small(*, target: Target, model: str | Target | None = None, layers: int | None = None,
-                **load_options):
+                cache: str = "auto", **load_options):
     """A small draft model (`model=`, a `ModelDrafter`), or by default an early-exit self-draft of
-    the target's first `layers` layers (default a quarter of them)."""
+    the target's first `layers` layers (default a quarter of them); `cache` is the draft model's
+    own cache kind (`specdec.forwards.drafter_cache`)."""
     if model is None:
         from specdec.drafters.self_draft import build_self_draft
 
         total = target.model.config.num_hidden_layers
-        return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small")
+        return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small",
+                                cache=cache)
     if isinstance(model, Target):
         draft_model = model
     else:
         from specdec.loading import load_target
 
         draft_model = load_target(model, device=target.device, **load_options)
-    return ModelDrafter(draft_model, target=target, name="small")
+    return ModelDrafter(draft_model, target=target, name="small", cache=cache)

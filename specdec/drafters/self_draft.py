@@ -36,10 +36,10 @@ import re
 
 import torch
 
-from specdec.cache import KVCache
 from specdec.draft import Draft, Step
 from specdec.drafters.base import DraftRequest, register
 from specdec.drafters.model import BlockSlots, early_exit_copy
+from specdec.forwards import drafter_cache, drafter_cache_kind
 from specdec.kv_policy import KVPolicy, attention_probe, model_facts, parse_kv_policy
 from specdec.models import Target
 from specdec.shapes import grow_tree
@@ -80,16 +80,20 @@ def draft_model(target: Target, weights: str = "none", layers: str | int = "all"
 class SelfDrafter:
     """Drafts with `model` (the target or a cheaper copy) over a cache kept by `policy`."""
 
-    def __init__(self, model: Target, policy: KVPolicy, *, target: Target, name: str = "self_draft") -> None:
+    def __init__(self, model: Target, policy: KVPolicy, *, target: Target, name: str = "self_draft",
+                 cache: str = "auto") -> None:
         policy.check(model_facts(target))
         self.name = name
         self.model = model
         self.policy = policy
         self.layers = model.model.config.num_hidden_layers
+        self.cache_kind = cache
+        """Its own cache (`specdec.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
+        unless the KV policy evicts."""
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache()
+        self.cache, self._forward = drafter_cache(self.model, self.cache_kind, self.policy.evicts)
         self.committed = 0  # absolute position after the last committed entry
         self.block = BlockSlots()
 
@@ -110,7 +114,7 @@ class SelfDrafter:
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
         parents = self.block.add(node_ids, parent_ids)
-        return self.model.forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
+        return self._forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
 
     def propose(self, request: DraftRequest) -> Draft:
         if self.committed != request.token_ids.shape[1] - 1:
@@ -119,7 +123,7 @@ class SelfDrafter:
         if request.max_depth < 1:
             return Draft.empty()
         root = request.token_ids[:, -1:]  # [B, 1]
-        out = self.model.forward(root, self.cache)
+        out = self._forward(root, self.cache)
         self.block = BlockSlots()
         return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
                          request.sampling, request.generator, request.max_depth)
@@ -127,12 +131,14 @@ class SelfDrafter:
 
 @register("self_draft")
 def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none", layers: str | int = "all",
-                     name: str = "self_draft") -> SelfDrafter:
-    """A self-drafter: `kv` (KV policy spec), `weights` (quant spec), `layers` ('all' | 'first(k)').
-    Every option is checked here, before any generation."""
+                     name: str = "self_draft", cache: str = "auto") -> SelfDrafter:
+    """A self-drafter: `kv` (KV policy spec), `weights` (quant spec), `layers` ('all' | 'first(k)'),
+    `cache` (the draft's own cache kind, `specdec.forwards.drafter_cache`). Every option is checked
+    here, before any generation."""
     policy = parse_kv_policy(kv)
     policy.check(model_facts(target))  # before the (possibly slow) quantized copy
-    return SelfDrafter(draft_model(target, weights, layers), policy, target=target, name=name)
+    drafter_cache_kind(target, cache, policy.evicts)  # a cache kind the policy cannot use fails here
+    return SelfDrafter(draft_model(target, weights, layers), policy, target=target, name=name, cache=cache)
 
 
 build_self_draft.test_options = {"kv": "window(sink=2,recent=5)+quant(bits=4)", "weights": "rtn8_pc",

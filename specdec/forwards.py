@@ -1,0 +1,88 @@
+"""The (cache, forward) pairs a generation runs its target on, and how `generate` picks one.
+
+Owns `CACHES` (name -> factory of a target's KV cache and the forward that writes it),
+`resolve_cache` (`auto` -> a name), `verification_width` (the bucket set and padded width a
+cache kind verifies at) and `drafter_cache` (a model drafter's own pair). The loop and
+`specdec.latency` both use it, so an `auto` shape's latency curve times the forward the loop will
+run. Knows nothing about drafts or acceptance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specdec.cache import Cache, KVCache
+from specdec.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
+from specdec.models import ForwardOut, Target
+from specdec.static_cache import StaticKVCache
+
+Forward = Callable[[torch.Tensor, Cache, torch.Tensor], ForwardOut]
+"""forward(tokens [B, n], cache, parents [M]) -> ForwardOut, appending n entries (`Target.forward`)."""
+
+CACHES: dict[str, Callable[[Target, int, tuple[int, ...]], tuple[Cache, Forward]]] = {
+    "dynamic": lambda target, capacity, buckets: (KVCache(), target.forward),
+    "static": lambda target, capacity, buckets: (StaticKVCache(capacity), target.forward),
+    "graphs": lambda target, capacity, buckets: _graphs(target, capacity, buckets),
+}
+"""(cache, forward) per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
+`static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
+default); `graphs` is `specdec.graphs.StaticForward`: a preallocated cache kept with the target,
+forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere).
+`auto` (the default) is `graphs` on CUDA and `dynamic` elsewhere."""
+
+
+def _graphs(target: Target, capacity: int, buckets: tuple[int, ...]) -> tuple[Cache, Forward]:
+    runner = static_forward(target, capacity, buckets)
+    return runner.open(), runner.forward
+
+
+def resolve_cache(cache: str, target: Target) -> str:
+    """The `CACHES` key `generate(cache=...)` runs with: `auto` -> `graphs` on CUDA, else `dynamic`."""
+    if cache == "auto":
+        return "graphs" if target.device.type == "cuda" else "dynamic"
+    if cache not in CACHES:
+        raise ValueError(f"unknown cache {cache!r}; expected auto or one of {', '.join(CACHES)}")
+    return cache
+
+
+def verification_width(cache: str, widest: int, buckets: Sequence[int] | None) -> tuple[int, tuple[int, ...]]:
+    """(entries the widest verification writes, the width buckets) for a resolved `cache` kind.
+    Given buckets must cover `widest` (root + most draft nodes); the default set is widened to."""
+    if cache != "graphs":
+        if buckets is not None:
+            raise ValueError(f"buckets={tuple(buckets)} apply to cache='graphs' only, got cache={cache!r}")
+        return widest, ()
+    if buckets is None:
+        buckets = DEFAULT_BUCKETS + tuple(1 << k for k in range(8, (widest - 1).bit_length() + 1))
+    buckets = check_buckets(buckets, widest)
+    return next(b for b in buckets if b >= widest), buckets
+
+
+def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False) -> str:
+    """The `CACHES` key a model drafter's own cache resolves to: `auto` -> `graphs` on CUDA (unless
+    the drafter's cache `evicts` entries: a preallocated cache never does), else `dynamic`.
+    ValueError for an unknown kind, or a preallocated one asked for by an evicting drafter."""
+    kind = resolve_cache(cache, model)
+    if cache == "auto" and evicts:
+        return "dynamic"
+    if kind != "dynamic" and evicts:
+        raise ValueError(f"cache={cache!r} preallocates the draft cache, which never evicts; this drafter's KV "
+                         "policy evicts entries: use cache='dynamic' (or 'auto')")
+    return kind
+
+
+def drafter_cache(model: Target, cache: str = "auto", evicts: bool = False) -> tuple[Cache, Forward]:
+    """A model drafter's own (cache, forward) over its draft `model`, for a new generation (kind:
+    `drafter_cache_kind`). Preallocated kinds hold the model's context length plus two widest
+    buckets (committed tokens, then one step's draft block, padded); their forward takes any width
+    (`StaticForward` runs one wider than its buckets eagerly)."""
+    kind = drafter_cache_kind(model, cache, evicts)
+    if kind == "dynamic":
+        return KVCache(), model.forward
+    capacity = model.context_length + 2 * DEFAULT_BUCKETS[-1]
+    if kind == "static":
+        return StaticKVCache(capacity), model.forward
+    runner = static_forward(model, capacity, DEFAULT_BUCKETS, owner="drafter")
+    return runner.open(), runner.forward

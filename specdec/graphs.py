@@ -1,0 +1,228 @@
+"""Static-shape target forwards: width buckets over a preallocated cache, captured as CUDA graphs.
+
+Owns `StaticForward` (the verifier's forward of one target as a fixed set of static-shape
+programs, one per width bucket), `check_buckets`, and `static_forward`, which keeps one
+`StaticForward` per target so graphs are captured once, not once per generation. Knows nothing
+about drafts or acceptance: it is given tokens and their tree `parents`, as `Target.forward` is.
+
+Why. On a GPU a forward of a small target costs about the same at any width, and almost all of it
+is kernel launches and Python. A CUDA graph replays a whole forward's kernels in one launch, but
+only with fixed shapes at fixed addresses. So every tensor a step's forward reads or writes is
+fixed here:
+- the KV cache is a `StaticKVCache` preallocated for `capacity` entries per layer; a forward writes
+  its W new entries at the slots held in a device tensor (`index_copy_`) and attention reads all
+  `capacity` entries, masked (`StaticKVCache.slot_writer`);
+- n new tokens are padded to the smallest bucket W >= n. Pad rows attend to entry 0 only and no
+  row attends to them; their entries land past the stored length, which `advance(n)` then moves
+  by n, so the next forward overwrites them;
+- the positions [1, W] and the additive tree mask [1, 1, W, capacity] are rebuilt in place on the
+  device each step from `parents` (`tree.ancestor_mask`), with no host sync; the only host values
+  used are the cache's length and position, which the host already knows.
+
+Worked example: 20 entries cached, a root plus a 4-node draft (n = 5), buckets (1, 2, 4, 8): W = 8;
+slots = [20, ..., 27]; rows 0-4 see entries 0..19 plus their ancestors among slots 20..24; rows 5-7
+see entry 0; after the forward the cache stores 25 entries and slots 25..27 hold garbage to be
+overwritten.
+
+`capture="cuda_graph"` (the default on CUDA) captures each bucket's forward the first time that
+width is used (two warm-up runs on a side stream, then the capture; the buckets share one memory
+pool) and replays it afterwards. `capture="eager"` (the default elsewhere) calls the very same
+function each time instead: it reads only the static buffers, so CI on a CPU tests everything but
+the capture itself (exactness, cache == prefill, padding). `torch.compile(mode="reduce-overhead")`
+would also build CUDA graphs, but recompiles per width and cannot be checked here; hand capture over
+an eager-testable function was chosen instead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec import tree as tree_ops
+from specdec.models import ForwardOut, Target
+from specdec.static_cache import StaticKVCache
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the
+smallest one >= n."""
+CAPTURES = ("cuda_graph", "eager")
+
+
+def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
+    """`buckets` as an ascending tuple, or ValueError: not distinct integers >= 1, or none covers a
+    forward of `widest` tokens (the root plus the largest draft the shape can propose)."""
+    values = tuple(buckets)
+    if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values) \
+            or list(values) != sorted(set(values)):
+        raise ValueError(f"width buckets must be distinct ascending integers >= 1, got {values!r}")
+    if values[-1] < widest:
+        raise ValueError(f"width buckets {values} do not cover the widest verification: {widest} tokens "
+                         f"(the root + {widest - 1} draft nodes); add a bucket >= {widest}")
+    return values
+
+
+@dataclass
+class _Bucket:
+    """The static inputs of one width W and the forward that reads them."""
+
+    ids: torch.Tensor  # [1, W] long
+    positions: torch.Tensor  # [1, W] long
+    mask: torch.Tensor  # [1, 1, W, C] additive
+    slots: torch.Tensor  # [W] long: cache slots the W rows write
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
+    """Replays the forward on the buffers above: (logits [1, W, V], hidden [1, W, H], aux or None)."""
+
+
+class StaticForward:
+    """A target's forwards over one preallocated `StaticKVCache`, padded to width buckets."""
+
+    def __init__(self, target: Target, capacity: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
+                 capture: str | None = None) -> None:
+        capture = capture or ("cuda_graph" if target.device.type == "cuda" else "eager")
+        if capture not in CAPTURES:
+            raise ValueError(f"unknown capture {capture!r}; expected one of {', '.join(CAPTURES)}")
+        if capture == "cuda_graph" and target.device.type != "cuda":
+            raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
+        self.buckets = check_buckets(buckets, 1)
+        if capacity < self.buckets[-1]:
+            raise ValueError(f"a static forward's capacity ({capacity}) must hold its widest bucket ({self.buckets[-1]})")
+        self.target, self.capacity, self.capture = target, capacity, capture
+        self.cache = StaticKVCache(capacity)
+        target.forward(torch.zeros(1, 1, dtype=torch.long), self.cache)  # allocates the buffers
+        self.cache.reset()
+        device = target.device
+        self.dtype = target.base.get_input_embeddings().weight.dtype
+        self.columns = torch.arange(capacity, device=device)  # [C]
+        self.signature = weights_signature(target)
+        self._bucket: dict[int, _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
+
+    def open(self) -> StaticKVCache:
+        """The cache for a new generation: this forward's own, emptied (its buffers stay put)."""
+        self.cache.reset()
+        return self.cache
+
+    def bucket(self, n: int) -> int:
+        """The width a forward of n tokens runs at; ValueError when no bucket holds n."""
+        for width in self.buckets:
+            if width >= n:
+                return width
+        raise ValueError(f"a forward of {n} tokens exceeds the widest bucket {self.buckets[-1]} (buckets {self.buckets})")
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: StaticKVCache, parents: torch.Tensor | None = None,
+                logits_rows: slice | torch.Tensor | None = None) -> ForwardOut:
+        """As `Target.forward`, for this object's cache. A forward wider than the widest bucket (a
+        model drafter feeding a prompt) runs eagerly through `Target.forward` into the same cache."""
+        if cache is not self.cache:
+            raise ValueError("StaticForward.forward runs on its own cache only (take it from `open()`)")
+        batch, n = tokens.shape
+        if batch != 1:
+            raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
+        if n > self.buckets[-1]:
+            return self.target.forward(tokens, cache, parents, logits_rows)
+        parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
+        width = self.bucket(n)
+        past = cache.length
+        if past + width > self.capacity:
+            raise ValueError(f"static cache overflow: {past} entries + a {width}-wide bucket > capacity {self.capacity}")
+        b = self._bucket.get(width) or self._new_bucket(width)
+        self._fill(b, tokens, parents, past, cache.next_position)
+        if b.run is None:
+            b.run = self._capture(b)
+        logits, hidden, aux = b.run()  # graph outputs: overwritten by the next replay, so copied here
+        cache.advance(n)
+        logits = logits[:, :n] if logits_rows is None else logits[:, :n][:, logits_rows]
+        return ForwardOut(logits=logits.clone(), hidden=hidden[:, :n].clone(),
+                          aux=None if aux is None else aux[:, :n].clone())
+
+    def _new_bucket(self, width: int) -> _Bucket:
+        device = self.target.device
+        b = _Bucket(ids=torch.zeros(1, width, dtype=torch.long, device=device),
+                    positions=torch.zeros(1, width, dtype=torch.long, device=device),
+                    mask=torch.zeros(1, 1, width, self.capacity, dtype=self.dtype, device=device),
+                    slots=torch.arange(width, device=device))
+        self._bucket[width] = b
+        return b
+
+    def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int) -> None:
+        """Write this step's inputs into bucket b's buffers, on the device (see the module example)."""
+        n, m = tokens.shape[1], parents.numel()
+        block_start = past - (m - n)  # stored index of the tree block's first entry (cached block nodes first)
+        if block_start < 0 or m < n:
+            raise ValueError(f"parents covers {m} block positions but {n} tokens are new and {past} cached")
+        device = b.ids.device
+        visible = tree_ops.ancestor_mask(parents.to(device, non_blocking=True))[-n:]  # [n, M]
+        low = torch.finfo(self.dtype).min
+        b.ids[:, :n] = tokens.to(device, non_blocking=True)
+        b.positions[0, :n] = next_position - (m - n) + visible.sum(1) - 1  # block start + depth - 1
+        b.positions[0, n:] = next_position
+        torch.add(self.columns[: b.slots.numel()], past, out=b.slots)
+        mask = b.mask[0, 0]  # [W, C]
+        mask.fill_(low)
+        mask[:n, :block_start] = 0  # the prefix before the block
+        mask[:n, block_start:block_start + m].masked_fill_(visible, 0)  # ancestors within the block
+        mask[n:, 0] = 0  # pad rows: entry 0 only (slot `past` at an empty cache: their own root's)
+
+    def _forward(self, b: _Bucket):
+        """The program a bucket runs: reads only b's buffers and the cache's (never a host value)."""
+        target = self.target
+        out = target.base(input_ids=b.ids, attention_mask=b.mask, position_ids=b.positions,
+                          cache=self.cache.slot_writer(b.slots), use_cache=True,
+                          output_hidden_states=bool(target.aux_layers))
+        hidden = out.last_hidden_state  # [1, W, H]
+        aux = torch.cat([out.hidden_states[k] for k in target.aux_layers], -1) if target.aux_layers else None
+        return target.logits(hidden), hidden, aux
+
+    def _capture(self, b: _Bucket):
+        if self.capture == "eager":
+            return lambda: self._forward(b)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-ups: library handles and workspaces are created outside the capture
+                self._forward(b)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outs = self._forward(b)
+
+        def replay():
+            graph.replay()
+            return outs
+
+        return replay
+
+
+def weights_signature(target: Target) -> tuple:
+    """Addresses and shapes of the target's parameters and buffers: a captured graph reads weights
+    at these addresses, so a target whose modules were swapped (kernels, quantization) needs new ones."""
+    tensors = [*target.model.parameters(), *target.model.buffers()]
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+
+
+_FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
+
+
+def static_forward(target: Target, capacity: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
+                   capture: str | None = None, owner: str = "verifier") -> StaticForward:
+    """The target's `StaticForward` with at least `capacity` entries, built (capacity rounded up to
+    a multiple of 256, so later prompts of similar length reuse it) or reused. One is kept per model
+    and `owner` (the verifier's, a drafter's: a self-drafter may run the target's own model): a
+    request it cannot serve (more capacity, other buckets, aux layers or weights) replaces it."""
+    buckets = check_buckets(buckets, 1)
+    owners = _FORWARDS.setdefault(target.model, {})
+    kept = owners.get(owner)
+    if (kept is not None and kept.capacity >= capacity and kept.buckets == buckets
+            and kept.capture == (capture or kept.capture) and kept.target.aux_layers == target.aux_layers
+            and kept.signature == weights_signature(target)):
+        kept.target = target
+        return kept
+    owners.pop(owner, None)  # free the old graphs and cache before allocating new ones
+    rounded = -(-max(capacity, buckets[-1]) // 256) * 256
+    made = StaticForward(target, min(rounded, max(capacity, target.context_length + buckets[-1])), buckets, capture)
+    owners[owner] = made
+    return made
