@@ -50,10 +50,13 @@ would bias the output (tests/test_auto.py shows it with the exact law of one ste
   each *trimmed* child of the last accepted node when the step ended on a bonus token (the target
   drew it from its own distribution there: success if the child's token is that token, exact at
   T = 0), so that confidences trimming rejects still get trials. Probes are verified whole.
-- The shape choice above then uses s learned on the verified nodes and the survival of trimming:
-  v_d = P(a depth-d node is verified | its parent is), from the nodes kept / proposed per depth
-  (a depth the drafter leaves empty counts as dropped; prior: 1 of 1 kept), so E[accepted] =
-  sum_d prod_{i<=d} v_i q_i and the verification width is 1 + sum_d (nodes at d) prod_{i<=d} v_i.
+- The shape choice above then uses s learned on the verified nodes and the survival of trimming,
+  per depth and sibling rank like s: v[d, r] = P(the rank-r child at depth d is verified | its
+  parent is), counted over the children the chosen shape asks of each verified node (one the
+  drafter did not propose counts as dropped; prior: 4 of 4 kept). Per rank, because trimming eats
+  low-ranked siblings first: one survival per depth would charge a chain for its siblings' losses.
+  So q_d = 1 - prod_{r < w_d} (1 - v[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
+  the verification width is 1 + sum_d prod_{i<=d} (sum_{r < w_i} v[i, r]).
   A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
   probes included, so a slow spike is forgotten; n-gram lookup) is asked every step for the
   deepest shape of the menu with the most expected acceptances, even when "no draft"
@@ -177,13 +180,14 @@ class AutoPolicy:
         self.idle_steps = 0
         self.probe_interval = spec.probe
         self.probing = False
-        # Trimming (module docstring): calibration cells [depth bucket, confidence bin], survival per depth.
+        # Trimming (module docstring): calibration cells [depth bucket, confidence bin], survival per
+        # depth and sibling rank.
         centers = (np.arange(self.BINS) + 0.5) / self.BINS
         self.calib_prior = np.stack([self.CALIB_WEIGHT * centers, self.CALIB_WEIGHT * (1 - centers)])  # [2, bins]
         self.calib_trials = np.zeros((3, self.BINS))
         self.calib_successes = np.zeros((3, self.BINS))
-        self.kept = np.zeros(depth)  # nodes verified per depth (after trimming)
-        self.asked = np.zeros(depth)  # nodes the chosen shapes had per depth
+        self.asked = np.zeros((depth, spec.max_width))  # [D, W] children asked of verified parents
+        self.kept = np.zeros((depth, spec.max_width))  # [D, W] of those, verified (after trimming)
         self.trims = False  # True once a drafter has handed in scored drafts
         self._proposed_depth = 0
         self._proposed: Draft | None = None  # this step's draft before trimming
@@ -212,26 +216,31 @@ class AutoPolicy:
         return out
 
     def survival(self) -> np.ndarray:
-        """v_d: P(a depth-d node is verified | its parent is) under trimming (1 without it). [D]"""
+        """v[d, r]: P(the rank-r child at depth d is verified | its parent is) under trimming (1
+        without it). [D, W]"""
         if not self.trims:
             return np.ones_like(self.kept)
-        cumulative = (self.kept + 1.0) / (self.asked + 1.0)  # fraction of depth-d nodes verified
-        return np.clip(cumulative / np.concatenate([[1.0], cumulative[:-1]]), 0.0, 1.0)
+        weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES  # prior: `weight` of `weight` children kept
+        return (self.kept + weight) / (self.asked + weight)
+
+    def _per_depth(self, per_rank: np.ndarray) -> np.ndarray:
+        """[D, W] per depth and rank -> [C, D]: each candidate's sum over its ranks r < w_d."""
+        summed = np.concatenate([np.zeros((per_rank.shape[0], 1)), np.cumsum(per_rank, axis=1)], axis=1)  # [D, 1 + W]
+        return summed[np.arange(self.width_table.shape[1])[None], self.width_table]
 
     def expected_accepted(self) -> np.ndarray:
         """E[accepted draft tokens] per candidate. [C]"""
-        miss = np.cumprod(1.0 - self.acceptance(), axis=1)  # [D, W]: P(ranks 0..r all rejected)
+        tried = self.acceptance() * self.survival()  # [D, W] P(rank r verified and accepted | earlier ranks not)
+        miss = np.cumprod(1.0 - tried, axis=1)  # [D, W]: P(ranks 0..r all not accepted)
         q = np.concatenate([np.zeros((miss.shape[0], 1)), 1.0 - miss], axis=1)  # [D, 1 + W], q[:, 0] = 0
         per_depth = q[np.arange(self.width_table.shape[1])[None], self.width_table]  # [C, D]
-        per_depth = per_depth * np.where(self.width_table > 0, self.survival()[None], 1.0)
         return np.cumprod(per_depth, axis=1).sum(1)
 
     def expected_verified(self) -> np.ndarray:
         """Draft nodes each candidate is expected to verify after trimming. [C]"""
         if not self.trims:
             return self.nodes
-        level = np.cumprod(np.where(self.width_table > 0, self.width_table, 0), axis=1)  # [C, D] nodes per depth
-        return (level * np.cumprod(self.survival())[None]).sum(1)
+        return np.cumprod(self._per_depth(self.survival()), axis=1).sum(1)
 
     def calibrated(self, conf: np.ndarray, depth: np.ndarray) -> np.ndarray:
         """c[bucket, bin]: calibrated P(accepted | parent accepted) for confidences in [0, 1]. [N]"""
@@ -350,12 +359,27 @@ class AutoPolicy:
         return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
 
     def _count_survivors(self, draft: Draft, widths: tuple[int, ...]) -> None:
-        """Nodes verified per depth against the nodes the chosen shape has there (v_d's counts)."""
-        depth = min(len(widths), len(self.asked))
-        self.asked[:depth] += np.cumprod(widths[:depth])
-        if draft.num_nodes:
-            depths = self._verified_features()[1] if self._features is not None else tree_ops.depths(draft.parents).numpy()
-            self.kept += np.bincount(depths - 1, minlength=len(self.kept))[: len(self.kept)]
+        """v's counts: each verified node (and the root) at depth d < len(widths) was asked for
+        widths[d] children; per rank, one trial, kept if that child was proposed and verified.
+        Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a and a1 verified:
+        the root's ranks 0, 1 -> trials (kept, dropped); a's rank 0 -> (kept); b was not verified."""
+        proposal = self._proposed if self._proposed is not None else draft
+        parents = proposal.parents.tolist()
+        verified = np.ones(len(parents), dtype=bool) if self._keep is None else np.isin(np.arange(len(parents)), self._keep)
+        kids: dict[int, list[int]] = {}
+        for i, parent in enumerate(parents):
+            kids.setdefault(parent, []).append(i)
+        depth = {-1: 0}
+        for i, parent in enumerate(parents):
+            depth[i] = depth[parent] + 1
+        for node in [-1, *np.flatnonzero(verified).tolist()]:
+            d = depth[node]
+            if d >= min(len(widths), self.asked.shape[0]):
+                continue
+            children = kids.get(node, [])
+            for rank in range(min(widths[d], self.asked.shape[1])):
+                self.asked[d, rank] += 1
+                self.kept[d, rank] += rank < len(children) and bool(verified[children[rank]])
 
     def _cells(self, conf: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Calibration cells (depth bucket, confidence bin) of nodes."""

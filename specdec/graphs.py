@@ -89,7 +89,9 @@ class StaticForward:
         self.buckets = check_buckets(buckets, 1)
         if capacity < self.buckets[-1]:
             raise ValueError(f"a static forward's capacity ({capacity}) must hold its widest bucket ({self.buckets[-1]})")
-        self.target, self.capacity, self.capture = target, capacity, capture
+        self._target = weakref.ref(target)  # weak: `_FORWARDS` is keyed weakly by the target's model
+        self.capacity, self.capture = capacity, capture
+        self.aux_layers = target.aux_layers  # fixed: a captured graph returns these hidden states or none
         self.cache = StaticKVCache(capacity)
         target.forward(torch.zeros(1, 1, dtype=torch.long), self.cache)  # allocates the buffers
         self.cache.reset()
@@ -99,6 +101,13 @@ class StaticForward:
         self.signature = weights_signature(target)
         self._bucket: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
+
+    @property
+    def target(self) -> Target:
+        target = self._target()
+        if target is None:
+            raise RuntimeError("this StaticForward's target is gone; get a new one from static_forward(target, ...)")
+        return target
 
     def open(self) -> StaticKVCache:
         """The cache for a new generation: this forward's own, emptied (its buffers stay put)."""
@@ -172,9 +181,9 @@ class StaticForward:
         target = self.target
         out = target.base(input_ids=b.ids, attention_mask=b.mask, position_ids=b.positions,
                           cache=self.cache.slot_writer(b.slots), use_cache=True,
-                          output_hidden_states=bool(target.aux_layers))
+                          output_hidden_states=bool(self.aux_layers))
         hidden = out.last_hidden_state  # [1, W, H]
-        aux = torch.cat([out.hidden_states[k] for k in target.aux_layers], -1) if target.aux_layers else None
+        aux = torch.cat([out.hidden_states[k] for k in self.aux_layers], -1) if self.aux_layers else None
         return target.logits(hidden), hidden, aux
 
     def _capture(self, b: _Bucket):
@@ -200,8 +209,15 @@ class StaticForward:
 def weights_signature(target: Target) -> tuple:
     """Addresses and shapes of the target's parameters and buffers: a captured graph reads weights
     at these addresses, so a target whose modules were swapped (kernels, quantization) needs new ones."""
-    tensors = [*target.model.parameters(), *target.model.buffers()]
-    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in tensors)
+    return tuple((_address(t), tuple(t.shape), t.dtype) for t in (*target.model.parameters(), *target.model.buffers()))
+
+
+def _address(t: torch.Tensor) -> int:
+    """Storage address, or the object's id for tensor subclasses without one (quantized weights)."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return id(t)
 
 
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
@@ -217,9 +233,9 @@ def static_forward(target: Target, capacity: int, buckets: Sequence[int] = DEFAU
     owners = _FORWARDS.setdefault(target.model, {})
     kept = owners.get(owner)
     if (kept is not None and kept.capacity >= capacity and kept.buckets == buckets
-            and kept.capture == (capture or kept.capture) and kept.target.aux_layers == target.aux_layers
+            and kept.capture == (capture or kept.capture) and kept.aux_layers == target.aux_layers
             and kept.signature == weights_signature(target)):
-        kept.target = target
+        kept._target = weakref.ref(target)
         return kept
     owners.pop(owner, None)  # free the old graphs and cache before allocating new ones
     rounded = -(-max(capacity, buckets[-1]) // 256) * 256

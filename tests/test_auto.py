@@ -207,7 +207,7 @@ def test_trimmed_children_of_the_last_accepted_node_still_calibrate():
     policy.observe(kept, Acceptance(path=[], next_token=11, bonus=True), record, 256)
     assert policy.calib_trials[0, 3] == 1 and policy.calib_successes[0, 3] == 0  # confidence 0.35: bin 3
     assert policy.calib_trials[0, 6] == 1 and policy.calib_successes[0, 6] == 1  # 0.65: bin 6, token 11
-    assert policy.kept[0] == 0 and policy.asked[0] == 2  # depth 1 survived 0 of the 2 nodes asked for
+    assert policy.kept[0, :2].tolist() == [0, 0] and policy.asked[0, :2].tolist() == [1, 1]  # ranks 0, 1: dropped
 
 
 def test_a_cheap_drafter_is_asked_for_the_deepest_shape_even_when_drafting_looks_worthless():
@@ -245,3 +245,22 @@ def test_growers_and_ngram_record_path_confidences(tiny_llama64):
     long_match = first_confidence([1, 2, 3, 4, 9, 1, 2, 3])
     short_match = first_confidence([5, 6, 3, 4, 9, 1, 2, 3])
     assert long_match == pytest.approx(6 / 7) and short_match == pytest.approx(1 / 2)
+
+
+def test_trimming_survival_is_counted_per_sibling_rank():
+    """The worked example of `_count_survivors`: tree(2,1) asked, proposal [a, b, a1, b1], a and a1
+    verified. A chain is then not charged for trimmed second siblings: chain(1)'s expected
+    acceptance uses rank 0's survival only."""
+    policy = AutoPolicy(AutoShape(latency=STEEP))
+    policy.trims = True
+    policy._proposed = scored([0.9, 0.2, 0.8, 0.7], [-1, -1, 0, 1])
+    policy._keep = np.array([0, 2])
+    for _ in range(8):
+        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 2])), (2, 1))
+    assert policy.asked[:2, :2].tolist() == [[8, 8], [8, 0]]
+    assert policy.kept[:2, :2].tolist() == [[8, 0], [8, 0]]
+    survival = policy.survival()
+    assert survival[0, 0] == 1.0 and survival[0, 1] == 4 / 12  # prior: 4 of 4 kept
+    chain1 = policy.widths.index((1,))
+    assert policy.expected_accepted()[chain1] == pytest.approx(policy.acceptance()[0, 0])
+    assert policy.expected_verified()[chain1] == pytest.approx(1.0)

@@ -4,6 +4,7 @@ drafter, shape and family, reuses its captured buckets across generations, and r
 before generating. On a CPU the buckets run eagerly (the function a CUDA graph would capture); the
 CUDA test at the end runs only where torch sees a GPU."""
 
+import gc
 import types
 
 import pytest
@@ -162,6 +163,30 @@ def test_the_static_forward_is_kept_and_replaced_when_it_cannot_serve():
     target = specdec.models.Target(target.model, target.tokenizer, name=target.name)  # the lm_head is read at init
     assert static_forward(target, 64, (1, 8)) is not second  # weights at other addresses: a graph would read stale ones
     assert static_forward(target, 300, (1, 8)).capacity == 512  # more capacity: rounded up to 256s
+
+
+def test_a_target_that_starts_capturing_layers_gets_a_new_static_forward():
+    """A graph captured before `capture_layers` returns no hidden states: a drafter that asks for
+    them (EAGLE-3 fusion) must get a new static forward, not the old graphs."""
+    target = specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64, seed=0, logit_scale=4.0)
+    specdec.generate(target, None, PROMPT, max_new_tokens=4, cache="graphs")
+    plain = graphs._FORWARDS[target.model]["verifier"]
+    assert plain.aux_layers == ()
+    target.capture_layers((0, 1))
+    out = static_forward(target, 64).forward(torch.tensor([[3]]), static_forward(target, 64).open())
+    assert graphs._FORWARDS[target.model]["verifier"] is not plain
+    assert out.aux is not None and out.aux.shape[-1] == 2 * target.hidden_size
+
+
+def test_a_dropped_target_frees_its_static_forward():
+    """The kept forwards are keyed weakly by model and hold their target weakly: no cache or graph
+    outlives the model it was made for."""
+    target = specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64, seed=2)
+    specdec.generate(target, None, PROMPT, max_new_tokens=3, cache="graphs")
+    before = len(graphs._FORWARDS)
+    del target
+    gc.collect()
+    assert len(graphs._FORWARDS) == before - 1
 
 
 def test_latency_through_the_fast_path_is_measured_and_cached_apart(tiny_llama64, tmp_path, monkeypatch):
