@@ -364,19 +364,15 @@ class AutoPolicy:
         Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a and a1 verified:
         the root's ranks 0, 1 -> trials (kept, dropped); a's rank 0 -> (kept); b was not verified."""
         proposal = self._proposed if self._proposed is not None else draft
-        parents = proposal.parents.tolist()
-        verified = np.ones(len(parents), dtype=bool) if self._keep is None else np.isin(np.arange(len(parents)), self._keep)
-        kids: dict[int, list[int]] = {}
-        for i, parent in enumerate(parents):
-            kids.setdefault(parent, []).append(i)
-        depth = {-1: 0}
-        for i, parent in enumerate(parents):
-            depth[i] = depth[parent] + 1
+        count = proposal.num_nodes
+        verified = np.ones(count, dtype=bool) if self._keep is None else np.isin(np.arange(count), self._keep)
+        kids = tree_ops.children(proposal.parents)  # kids[-1]: the root's
+        depth = np.append(tree_ops.depths(proposal.parents).numpy(), 0)  # depth[-1] = 0: the root
         for node in [-1, *np.flatnonzero(verified).tolist()]:
-            d = depth[node]
+            d = int(depth[node])
             if d >= min(len(widths), self.asked.shape[0]):
                 continue
-            children = kids.get(node, [])
+            children = kids[node]
             for rank in range(min(widths[d], self.asked.shape[1])):
                 self.asked[d, rank] += 1
                 self.kept[d, rank] += rank < len(children) and bool(verified[children[rank]])

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec import tree as tree_ops
-from specdec.models import ForwardOut, Target
+from specdec.models import ForwardOut, Target, tree_block
 from specdec.static_cache import StaticKVCache
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -159,19 +159,14 @@ class StaticForward:
 
     def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int) -> None:
         """Write this step's inputs into bucket b's buffers, on the device (see the module example)."""
-        n, m = tokens.shape[1], parents.numel()
-        block_start = past - (m - n)  # stored index of the tree block's first entry (cached block nodes first)
-        if block_start < 0 or m < n:
-            raise ValueError(f"parents covers {m} block positions but {n} tokens are new and {past} cached")
-        device = b.ids.device
-        visible = tree_ops.ancestor_mask(parents.to(device, non_blocking=True))[-n:]  # [n, M]
-        low = torch.finfo(self.dtype).min
+        n, m, device = tokens.shape[1], parents.numel(), b.ids.device
+        block_start, positions, visible = tree_block(parents.to(device, non_blocking=True), n, past, next_position)
         b.ids[:, :n] = tokens.to(device, non_blocking=True)
-        b.positions[0, :n] = next_position - (m - n) + visible.sum(1) - 1  # block start + depth - 1
+        b.positions[0, :n] = positions
         b.positions[0, n:] = next_position
         torch.add(self.columns[: b.slots.numel()], past, out=b.slots)
         mask = b.mask[0, 0]  # [W, C]
-        mask.fill_(low)
+        mask.fill_(torch.finfo(self.dtype).min)
         mask[:n, :block_start] = 0  # the prefix before the block
         mask[:n, block_start:block_start + m].masked_fill_(visible, 0)  # ancestors within the block
         mask[n:, 0] = 0  # pad rows: entry 0 only (slot `past` at an empty cache: their own root's)

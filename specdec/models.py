@@ -38,18 +38,26 @@ def tree_attention(
     c, d at 110 and 109, with the same mask.
     """
     parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
-    block = parents.numel() - n  # block entries already cached
-    block_start = past - block  # stored index of the block's first entry
-    if block_start < 0 or block < 0:
-        raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new and {past} cached")
-    first_position = (past if next_position is None else next_position) - block
-    positions = first_position + tree_ops.depths(parents)[-n:] - 1  # [n]
-    visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
+    block_start, positions, visible = tree_block(parents, n, past, next_position)  # [n], [n, M]
     if not dtype.is_floating_point:
         dtype = torch.float32
     mask = torch.zeros(n, past + n, dtype=dtype)  # [n, past + n]: the prefix before the block is visible
     mask[:, block_start:].masked_fill_(~visible, torch.finfo(dtype).min)
     return positions, mask
+
+
+def tree_block(parents: torch.Tensor, n: int, past: int, next_position: int | None = None,
+               ) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The geometry `tree_attention` masks by, on the device of `parents` (no host sync there):
+    (stored index of the tree block's first entry, positions [n], visible [n, M]: which block
+    entries each new token sees). Also used by `specdec.graphs` to fill its static buffers."""
+    block = parents.numel() - n  # block entries already cached
+    block_start = past - block  # stored index of the block's first entry
+    if block_start < 0 or block < 0:
+        raise ValueError(f"parents covers {parents.numel()} block positions but {n} tokens are new and {past} cached")
+    visible = tree_ops.ancestor_mask(parents)[-n:]  # [n, M]
+    first_position = (past if next_position is None else next_position) - block
+    return block_start, first_position + visible.sum(1) - 1, visible  # depth = ancestors incl. itself
 
 
 def is_chain(parents: torch.Tensor | Sequence[int], n: int) -> bool:
