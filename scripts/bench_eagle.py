@@ -7,6 +7,7 @@ or the rollout throughput of training-data generation per batch size.
     python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
     python scripts/bench_eagle.py --prompts 1 --max-new-tokens 16  # a smoke run
     python scripts/bench_eagle.py --rollout-batches 1 32 --prompts 32 --max-new-tokens 64  # rollout tokens/s
+    python scripts/bench_eagle.py --rollout-batches 64 --rollout-attentions sdpa specdec_sdpa ...  # and per attention
     python scripts/bench_eagle.py --teacher-forced 6 --heads ...  # acceptance per depth on target rollouts, fast
 
 Prompts: the first turn of each question in `--suite` (default experiments/prompts/default.jsonl;
@@ -59,25 +60,29 @@ def parse_heads(items: list[str]) -> dict[str, str | None]:
     return heads
 
 
-def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_tokens: int) -> dict:
-    """Generated tokens/s of eagle_training.rollout_batch (greedy) over `prompts`, per batch size,
-    interleaved batch by batch so that load drift hits every size alike."""
+def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_tokens: int,
+                   attentions: list[str]) -> dict:
+    """Generated tokens/s of eagle_training.rollout_batch (greedy) over `prompts`, per attention
+    function (transformers' name) and batch size, interleaved batch by batch so that load drift hits
+    every configuration alike. Keys: 'attention@batch'."""
     from specdec.drafters.eagle_training import rollout_batch
 
-    tokens = {b: 0 for b in batches}
-    seconds = {b: 0.0 for b in batches}
+    configs = [(a, b) for b in batches for a in attentions]
+    tokens = {c: 0 for c in configs}
+    seconds = {c: 0.0 for c in configs}
     largest = max(batches)
     rollout_batch(target, prompts[:1], max_new_tokens=4, temperature=0.0)  # warm-up
     for start in range(0, len(prompts), largest):
         group = prompts[start:start + largest]
-        for b in batches:
+        for attention, b in configs:
+            target.model.set_attn_implementation(attention)
             for s in range(0, len(group), b):
                 t0 = time.perf_counter()
                 out = rollout_batch(target, group[s:s + b], max_new_tokens=max_new_tokens, temperature=0.0)
-                seconds[b] += time.perf_counter() - t0
-                tokens[b] += sum(q.numel() - n for q, n in zip(out.sequences, out.prompt_len))
-    return {b: {"generated_tokens": tokens[b], "seconds": round(seconds[b], 2),
-                "tokens_per_s": tokens[b] / seconds[b]} for b in batches}
+                seconds[attention, b] += time.perf_counter() - t0
+                tokens[attention, b] += sum(q.numel() - n for q, n in zip(out.sequences, out.prompt_len))
+    return {f"{a}@{b}": {"attention": a, "batch": b, "generated_tokens": tokens[a, b], "seconds": round(seconds[a, b], 2),
+                         "tokens_per_s": tokens[a, b] / seconds[a, b]} for a, b in configs}
 
 
 def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max_new_tokens: int, depth: int,
@@ -129,6 +134,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
                         help="instead: measure training-rollout tokens/s at these batch sizes")
+    parser.add_argument("--rollout-attentions", nargs="+", default=None,
+                        help="with --rollout-batches: attention functions to compare, interleaved "
+                             "(e.g. sdpa specdec_sdpa; default: the target's own)")
     parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
                         help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
     args = parser.parse_args()
@@ -140,14 +148,16 @@ def main() -> None:
     machine = machine_name(target.device)
     if args.rollout_batches:
         started = time.perf_counter()
-        rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens)
+        rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens,
+                              args.rollout_attentions or [target.attention])
         print(f"Rollout bench: target {target.name}, {len(prompts)} prompts from {args.suite}, greedy, "
               f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
               f"{time.perf_counter() - started:.0f} s")
-        base = rows[min(rows)]["tokens_per_s"]
-        for b, row in rows.items():
-            print(f"batch {b:4d}: {row['generated_tokens']:6d} tokens in {row['seconds']:7.1f} s = "
-                  f"{row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x batch {min(rows)})")
+        first = next(iter(rows))
+        base = rows[first]["tokens_per_s"]
+        for name, row in rows.items():
+            print(f"{row['attention']:13s} batch {row['batch']:4d}: {row['generated_tokens']:6d} tokens in "
+                  f"{row['seconds']:7.1f} s = {row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x {first})")
         print(json.dumps({"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
                           "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
                           "machine": machine, "results": rows}))

@@ -2,9 +2,9 @@
 
 Owns `LatencyCurve` (the measurement, as data, with interpolation and JSON round-trip),
 `measure_latency` (times `Target.forward` of w tokens after c cached ones, widths interleaved) and
-`cached_latency` (measure once per target x device x dtype x quantization x linear kernel x machine x
-threads, keep it under the specdec cache). The curve is what turns acceptance into speed: the `auto` draft shape
-and the grid's cost model both read it. Knows nothing about drafters or shapes.
+`cached_latency` (measure once per target x device x dtype x quantization x linear kernel x
+attention x machine x threads, keep it under the specdec cache). The curve is what turns acceptance
+into speed: the `auto` draft shape and the grid's cost model both read it. Knows nothing about drafters or shapes.
 
 Width w is a tree block of w tokens (all children of the cached prefix): the same attention work
 as any tree of w nodes, so one curve serves chains and trees.
@@ -187,11 +187,11 @@ def cache_dir() -> Path:
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                    contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic") -> LatencyCurve:
-    """`measure_latency` once per target x device x dtype x kernel x machine x threads x grid x
-    cache kind; later calls read the saved curve."""
+    """`measure_latency` once per target x device x dtype x kernel x attention x machine x threads x
+    grid x cache kind; later calls read the saved curve."""
     kind = resolve_cache(cache, target)
     key = "_".join([target.label, str(target.device), str(target.dtype).replace("torch.", ""), target.kernel,
-                    machine_name(target.device), f"t{torch.get_num_threads()}",
+                    target.attention, machine_name(target.device), f"t{torch.get_num_threads()}",
                     "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
                    + ([] if kind == "dynamic" else [kind]))
     path = cache_dir() / ("".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key) + ".json")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from specdec import kernels
+from specdec import attention, kernels
 from specdec.latency import cache_root
 from specdec.models import Target
 from specdec.quiet import no_progress_bars
@@ -66,7 +66,10 @@ def load_target(
         kernel: what runs the plain linear layers (`specdec.kernels`): `auto` (the faster of the
             kernels that can run here, measured once per machine x target and cached), `torch`
             (the modules as loaded), `onednn` (weights prepacked for oneDNN; CPU, fp32/bf16).
-        attn_implementation: passed to transformers (e.g. "eager", "sdpa").
+        attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None (default):
+            transformers' choice, and where that is `sdpa`, specdec's `specdec_sdpa`, which is
+            the same except that a masked forward on CPU reads grouped K/V heads without copying
+            them (`specdec.attention`).
     """
     device = check_device(device)
     if kernel not in kernels.CHOICES:
@@ -79,6 +82,8 @@ def load_target(
         target = _BUILTINS[name_or_path](device=device, dtype=dtype, attn_implementation=attn_implementation)
     else:
         target = _load_hf(name_or_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+    if attn_implementation is None:
+        attention.use_gqa_attention(target.model)
     if quant not in (None, "none"):
         from specdec import quant as quant_lib
 
@@ -218,10 +223,11 @@ def tiny_target(
     seed: int = 0,
     dtype: torch.dtype | None = torch.float32,
     device: str | torch.device = "cpu",
-    attn_implementation: str | None = "sdpa",
+    attn_implementation: str | None = None,
     logit_scale: float = 1.0,
 ) -> Target:
-    """A randomly initialised causal LM of `family` (llama | qwen2 | mistral) built from a config.
+    """A randomly initialised causal LM of `family` (llama | qwen2 | mistral) built from a config,
+    with 4 query heads over 2 key/value heads; attention as `load_target`'s (None: `specdec_sdpa`).
 
     `logit_scale` multiplies the lm_head weights: > 1 makes the distributions peakier (useful to
     get drafters that agree with the target in tests). With the default vocabulary it gets a
@@ -250,13 +256,14 @@ def tiny_target(
         eos_token_id=vocab_size - 1,
         pad_token_id=None,
     )
-    if attn_implementation:
-        config._attn_implementation = attn_implementation
+    config._attn_implementation = attn_implementation or "sdpa"
     torch.manual_seed(seed)
     model = model_cls(config)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(logit_scale)
     model = model.to(device=device, dtype=dtype)
+    if attn_implementation is None:
+        attention.use_gqa_attention(model)
     tokenizer = ByteTokenizer() if vocab_size == ByteTokenizer.vocab_size else None
     return Target(model, tokenizer, name=f"tiny-{family}", info={"seed": seed})
 
@@ -264,7 +271,7 @@ def tiny_target(
 def _tiny_builder(family: str) -> Callable[..., Target]:
     def build(*, device, dtype, attn_implementation) -> Target:
         return tiny_target(family, device=device, dtype=dtype or torch.float32,
-                           attn_implementation=attn_implementation or "sdpa")
+                           attn_implementation=attn_implementation)
 
     return build
 

@@ -119,6 +119,11 @@ class Target:
         return self.lm_head.weight.dtype
 
     @property
+    def attention(self) -> str:
+        """The transformers attention function its forwards run (`specdec_sdpa` by default: `specdec.attention`)."""
+        return str(getattr(self.model.config, "_attn_implementation", None) or "default")
+
+    @property
     def vocab_size(self) -> int:
         return self.lm_head.weight.shape[0]
 

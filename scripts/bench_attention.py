@@ -1,0 +1,111 @@
+"""Latency curve of a target under transformers' `sdpa` and specdec's `specdec_sdpa`, interleaved.
+
+    python scripts/bench_attention.py                                     # embedded target, 256 and 1024 cached
+    python scripts/bench_attention.py --caches dynamic,static --widths 1,5,9 --repeats 3
+    python scripts/bench_attention.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
+
+`specdec_sdpa` (specdec.attention) differs from `sdpa` only where a forward carries a mask on CPU:
+it lets the kernel read grouped K/V heads instead of copying them per query head. A width-w
+forward here is a tree block of w nodes (masked for w > 1), as `specdec.latency` times it. For
+each cache kind and context: one prefilled cache, then r times per width one forward under each
+attention in turn, so drift hits both alike; print forward milliseconds per attention and width, and the ratio of the two;
+then check that both give the same logits on one tree forward; then one JSON line. Timing runs
+must not overlap with other heavy work on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import specdec
+from specdec.attention import NAME
+from specdec.cache import KVCache
+from specdec.forwards import CACHES, verification_width
+from specdec.latency import machine_name
+
+ATTENTIONS = ("sdpa", NAME)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def curves(target: specdec.Target, widths: tuple[int, ...], context: int, repeats: int,
+           cache: str) -> dict[str, list[float]]:
+    """Median forward seconds per attention and width: one cache prefilled once, then per repeat and
+    width one forward under each attention in turn (truncated back after each), as
+    `specdec.latency.measure_latency` times a width (a tree block of w children of the prefix)."""
+    gen = torch.Generator().manual_seed(0)
+    padded, buckets = verification_width(cache, max(widths), None)
+    kv, forward = CACHES[cache](target, context + padded, buckets)
+    target.prefill(torch.randint(0, target.vocab_size, (context,), generator=gen).tolist(), kv)
+    times: dict[str, list[list[float]]] = {name: [[] for _ in widths] for name in ATTENTIONS}
+    for rep in range(repeats + 1):  # rep 0 warms up
+        for i, w in enumerate(widths):
+            tokens = torch.randint(0, target.vocab_size, (1, w), generator=gen)
+            for name in ATTENTIONS:
+                target.model.set_attn_implementation(name)
+                t0 = time.perf_counter()
+                forward(tokens, kv, torch.full((w,), -1, dtype=torch.long))
+                if rep:
+                    times[name][i].append(time.perf_counter() - t0)
+                kv.truncate(context)
+    return {name: [statistics.median(t) for t in rows] for name, rows in times.items()}
+
+
+def same_logits(target: specdec.Target, width: int) -> bool:
+    """Whether both attentions give bit-identical logits for one `width`-node tree after 64 tokens."""
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (64,), generator=gen).tolist()
+    tokens = torch.randint(0, target.vocab_size, (1, width), generator=gen)
+    parents = torch.tensor([-1] + [i // 2 for i in range(width - 1)])  # a binary tree
+    logits = []
+    for name in ATTENTIONS:
+        target.model.set_attn_implementation(name)
+        cache = KVCache()
+        target.prefill(prefix, cache)
+        logits.append(target.forward(tokens, cache, parents).logits)
+    return torch.equal(*logits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m", help="a specdec.load_target name or path")
+    parser.add_argument("--dtype", default=None, help="weights dtype (default: the target's own)")
+    parser.add_argument("--widths", type=_ints, default=(1, 2, 5, 9, 17, 33))
+    parser.add_argument("--contexts", type=_ints, default=(256, 1024))
+    parser.add_argument("--caches", default="dynamic", help="comma-separated cache kinds (specdec.forwards.CACHES)")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target = specdec.load_target(args.target, dtype=args.dtype)
+    results = []
+    for cache in (c for c in args.caches.split(",") if c):
+        for context in args.contexts:
+            seconds = curves(target, args.widths, context, args.repeats, cache)
+            print(f"== {target.label} ({target.dtype}, kernel {target.kernel}), cache {cache}, {context} cached "
+                  f"tokens, {machine_name(target.device)}, {torch.get_num_threads()} thread(s)")
+            print("   attention     " + " ".join(f"{'@' + str(w):>8s}" for w in args.widths))
+            for name, row in seconds.items():
+                print(f"   {name:13s} " + " ".join(f"{t * 1e3:6.1f}ms" for t in row))
+            print(f"   {'ratio':13s} " + " ".join(f"{b / a:7.3f}x" for a, b in zip(*seconds.values())))
+            results.append({"cache": cache, "context": context, "seconds": seconds})
+    identical = same_logits(target, max(args.widths))
+    print(f"same logits on a {max(args.widths)}-node tree: {identical}")
+    print(json.dumps({"bench": "attention", "target": args.target, "dtype": str(target.dtype),
+                      "kernel": target.kernel, "machine": machine_name(target.device), "arch": platform.machine(),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "widths": list(args.widths),
+                      "repeats": args.repeats, "same_logits": identical, "results": results}))
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`specdec_sdpa` (specdec.attention): the default attention of loaded targets, the same logits as
+transformers' `sdpa`, and no per-head copy of the cached keys and values under a mask on CPU."""
+
+import pytest
+import torch
+import transformers.integrations.sdpa_attention as hf_sdpa
+
+import specdec
+from specdec.attention import NAME
+from specdec.cache import KVCache
+
+
+def _tree_logits(target, impl: str) -> torch.Tensor:
+    """Logits of a 5-node tree block after a 37-token prefix (a masked forward), under `impl`."""
+    target.model.set_attn_implementation(impl)
+    cache = KVCache()
+    target.prefill(list(range(3, 40)), cache)
+    return target.forward(torch.tensor([[5, 6, 7, 8, 9]]), cache, torch.tensor([-1, 0, 0, 1, 2])).logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_default_attention_and_same_logits(family):
+    target = specdec.load_target(f"tiny-{family}", kernel="torch")
+    assert target.attention == NAME
+    assert specdec.load_target(f"tiny-{family}", kernel="torch", attn_implementation="sdpa").attention == "sdpa"
+    ours = _tree_logits(target, NAME)
+    assert torch.equal(ours, _tree_logits(target, "sdpa"))
+    eager = _tree_logits(target, "eager")  # a third, independent implementation: the same up to rounding
+    torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_masks_transformers_builds_are_kept():
+    """Masks transformers builds itself (per attention name) must be built for ours too: a causal
+    chain after cached entries (what a chain verification and a prefill are) and a left-padded batch
+    (training rollouts). A name without a mask function gets no mask at all, and these differ."""
+    from specdec.drafters.eagle_training import rollout_batch
+
+    target = specdec.tiny_target("llama")
+    outs = {}
+    for impl in ("sdpa", NAME):
+        target.model.set_attn_implementation(impl)
+        cache = KVCache()
+        target.prefill(list(range(3, 23)), cache)
+        chain = target.forward(torch.tensor([[5, 6, 7, 8]]), cache).logits
+        rolled = rollout_batch(target, [list(range(3, 10)), list(range(3, 20))], max_new_tokens=6, temperature=0.0)
+        outs[impl] = (chain, [s.tolist() for s in rolled.sequences], torch.cat(rolled.hidden))
+    assert torch.equal(outs["sdpa"][0], outs[NAME][0])
+    assert outs["sdpa"][1] == outs[NAME][1]
+    assert torch.equal(outs["sdpa"][2], outs[NAME][2])
+
+
+def test_masked_cpu_forward_does_not_repeat_kv(monkeypatch):
+    """The point of `specdec_sdpa`: transformers' sdpa copies K/V per query head under a mask
+    (`repeat_kv`); ours must not. The same check on plain `sdpa` shows the probe sees the copy."""
+    target = specdec.tiny_target("llama", attn_implementation="sdpa")
+    calls = []
+    original = hf_sdpa.repeat_kv
+    monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda x, n: calls.append(n) or original(x, n))
+    _tree_logits(target, "sdpa")
+    assert calls, "the probe did not see transformers' repeat_kv: the check below would prove nothing"
+    calls.clear()
+    _tree_logits(target, NAME)
+    assert calls == []
+
+
+def test_other_attentions_are_left_alone():
+    assert specdec.tiny_target("llama", attn_implementation="eager").attention == "eager"
