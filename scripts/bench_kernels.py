@@ -5,7 +5,8 @@
     python scripts/bench_kernels.py --target tiny-llama --specs none --widths 1,4 --contexts 8 --repeats 1   # smoke
 
 For each quantization spec: the target loaded once with its plain linears packed (`onednn`), and
-timed with them and with the same weights in transformers' own `nn.Linear` (`torch`): repeat r
+timed with them, with them except one-row products on the weights as loaded (`hybrid`), and with the
+same weights in transformers' own `nn.Linear` (`torch`): repeat r
 times every kernel at every width in turn, so drift hits all alike. Prints, per spec and context,
 forward milliseconds per kernel and width, the ratio of each to the `torch` kernel at width 1 (what
 a plain decoding step costs as loaded), and which kernel `auto` picks here; then one JSON line.
@@ -42,8 +43,9 @@ def curves(target: specdec.Target, names: list[str], widths: tuple[int, ...], co
             if name == "torch":
                 with kernels.plain_linears(target.model):
                     curve = measure_latency(dataclasses.replace(target, kernel="torch"), widths, (context,), 1)
-            else:
-                curve = measure_latency(target, widths, (context,), 1)
+            else:  # onednn / hybrid: the same packed weights, one-row products switched
+                kernels.apply_kernel(target.model, name)
+                curve = measure_latency(dataclasses.replace(target, kernel=name), widths, (context,), 1)
             times[name].append(list(curve.seconds[0]))
     return {name: [statistics.median(run[i] for run in runs) for i in range(len(widths))]
             for name, runs in times.items()}

@@ -2,7 +2,8 @@
 
 Owns the linear-kernel registry (`torch`: the modules as loaded, `F.linear`; `onednn`: each weight
 prepacked once into oneDNN's blocked layout and run by `torch.ops.mkldnn._linear_pointwise`, the op
-that torch.compile's CPU freezing pass emits for a linear), the module swap and its inverse
+that torch.compile's CPU freezing pass emits for a linear; `hybrid`: `onednn`, except that a
+one-row product, a plain decoding step's, runs `F.linear` on the weight as loaded), the module swap and its inverse
 (`apply_kernel`, `plain_linears`), and `use_kernel`, which sets a Target's kernel: `auto` times the
 target's own forward at a plain-decoding width and a verification width under every kernel that can
 run it (`measure_choice`), once per machine x target x dtype x threads, and keeps the answer under
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from specdec.cache import KVCache
 from specdec.latency import cache_root, machine_name
@@ -47,17 +50,22 @@ class OneDNNLinear(nn.Module):
     (tied embeddings, a drafter's rows of the lm_head) sees the same tensors; `packed` is derived from
     `weight` at construction (and again after `.to()` / a dtype cast) and is not a parameter: after
     changing `weight` in place, build a new module. Holds the packed copy beside the weight, so the
-    layer's memory doubles.
+    layer's memory doubles. With `plain_one_row` (the `hybrid` kernel) a one-row product runs
+    `F.linear` on `weight` instead: on some CPUs MKL's one-row product is the faster one while oneDNN
+    wins from a few rows on (README, "Linear kernels").
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, plain_one_row: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # [out, in]
         self.bias = linear.bias  # [out] or None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+        self.plain_one_row = plain_one_row
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if self.plain_one_row and x.numel() == self.in_features:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def _apply(self, fn, recurse: bool = True):
@@ -74,7 +82,7 @@ class OneDNNLinear(nn.Module):
     def __deepcopy__(self, memo: dict) -> OneDNNLinear:
         """A copy over deep-copied Parameters (ties kept through `memo`), packed again: oneDNN's
         packed tensor has no storage to copy."""
-        return OneDNNLinear(copy.deepcopy(self.plain(), memo))
+        return OneDNNLinear(copy.deepcopy(self.plain(), memo), self.plain_one_row)
 
     def plain(self) -> nn.Linear:
         """An `nn.Linear` over the same Parameters (no copy)."""
@@ -83,7 +91,8 @@ class OneDNNLinear(nn.Module):
         return linear
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"plain_one_row={self.plain_one_row}")
 
 
 def _onednn_probe() -> str | None:
@@ -111,6 +120,8 @@ class LinearKernel:
     """Weight dtypes it packs (None = any)."""
     probe: Callable[[], str | None] | None = None
     """A check run once: why it cannot run in this torch build, or None."""
+    plain_one_row: bool = False
+    """For a kernel that packs into `OneDNNLinear`: run one-row products with `F.linear` instead."""
 
 
 KERNELS: dict[str, LinearKernel] = {
@@ -119,6 +130,9 @@ KERNELS: dict[str, LinearKernel] = {
     "onednn": LinearKernel("onednn", "weights prepacked once for oneDNN (torch.ops.mkldnn._linear_pointwise)",
                            pack=OneDNNLinear, devices=("cpu",), dtypes=(torch.float32, torch.bfloat16),
                            probe=_onednn_probe),
+    "hybrid": LinearKernel("hybrid", "onednn, but one-row products by F.linear on the weight as loaded",
+                           pack=functools.partial(OneDNNLinear, plain_one_row=True), devices=("cpu",),
+                           dtypes=(torch.float32, torch.bfloat16), probe=_onednn_probe, plain_one_row=True),
 }
 CHOICES = ("auto", *KERNELS)
 _PROBED: dict[str, str | None] = {}
@@ -161,12 +175,16 @@ def _swap(model: nn.Module, make: Callable[[nn.Module], nn.Module | None]) -> in
 
 def apply_kernel(model: nn.Module, kernel: str) -> int:
     """Run `model`'s plain linears (fp32/bf16 `nn.Linear`) with `kernel`, in place; returns how many
-    were swapped. `torch` first restores plain linears. Raises ValueError for an unknown kernel."""
+    were swapped. `torch` first restores plain linears; `onednn` <-> `hybrid` only switches how the
+    packed linears run one-row products. Raises ValueError for an unknown kernel."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
     k = KERNELS[kernel]
     if k.pack is None:
         return _swap(model, lambda m: m.plain() if isinstance(m, OneDNNLinear) else None)
+    for module in model.modules():
+        if isinstance(module, OneDNNLinear):
+            module.plain_one_row = k.plain_one_row
     return _swap(model, lambda m: k.pack(m) if _packable(m, k) else None)
 
 
@@ -200,8 +218,12 @@ def linear_over(weight: torch.Tensor, kernel: str) -> nn.Module | None:
 
 
 def kernel_in_use(model: nn.Module) -> str:
-    """`onednn` if any linear of `model` is packed for oneDNN, else `torch`."""
-    return "onednn" if any(isinstance(m, OneDNNLinear) for m in model.modules()) else "torch"
+    """`hybrid` or `onednn` if any linear of `model` is packed for oneDNN (by how it runs one row),
+    else `torch`."""
+    packed = [m for m in model.modules() if isinstance(m, OneDNNLinear)]
+    if not packed:
+        return "torch"
+    return "hybrid" if packed[0].plain_one_row else "onednn"
 
 
 # ---- the measured choice -----------------------------------------------------------------------
@@ -233,8 +255,12 @@ def resolve(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str 
     return names[0] if len(names) == 1 else None
 
 
-def choice_key(label: str, device: torch.device | str, dtype: torch.dtype, machine: str) -> str:
-    key = "_".join([label, str(device), str(dtype).replace("torch.", ""), machine, f"t{torch.get_num_threads()}"])
+def choice_key(label: str, device: torch.device | str, dtype: torch.dtype, machine: str,
+               names: list[str] | None = None) -> str:
+    """The stored choice's name; `names` (the kernels it chose among) are part of it, so a choice
+    made before a kernel was added is measured again rather than reused."""
+    key = "_".join([label, str(device), str(dtype).replace("torch.", ""), machine, f"t{torch.get_num_threads()}"]
+                   + (["k-" + "-".join(names)] if names else []))
     return "".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key)
 
 
@@ -265,12 +291,11 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
     """Time `target`'s forward at `CHOICE_WIDTHS` after `context` cached tokens under each kernel of
     `names` (at most one that packs: the others are views of the same weights), kernels and widths
     interleaved in every repeat (one warm-up round first), median kept; leaves the model on the
-    fastest. Returns {"kernel", "seconds": {name: {width: s}}, ...} as stored by `save_choice`."""
+    fastest. The packing kernels (`onednn`, `hybrid`) share one packed copy of the weights. Returns
+    {"kernel", "seconds": {name: {width: s}}, ...} as stored by `save_choice`."""
     packing = [name for name in names if KERNELS[name].pack is not None]
-    if len(packing) > 1:
-        raise NotImplementedError(f"measuring several packing kernels at once: {packing}")
-    for name in packing:
-        apply_kernel(target.model, name)
+    if packing:
+        apply_kernel(target.model, packing[0])
     context = max(1, min(context, target.context_length - max(CHOICE_WIDTHS)))
     gen = torch.Generator().manual_seed(0)
     cache = KVCache()
@@ -278,6 +303,8 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
     times: dict[str, dict[int, list[float]]] = {name: {w: [] for w in CHOICE_WIDTHS} for name in names}
     for rep in range(repeats + 1):
         for name in names:
+            if name in packing:
+                apply_kernel(target.model, name)  # the packed linears' one-row mode
             with (plain_linears if KERNELS[name].pack is None else nullcontext)(target.model):
                 view = dataclasses.replace(target, kernel=name)  # its lm_head as the model now holds it
                 for w in CHOICE_WIDTHS:
@@ -308,10 +335,11 @@ def use_kernel(target: Target, kernel: str = "auto") -> Target:
     chosen = resolve(kernel, target.device, target.dtype)
     record: dict = {"requested": kernel}
     if chosen is None:
-        key = choice_key(target.label, target.device, target.dtype, machine_name(target.device))
+        names = candidates(target.device, target.dtype)
+        key = choice_key(target.label, target.device, target.dtype, machine_name(target.device), names)
         data = load_choice(key)
         if data is None:
-            data = measure_choice(target, candidates(target.device, target.dtype))
+            data = measure_choice(target, names)
             save_choice(key, data)
         chosen = data["kernel"]
         record.update(seconds=data["seconds"], measured_on=data["machine"])

@@ -25,9 +25,9 @@ def kernel_cache(tmp_path, monkeypatch):
     return tmp_path / "kernels"
 
 
-def _packed_tiny(family="llama", dtype=torch.float32, seed=0):
+def _packed_tiny(family="llama", dtype=torch.float32, seed=0, kernel="onednn"):
     return kernels.use_kernel(specdec.tiny_target(family, vocab_size=64, dtype=dtype, seed=seed, logit_scale=4.0),
-                              "onednn")
+                              kernel)
 
 
 @needs_onednn
@@ -46,6 +46,27 @@ def test_onednn_linear_computes_f_linear(bias, shape):
     assert bias is False or (got.double() - (want - linear.bias.double())).abs().max() > 1e-3
     xb, lb = x.bfloat16(), kernels.OneDNNLinear(linear.bfloat16())
     torch.testing.assert_close(lb(xb).float(), F.linear(xb, lb.weight, lb.bias).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+def test_hybrid_runs_one_row_by_f_linear_and_wider_products_by_onednn():
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80)
+    hybrid, packed = kernels.OneDNNLinear(linear, plain_one_row=True), kernels.OneDNNLinear(linear)
+    for shape in [(48,), (1, 48), (1, 1, 48)]:  # one row: exactly transformers' own product
+        x = torch.randn(*shape)
+        assert torch.equal(hybrid(x), F.linear(x, linear.weight, linear.bias))
+    for shape in [(2, 48), (1, 5, 48), (3, 1, 48)]:  # several rows: exactly the packed product
+        x = torch.randn(*shape)
+        assert torch.equal(hybrid(x), packed(x))
+    model = _packed_tiny(kernel="hybrid").model
+    n = sum(isinstance(m, kernels.OneDNNLinear) for m in model.modules())
+    assert n > 0 and kernels.kernel_in_use(model) == "hybrid"
+    assert kernels.kernel_in_use(copy.deepcopy(model)) == "hybrid"
+    packs = [m.packed for m in model.modules() if isinstance(m, kernels.OneDNNLinear)]
+    assert kernels.apply_kernel(model, "onednn") == 0 and kernels.kernel_in_use(model) == "onednn"  # no repacking
+    assert [m.packed for m in model.modules() if isinstance(m, kernels.OneDNNLinear)] == packs
+    assert kernels.apply_kernel(model, "hybrid") == 0 and kernels.kernel_in_use(model) == "hybrid"
 
 
 @needs_onednn
@@ -125,7 +146,7 @@ def test_auto_measures_once_per_machine_and_reuses_the_choice(kernel_cache, monk
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
     assert stored["kernel"] == first.kernel == first.info["kernel"]["kernel"]
-    assert set(stored["seconds"]) == {"torch", "onednn"}
+    assert set(stored["seconds"]) == {"torch", "onednn", "hybrid"}
     assert stored["kernel"] == kernels.pick({k: {int(w): s for w, s in v.items()} for k, v in stored["seconds"].items()})
     assert kernels.kernel_in_use(first.model) == first.kernel
 
@@ -155,13 +176,14 @@ def test_bad_kernels_are_refused_before_any_work():
 
 
 @needs_onednn
+@pytest.mark.parametrize("kernel", ["onednn", "hybrid"])
 @pytest.mark.parametrize("name", specdec.drafters.names())
-def test_greedy_speculation_is_exact_with_packed_linears(name):
-    target = _packed_tiny()
+def test_greedy_speculation_is_exact_with_packed_linears(name, kernel):
+    target = _packed_tiny(kernel=kernel)
     drafter = build_for_tests(name, target=target)
     for shape in ("chain(4)", "tree(3,2,2)"):
         divergence = certify.greedy_case(target, drafter, shape, max_new_tokens=16)
-        assert divergence is None, f"{name} diverged from greedy with the onednn kernel: {divergence}"
+        assert divergence is None, f"{name} diverged from greedy with the {kernel} kernel: {divergence}"
 
 
 @needs_onednn
@@ -218,8 +240,8 @@ def test_bench_kernels_times_both_kernels_on_the_same_weights(kernel_cache, caps
                 "--repeats", "1"])
     card = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     none, fp16 = card["results"]
-    assert set(none["seconds"]) == {"torch", "onednn"} and all(len(v) == 2 for v in none["seconds"].values())
-    assert none["auto"] in ("torch", "onednn")
+    assert set(none["seconds"]) == {"torch", "onednn", "hybrid"} and all(len(v) == 2 for v in none["seconds"].values())
+    assert none["auto"] in ("torch", "onednn", "hybrid")
     assert set(fp16["seconds"]) == {"torch"} and "float16" in fp16["skipped"]["onednn"]
     with pytest.raises(SystemExit, match="must start at 1"):
         bench.main(["--target", "tiny-llama", "--widths", "2,4"])
