@@ -3,11 +3,11 @@
 Owns the linear-kernel registry (`torch`: the modules as loaded, `F.linear`; `onednn`: each weight
 prepacked once into oneDNN's blocked layout and run by `torch.ops.mkldnn._linear_pointwise`, the op
 that torch.compile's CPU freezing pass emits for a linear; `hybrid`: `onednn`, except that a
-one-row product, a plain decoding step's, runs `F.linear` on the weight as loaded), the module swap and its inverse
-(`apply_kernel`, `plain_linears`), and `use_kernel`, which sets a Target's kernel: `auto` times the
-target's own forward at a plain-decoding width and a verification width under every kernel that can
-run it (`measure_choice`), once per machine x target x dtype x threads, and keeps the answer under
-$SPECDEC_CACHE/kernels.
+one-row product, a plain decoding step's, runs `F.linear` on the weight as loaded), the module
+swap and its inverse (`apply_kernel`, `plain_linears`), and `use_kernel`, which sets a Target's
+kernel: `auto` times the target's own forward at a plain-decoding width and a verification width
+under every kernel that can run it (`measure_choice`), once per machine x target x dtype x threads x
+kernel set, and keeps the answer under $SPECDEC_CACHE/kernels.
 
 Why it exists: the same fp32 weights cost very different time per forward depending on which
 library multiplies them, and the difference is largest at the small widths speculative decoding
