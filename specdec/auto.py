@@ -11,8 +11,9 @@ fixed menu of static shapes, all width vectors (w_1, ..., w_D) with w_1 >= w_2 >
 depth d gets its w_d best children), D <= max_depth, w_1 <= max_width, at most max_nodes nodes,
 plus "no draft":
 
-    value(shape) = (1 + E[accepted]) / (scale * latency(1 + nodes, context) + draft_cost(D) + other)
-    E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s[i, r])
+    value(shape) = (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) + commit + other)
+    value(none)  = 1 / (scale * latency(1, context) + commit + other)
+    E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s+[i, r])
 
 - s[d, r]: probability that the sibling of rank r (r-th best) at depth d is accepted, given that
   its parent was accepted and ranks < r were not; a Beta(1, 3) prior at depth 1 (mean 0.25: a
@@ -22,13 +23,23 @@ plus "no draft":
   the verified draft: walking down the accepted path, each tried sibling at depth d adds one trial
   to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
   conditions on depth and rank only).
+- s+[d, r] = min(1, s[d, r] + explore * sqrt(s (1 - s) / (n + 5))), n = trials[d, r]: the shape
+  choice is optimistic by `explore` (default 1) posterior standard deviations (the Beta posterior's,
+  n + 4 prior weight). Without it the choice can lock itself in: a chain(1) picked on early, noisy estimates
+  gives depth 2 no trials, so a pessimistic depth-2 estimate is never corrected (on the embedded
+  target's EAGLE head this held auto at chain(1), MAL 1.46, where chain(4) reached 1.92). The bonus
+  shrinks as a cell's trials grow, so the choice converges to the plain estimate.
 - latency(w, c): the target's measured `LatencyCurve` (`cached_latency`, measured once per
   target/device/dtype/machine/threads, through the loop's own forward: with `cache="graphs"` a
   padded, bucketed one, whose curve steps at the buckets); `scale` is an exponential moving average (weight 0.2) of
   observed forward time / curve time, which absorbs machine load without re-measuring.
-- draft_cost(D): the drafter's own measured cost (propose + commit) as an EMA (weight 0.3) per
-  draft depth; a depth not yet observed costs (EMA of cost per depth) x D. The first drafted step
-  (which also runs the prompt through a model drafter) is not counted.
+- propose(D): the drafter's measured `propose` time as an EMA (weight 0.3) per draft depth; a depth
+  not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
+  the prompt through a model drafter) is not counted. commit: EMA (weight 0.3) of the drafter's
+  `commit` time over every step, drafted or not (the drafter hears every commit, so "no draft" pays
+  it too). Kept apart because a commit costs about the same at any depth: folding it into a cost per
+  depth made deep chains look dearer than they are (EAGLE: ~6.6 ms for depth 1, ~4.5 ms per depth
+  for chain(4)).
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
 Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
 log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
@@ -173,8 +184,9 @@ class AutoPolicy:
         self.successes = np.zeros((depth, spec.max_width))
         self.scale = 1.0
         self.other = 0.0
-        self.draft_cost: dict[int, float] = {}  # depth -> EMA seconds
-        self.cost_per_depth: float | None = None
+        self.draft_cost: dict[int, float] = {}  # depth -> EMA seconds of propose
+        self.cost_per_depth: float | None = None  # EMA of propose seconds / depth
+        self.commit_cost = 0.0  # EMA seconds of the drafter's commit, every step
         self.recent_draft_cost: float | None = None  # EMA of every drafted step's cost, probes included
         self.drafted_steps = 0
         self.idle_steps = 0
@@ -205,14 +217,17 @@ class AutoPolicy:
         """A new generation: keep the estimates, restart the probing schedule."""
         self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
 
-    def acceptance(self) -> np.ndarray:
+    def acceptance(self, optimistic: bool = False) -> np.ndarray:
         """s[d, r] (module docstring): posterior means; depth 1 under the Beta(1, 3) prior, each
-        deeper depth under a prior of the same weight centred on the depth above. [D, W]"""
+        deeper depth under a prior of the same weight centred on the depth above. `optimistic`:
+        s+[d, r], the mean plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
         weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
         prior = np.full(self.trials.shape[1], self.PRIOR_SUCCESSES / weight)
         out = np.empty_like(self.trials)
         for d in range(self.trials.shape[0]):
             out[d] = prior = (self.successes[d] + weight * prior) / (self.trials[d] + weight)
+        if optimistic:
+            out = np.minimum(1.0, out + self.spec.explore * np.sqrt(out * (1 - out) / (self.trials + weight + 1)))
         return out
 
     def survival(self) -> np.ndarray:
@@ -228,9 +243,9 @@ class AutoPolicy:
         summed = np.concatenate([np.zeros((per_rank.shape[0], 1)), np.cumsum(per_rank, axis=1)], axis=1)  # [D, 1 + W]
         return summed[np.arange(self.width_table.shape[1])[None], self.width_table]
 
-    def expected_accepted(self) -> np.ndarray:
-        """E[accepted draft tokens] per candidate. [C]"""
-        tried = self.acceptance() * self.survival()  # [D, W] P(rank r verified and accepted | earlier ranks not)
+    def expected_accepted(self, optimistic: bool = False) -> np.ndarray:
+        """E[accepted draft tokens] per candidate (`optimistic`: under s+ rather than s). [C]"""
+        tried = self.acceptance(optimistic) * self.survival()  # [D, W] P(rank r verified and accepted | earlier ranks not)
         miss = np.cumprod(1.0 - tried, axis=1)  # [D, W]: P(ranks 0..r all not accepted)
         q = np.concatenate([np.zeros((miss.shape[0], 1)), 1.0 - miss], axis=1)  # [D, 1 + W], q[:, 0] = 0
         per_depth = q[np.arange(self.width_table.shape[1])[None], self.width_table]  # [C, D]
@@ -267,9 +282,9 @@ class AutoPolicy:
         row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
         latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
         draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
-        step = self.scale * latency + np.array([draft[int(d)] for d in self.depths]) + self.other
-        none = 1.0 / max(1e-12, self.scale * row[0] + self.other)
-        return (1.0 + self.expected_accepted()) / np.maximum(step, 1e-12), none
+        step = self.scale * latency + np.array([draft[int(d)] for d in self.depths]) + self.commit_cost + self.other
+        none = 1.0 / max(1e-12, self.scale * row[0] + self.commit_cost + self.other)
+        return (1.0 + self.expected_accepted(optimistic=True)) / np.maximum(step, 1e-12), none
 
     # ---- policy ----------------------------------------------------------------------------------
     def choose(self, context: int) -> Shape | None:
@@ -334,6 +349,7 @@ class AutoPolicy:
             ratio = record.target_time_s / predicted
             self.scale += self.TARGET_WEIGHT * (ratio - self.scale)
         self.other += self.OTHER_WEIGHT * (record.other_time_s - self.other)
+        self.commit_cost += self.DRAFT_WEIGHT * (record.commit_time_s - self.commit_cost)
         if not record.shape:  # nothing was asked of the drafter
             return
         self.idle_steps = 0
@@ -347,9 +363,9 @@ class AutoPolicy:
             if self._features is not None and self._keep is not None and acceptance.bonus:
                 self._calibrate_trimmed(draft, acceptance)
         if self.drafted_steps > 1 and self._proposed_depth:
-            d, t = self._proposed_depth, record.draft_time_s
+            d, t = self._proposed_depth, record.draft_time_s - record.commit_time_s
             self.draft_cost[d] = _ema(self.draft_cost.get(d), t, self.DRAFT_WEIGHT)
-            self.recent_draft_cost = _ema(self.recent_draft_cost, t, self.DRAFT_WEIGHT)
+            self.recent_draft_cost = _ema(self.recent_draft_cost, record.draft_time_s, self.DRAFT_WEIGHT)
             self.cost_per_depth = _ema(self.cost_per_depth, t / d, self.DRAFT_WEIGHT)
         self._count_siblings(draft, acceptance)
 

@@ -185,7 +185,7 @@ def generate(
         record = StepRecord(
             drafted=draft.num_nodes, draft_depth=depth, accepted=acceptance.num_accepted, bonus=acceptance.bonus,
             draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
-            shape="" if step_shape is None else str(step_shape), proposed=proposed,
+            shape="" if step_shape is None else str(step_shape), proposed=proposed, commit_time_s=t4 - t3,
         )
         record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
         t5 = time.perf_counter()

@@ -28,6 +28,7 @@ class StepRecord:
     other_time_s: float  # the rest of the step: request, mask, acceptance, rollback, records
     shape: str = ""  # the shape drafted ("" = no draft was asked for)
     proposed: int = 0  # draft nodes the drafter proposed (before the policy trimmed them to `drafted`)
+    commit_time_s: float = 0.0  # the part of draft_time_s spent in the drafter's commit
 
     @property
     def verify_time_s(self) -> float:

@@ -122,6 +122,9 @@ class AutoShape:
     trim: int = 1
     """1: when the drafter scores its nodes (`Draft.scores`), verify only the subtree with the best
     expected tokens per second under calibrated confidences (`specdec.auto`); 0: verify every node."""
+    explore: int = 1
+    """Optimism of the shape choice, in posterior standard deviations of each acceptance estimate
+    (`specdec.auto`); 0: choose on the plain estimates. >= 0."""
     latency: Any = field(default=None, compare=False)
     """A `specdec.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
     measured curve (`specdec.latency.cached_latency`). Not settable from a string."""
@@ -133,10 +136,13 @@ class AutoShape:
                 raise ValueError(f"auto({name}=...) must be an integer >= 1, got {value!r}")
         if self.trim not in (0, 1) or isinstance(self.trim, bool):
             raise ValueError(f"auto(trim=...) must be 0 or 1, got {self.trim!r}")
+        if not isinstance(self.explore, int) or isinstance(self.explore, bool) or self.explore < 0:
+            raise ValueError(f"auto(explore=...) must be an integer >= 0, got {self.explore!r}")
 
     def __str__(self) -> str:
         trim = "" if self.trim else ",trim=0"
-        return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes}{trim})"
+        explore = "" if self.explore == 1 else f",explore={self.explore}"
+        return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes}{trim}{explore})"
 
 
 Shape = ChainShape | TreeShape | DynamicShape
@@ -144,12 +150,12 @@ Shape = ChainShape | TreeShape | DynamicShape
 ShapeSpec = Shape | AutoShape
 """What `generate` accepts: a concrete shape, or `auto` (a concrete shape chosen per step)."""
 SHAPES: dict[str, type] = {"chain": ChainShape, "tree": TreeShape, "dynamic": DynamicShape, "auto": AutoShape}
-_KEYWORD_ONLY = {"auto": ("max_depth", "max_width", "max_nodes", "probe", "trim")}
+_KEYWORD_ONLY = {"auto": ("max_depth", "max_width", "max_nodes", "probe", "trim", "explore")}
 
 
 def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
     """`chain(4)` | `tree(4,2,2)` | `dynamic(top_k=8,depth=6,budget=32)` | `auto` |
-    `auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T)` (or a config) -> config."""
+    `auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T,explore=E)` (or a config) -> config."""
     if isinstance(spec, (ChainShape, TreeShape, DynamicShape, AutoShape)):
         return spec
     if isinstance(spec, str) and spec.strip() == "auto":
@@ -158,7 +164,7 @@ def parse_shape(spec: str | ShapeSpec) -> ShapeSpec:
     if not m or m.group(1) not in SHAPES:
         raise ValueError(
             f"cannot parse draft shape {spec!r}; expected one of chain(k), tree(w1,w2,...), "
-            "dynamic(top_k=K,depth=D,budget=N), auto or auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T)"
+            "dynamic(top_k=K,depth=D,budget=N), auto or auto(max_depth=D,max_width=W,max_nodes=N,probe=P,trim=T,explore=E)"
         )
     kind, body = m.group(1), m.group(2)
     args, kwargs = [], {}

@@ -36,8 +36,9 @@ FLAT = curve(lambda w: 1.0)  # width is free: the widest tree pays
 def test_auto_parses_and_bad_options_fail_before_generation(tiny_llama64):
     assert parse_shape("auto") == AutoShape()
     assert parse_shape("auto(max_depth=3,max_width=2)") == AutoShape(max_depth=3, max_width=2)
+    assert parse_shape("auto(explore=0)") == AutoShape(explore=0) and str(AutoShape(explore=2)).endswith(",explore=2)")
     for bad, match in [("auto(depth=3)", "unknown: depth"), ("auto(3)", "keyword options"),
-                       ("auto(max_nodes=0)", "max_nodes")]:
+                       ("auto(max_nodes=0)", "max_nodes"), ("auto(explore=-1)", "explore")]:
         with pytest.raises(ValueError, match=match):
             specdec.generate(tiny_llama64, None, PROMPT, shape=bad, max_new_tokens=2)
 
@@ -264,3 +265,76 @@ def test_trimming_survival_is_counted_per_sibling_rank():
     chain1 = policy.widths.index((1,))
     assert policy.expected_accepted()[chain1] == pytest.approx(policy.acceptance()[0, 0])
     assert policy.expected_verified()[chain1] == pytest.approx(1.0)
+
+
+def _simulate(policy: AutoPolicy, accept, steps: int, seed: int = 0) -> list[str]:
+    """Run `policy` for `steps` steps against a synthetic chain drafter whose depth-d node is accepted
+    with probability accept(d) (given its parent was); the target's time is the curve's own, so the
+    load scale stays 1. Returns the shapes chosen."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(steps):
+        shape = policy.choose(256)
+        chosen.append(str(shape))
+        depth = 0 if shape is None else len(getattr(shape, "widths", ())) or shape.k
+        draft = Draft(torch.arange(10, 10 + depth)[None], torch.arange(-1, depth - 1))
+        draft = policy.trim(draft, 256)
+        path = []
+        while len(path) < depth and rng.random() < accept(len(path) + 1):
+            path.append(len(path))
+        record = StepRecord(drafted=depth, draft_depth=depth, accepted=len(path), bonus=True,
+                            draft_time_s=0.001 * depth, target_time_s=policy.curve.at(1 + depth, 256),
+                            other_time_s=0.0, shape="" if shape is None else str(shape), proposed=depth)
+        policy.observe(draft, Acceptance(path=path, next_token=0, bonus=True), record, 256)
+    return chosen
+
+
+CPU_LIKE = curve(lambda w: {1: 1.0, 2: 1.4, 4: 1.9, 8: 2.3, 16: 3.0, 32: 4.5, 64: 8.0}[w])
+
+
+@pytest.mark.parametrize("explore", [0, 1])
+def test_an_early_pessimistic_estimate_is_corrected_by_optimism(explore):
+    """Depth 1 is well known (0.8 of 1000); depth 2 got 0 of 4 early (mean 0.4 under its prior),
+    while the drafter's true depth-2 acceptance is 0.8. Without optimism (explore=0) chain(1) wins
+    and depth 2 never gets another trial, so the estimate is never corrected: the lock-in `auto` hit
+    on the embedded target (MAL 1.46 where chain(4) reached 1.92). With it, deeper chains are tried
+    and kept."""
+    policy = AutoPolicy(AutoShape(max_depth=4, max_width=1, max_nodes=4, explore=explore, latency=CPU_LIKE))
+    policy.trials[0, 0], policy.successes[0, 0], policy.trials[1, 0] = 1000, 800, 4
+    chosen = _simulate(policy, lambda d: 0.8, 200)
+    if explore:
+        assert chosen[-1] in ("chain(3)", "chain(4)") and policy.trials[1, 0] > 100, chosen[-20:]
+        assert policy.acceptance()[1, 0] == pytest.approx(0.8, abs=0.1)
+    else:
+        assert set(chosen) == {"chain(1)"} and policy.trials[1, 0] == 4
+
+
+def test_optimism_fades_when_depth_two_is_truly_poor():
+    """The same start, but the drafter's depth-2 acceptance really is 0.05: after its trials, auto
+    returns to chain(1) for good."""
+    policy = AutoPolicy(AutoShape(max_depth=4, max_width=1, max_nodes=4, latency=CPU_LIKE))
+    policy.trials[0, 0], policy.successes[0, 0], policy.trials[1, 0] = 1000, 800, 4
+    chosen = _simulate(policy, lambda d: 0.8 if d == 1 else 0.05, 300)
+    assert set(chosen[-100:]) == {"chain(1)"} and "chain(2)" in chosen, chosen[:20]
+
+
+def test_commit_time_is_charged_to_every_option_and_not_per_depth():
+    """A drafter whose commit (5 ms, paid every step) dwarfs its propose (1 ms per depth): an unseen
+    depth 4 is estimated at 4 ms of proposing, not 4 x 6 ms, and "no draft" pays the commit too."""
+    policy = AutoPolicy(AutoShape(max_depth=4, max_width=1, max_nodes=4, latency=CPU_LIKE))
+    draft = Draft(torch.tensor([[10]]), torch.tensor([-1]))
+    for _ in range(3):
+        policy._chosen, _ = (1,), policy.trim(draft, 256)
+        record = StepRecord(drafted=1, draft_depth=1, accepted=1, bonus=True, draft_time_s=0.006,
+                            target_time_s=1.4, other_time_s=0.0, shape="chain(1)", proposed=1, commit_time_s=0.005)
+        policy.observe(draft, Acceptance(path=[0], next_token=0, bonus=True), record, 256)
+    assert policy._draft_seconds(4) == pytest.approx(0.004)
+    assert policy.commit_cost == pytest.approx(0.005 * (1 - 0.7 ** 3))  # EMA from 0, weight 0.3
+    _, none = policy.values(256)
+    assert none == pytest.approx(1 / (1.0 + policy.commit_cost))
+
+
+def test_the_loop_records_the_drafters_commit_time(tiny_llama64):
+    drafter = build_for_tests("small", target=tiny_llama64)
+    out = specdec.generate(tiny_llama64, drafter, PROMPT, shape="chain(2)", max_new_tokens=6, stop_on_eos=False)
+    assert all(0 < s.commit_time_s <= s.draft_time_s for s in out.stats.steps)
