@@ -37,9 +37,10 @@ plus "no draft":
   not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
   the prompt through a model drafter) is not counted. commit: EMA (weight 0.3) of the drafter's
   `commit` time over every step, drafted or not (the drafter hears every commit, so "no draft" pays
-  it too). Kept apart because a commit costs about the same at any depth: folding it into a cost per
-  depth made deep chains look dearer than they are (EAGLE: ~6.6 ms for depth 1, ~4.5 ms per depth
-  for chain(4)).
+  it too). Kept apart because a commit costs about the same at any depth: folded into a cost per
+  depth, a drafter with a costly commit (one that runs a model over the accepted tokens) would make
+  deep shapes look dearer than they are and "no draft" cheaper. (The EAGLE head's commit costs
+  ~0.2 ms on the embedded target, so there it changes little.)
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
 Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
 log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
