@@ -31,6 +31,7 @@ def curve(seconds_per_width) -> LatencyCurve:
 
 STEEP = curve(lambda w: 1.0 * w)  # every extra token costs a whole forward: drafting never pays
 FLAT = curve(lambda w: 1.0)  # width is free: the widest tree pays
+CPU_LIKE = curve(lambda w: {1: 1.0, 2: 1.4, 4: 1.9, 8: 2.3, 16: 3.0, 32: 4.5, 64: 8.0}[w])  # width costs, as on a CPU
 
 
 def test_auto_parses_and_bad_options_fail_before_generation(tiny_llama64):
@@ -93,9 +94,8 @@ def test_flat_curve_drafts_wide_trees(tiny_llama64):
 def test_cpu_like_curve_prefers_chains_to_trees():
     """With acceptance 0.8 at rank 0 and 0.1 beyond, a curve where width costs (CPU-like) picks a
     chain, a flat one a tree."""
-    cpu = curve(lambda w: {1: 1.0, 2: 1.4, 4: 1.9, 8: 2.3, 16: 3.0, 32: 4.5, 64: 8.0}[w])
     picks = {}
-    for name, lat in (("cpu", cpu), ("flat", FLAT)):
+    for name, lat in (("cpu", CPU_LIKE), ("flat", FLAT)):
         policy = AutoPolicy(AutoShape(latency=lat))
         policy.trials[:] = 1000
         policy.successes[:] = 100
@@ -287,9 +287,6 @@ def _simulate(policy: AutoPolicy, accept, steps: int, seed: int = 0) -> list[str
                             other_time_s=0.0, shape="" if shape is None else str(shape), proposed=depth)
         policy.observe(draft, Acceptance(path=path, next_token=0, bonus=True), record, 256)
     return chosen
-
-
-CPU_LIKE = curve(lambda w: {1: 1.0, 2: 1.4, 4: 1.9, 8: 2.3, 16: 3.0, 32: 4.5, 64: 8.0}[w])
 
 
 @pytest.mark.parametrize("explore", [0, 1])
