@@ -373,6 +373,13 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
         verdict.append(f"- Acceptance under numerics-only quantization (MAL): {mal}")
     verdict.append(f"- Cost model: predicted compound speedup within 25% for {within:.0%} of cells "
                    f"(median relative error {median_error:.1%}).")
+    diverged = [c for c in cells if c.stats["same_tokens_as_baseline"] < 1.0]
+    if diverged:
+        kernels = ", ".join(sorted({c.quant for c in diverged}))
+        verdict.append(f"- Token identity: {len(diverged)} of {len(cells)} cells ({kernels}) left the plain loop's "
+                       f"output on the same kernel in some turns (rounding changes with verification width).")
+    else:
+        verdict.append("- Token identity: every cell reproduced the plain loop's output on its own kernel.")
     verdict.append("- Caveats: Q4_1-origin weights (4-bit g32 is near-lossless); CPU, not GPU; see REPORT.md.")
     verdict = verdict[:15]
 
@@ -401,13 +408,18 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     md += ["", "## Three speedups per cell (measured)", "",
            "Speculation = drafted / plain on the same target; quantization = plain on the kernel / fp32 plain; "
            "compound = drafted on the kernel / fp32 plain, measured directly (runs side by side, order rotated). "
-           "95% bootstrap CI over questions.", "",
-           "| drafter | shape | kernel | MAL | speculation | quantization | compound |", "|---|---|---|---|---|---|---|"]
+           "95% bootstrap CI over questions. Same tokens = the share of turns whose drafted output equals the plain "
+           "loop's on the same target. The verifier is exact for the logits it computes, so in exact arithmetic it "
+           "is 100%. A kernel whose rounding depends on the forward's width (bf16, int4 here; fp32 on some "
+           "kernels) can flip a near-tie between the plain loop's one-token forwards and the verification's "
+           "wider one, and from there the two outputs differ.", "",
+           "| drafter | shape | kernel | MAL | speculation | quantization | compound | same tokens |",
+           "|---|---|---|---|---|---|---|---|"]
     for c in sorted(cells, key=lambda c: (c.entry, c.quant != REFERENCE, c.quant)):
         kernel = c.quant + (" (numerics only)" if c.labels["numerics_only"] else "")
         md.append(f"| {c.entry[0]} | `{c.entry[1]}` | {kernel} | {c.stats['mal']:.2f} [{c.stats['mal_lo']:.2f}, "
                   f"{c.stats['mal_hi']:.2f}] | {_ci(c.stats, 'speedup')} | {_ci(c.stats, 'speedup_quant')} | "
-                  f"{_ci(c.stats, 'speedup_compound')} |")
+                  f"{_ci(c.stats, 'speedup_compound')} | {c.stats['same_tokens_as_baseline']:.0%} |")
     md += ["", "![compound](compound_heatmap.png)", "",
            "## Verdict per drafter x shape x kernel", "",
            "s_k = speculation speedup on the kernel, s_0 = on fp32; ratio = s_k / s_0 (paired bootstrap over "

@@ -31,7 +31,9 @@ plus "no draft":
   shrinks as a cell's trials grow, so the choice converges to the plain estimate.
 - latency(w, c): the target's measured `LatencyCurve` (`cached_latency`, measured once per
   target/device/dtype/machine/threads, through the loop's own forward: with `cache="graphs"` a
-  padded, bucketed one, whose curve steps at the buckets); `scale` is an exponential moving average (weight 0.2) of
+  padded, bucketed one, whose curve steps at the buckets), read as non-decreasing in w (a running
+  maximum: a dip measured at one width, 4 tokens under 2 in a bf16 curve here, made trimming cut
+  nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
   observed forward time / curve time, which absorbs machine load without re-measuring.
 - propose(D): the drafter's measured `propose` time as an EMA (weight 0.3) per draft depth; a depth
   not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
@@ -67,7 +69,13 @@ would bias the output (tests/test_auto.py shows it with the exact law of one ste
   parent is), counted over the children the chosen shape asks of each verified node (one the
   drafter did not propose counts as dropped; prior: 4 of 4 kept). Per rank, because trimming eats
   low-ranked siblings first: one survival per depth would charge a chain for its siblings' losses.
-  So q_d = 1 - prod_{r < w_d} (1 - v[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
+  u[d, r] is the same survival counted only over the children of accepted parents (and the root's;
+  prior: v[d, r] with weight 4): acceptance only ever reaches those, and trimming keeps the children
+  of likely nodes. Counted over every verified parent instead, a tree(3,1) whose rank-1 and rank-2
+  nodes lose their children to trimming made depth 2 look dropped two times in three (v[2, 0] ~ 0.4
+  on the embedded target in bf16, while accepted nodes' children survive far more often: u ~ 0.8
+  against v ~ 0.5 in one dump), so deeper shapes were never tried.
+  So q_d = 1 - prod_{r < w_d} (1 - u[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
   the verification width is 1 + sum_d prod_{i<=d} (sum_{r < w_i} v[i, r]).
   A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
   probes included, so a slow spike is forgotten; n-gram lookup) is asked every step for the
@@ -201,6 +209,8 @@ class AutoPolicy:
         self.calib_successes = np.zeros((3, self.BINS))
         self.asked = np.zeros((depth, spec.max_width))  # [D, W] children asked of verified parents
         self.kept = np.zeros((depth, spec.max_width))  # [D, W] of those, verified (after trimming)
+        self.asked_path = np.zeros((depth, spec.max_width))  # [D, W] the same, of accepted parents (and the root)
+        self.kept_path = np.zeros((depth, spec.max_width))
         self.trims = False  # True once a drafter has handed in scored drafts
         self._proposed_depth = 0
         self._proposed: Draft | None = None  # this step's draft before trimming
@@ -231,13 +241,14 @@ class AutoPolicy:
             out = np.minimum(1.0, out + self.spec.explore * np.sqrt(out * (1 - out) / (self.trials + weight + 1)))
         return out
 
-    def survival(self) -> np.ndarray:
+    def survival(self, on_path: bool = False) -> np.ndarray:
         """v[d, r]: P(the rank-r child at depth d is verified | its parent is) under trimming (1
-        without it). [D, W]"""
+        without it); `on_path`: u[d, r], the same given that its parent was accepted. [D, W]"""
         if not self.trims:
             return np.ones_like(self.kept)
         weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES  # prior: `weight` of `weight` children kept
-        return (self.kept + weight) / (self.asked + weight)
+        v = (self.kept + weight) / (self.asked + weight)
+        return (self.kept_path + weight * v) / (self.asked_path + weight) if on_path else v
 
     def _per_depth(self, per_rank: np.ndarray) -> np.ndarray:
         """[D, W] per depth and rank -> [C, D]: each candidate's sum over its ranks r < w_d."""
@@ -246,7 +257,8 @@ class AutoPolicy:
 
     def expected_accepted(self, optimistic: bool = False) -> np.ndarray:
         """E[accepted draft tokens] per candidate (`optimistic`: under s+ rather than s). [C]"""
-        tried = self.acceptance(optimistic) * self.survival()  # [D, W] P(rank r verified and accepted | earlier ranks not)
+        # [D, W] P(rank r verified and accepted | parent accepted, earlier ranks not)
+        tried = self.acceptance(optimistic) * self.survival(on_path=True)
         miss = np.cumprod(1.0 - tried, axis=1)  # [D, W]: P(ranks 0..r all not accepted)
         q = np.concatenate([np.zeros((miss.shape[0], 1)), 1.0 - miss], axis=1)  # [D, 1 + W], q[:, 0] = 0
         per_depth = q[np.arange(self.width_table.shape[1])[None], self.width_table]  # [C, D]
@@ -270,6 +282,7 @@ class AutoPolicy:
         row = self._latency_rows.get(key)
         if row is None or len(row) <= width:
             row = np.array([self.curve.at(1 + k, key * 16) for k in range(max(width, self.spec.max_nodes) + 1)])
+            row = np.maximum.accumulate(row)  # more tokens never cost less: a measured dip is noise
             self._latency_rows[key] = row
         return row[: width + 1]
 
@@ -358,7 +371,7 @@ class AutoPolicy:
             self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
         self.drafted_steps += 1
         if self.trims:
-            self._count_survivors(draft, self._chosen)
+            self._count_survivors(draft, self._chosen, acceptance.path)
             if self._features is not None and draft.num_nodes:
                 self._calibrate(draft, acceptance)
             if self._features is not None and self._keep is not None and acceptance.bonus:
@@ -375,14 +388,17 @@ class AutoPolicy:
         conf, depth = self._features
         return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
 
-    def _count_survivors(self, draft: Draft, widths: tuple[int, ...]) -> None:
-        """v's counts: each verified node (and the root) at depth d < len(widths) was asked for
-        widths[d] children; per rank, one trial, kept if that child was proposed and verified.
-        Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a and a1 verified:
-        the root's ranks 0, 1 -> trials (kept, dropped); a's rank 0 -> (kept); b was not verified."""
+    def _count_survivors(self, draft: Draft, widths: tuple[int, ...], path: list[int] = ()) -> None:
+        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
+        widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
+        the root and the accepted nodes (`path`, indices into the verified `draft`) add the same
+        trials to u. Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a
+        and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept, dropped) of v and u;
+        a's rank 0 -> (kept) of v and u; b was not verified."""
         proposal = self._proposed if self._proposed is not None else draft
         count = proposal.num_nodes
         verified = np.ones(count, dtype=bool) if self._keep is None else np.isin(np.arange(count), self._keep)
+        accepted = {-1, *(path if self._keep is None else self._keep[list(path)].tolist())}  # proposal indices
         kids = tree_ops.children(proposal.parents)  # kids[-1]: the root's
         depth = np.append(tree_ops.depths(proposal.parents).numpy(), 0)  # depth[-1] = 0: the root
         for node in [-1, *np.flatnonzero(verified).tolist()]:
@@ -391,8 +407,12 @@ class AutoPolicy:
                 continue
             children = kids[node]
             for rank in range(min(widths[d], self.asked.shape[1])):
+                kept = rank < len(children) and bool(verified[children[rank]])
                 self.asked[d, rank] += 1
-                self.kept[d, rank] += rank < len(children) and bool(verified[children[rank]])
+                self.kept[d, rank] += kept
+                if node in accepted:
+                    self.asked_path[d, rank] += 1
+                    self.kept_path[d, rank] += kept
 
     def _cells(self, conf: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Calibration cells (depth bucket, confidence bin) of nodes."""

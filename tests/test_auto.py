@@ -257,14 +257,50 @@ def test_trimming_survival_is_counted_per_sibling_rank():
     policy._proposed = scored([0.9, 0.2, 0.8, 0.7], [-1, -1, 0, 1])
     policy._keep = np.array([0, 2])
     for _ in range(8):
-        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 2])), (2, 1))
+        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 2])), (2, 1), [0])  # a accepted
     assert policy.asked[:2, :2].tolist() == [[8, 8], [8, 0]]
     assert policy.kept[:2, :2].tolist() == [[8, 0], [8, 0]]
+    assert policy.asked_path[:2, :2].tolist() == [[8, 8], [8, 0]]  # the root and a: both on the path
+    assert policy.kept_path[:2, :2].tolist() == [[8, 0], [8, 0]]
     survival = policy.survival()
     assert survival[0, 0] == 1.0 and survival[0, 1] == 4 / 12  # prior: 4 of 4 kept
     chain1 = policy.widths.index((1,))
     assert policy.expected_accepted()[chain1] == pytest.approx(policy.acceptance()[0, 0])
     assert policy.expected_verified()[chain1] == pytest.approx(1.0)
+
+
+def test_acceptance_reads_the_survival_of_accepted_parents_children():
+    """tree(3,1) asked, proposal [a, b, c, a1, b1, c1]: trimming keeps a, b, c and a1 (the children
+    of the unlikely b and c are cut) and a, a1 are accepted, every step. Over all verified parents
+    depth 2 looks kept one time in three (v), but the accepted parent's child is always kept (u):
+    a chain's expected acceptance must read u, else deeper shapes look two-thirds dropped and are
+    never tried (what auto did on the embedded target in bf16)."""
+    policy = AutoPolicy(AutoShape(latency=STEEP))
+    policy.trims = True
+    policy.trials[:2, 0], policy.successes[:2, 0] = 1000, 800  # s[1, 0] = s[2, 0] ~ 0.8
+    policy._proposed = scored([0.9, 0.1, 0.1, 0.9, 0.9, 0.9], [-1, -1, -1, 0, 1, 2])
+    policy._keep = np.array([0, 1, 2, 3])
+    for _ in range(60):
+        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 1, 2, 3])), (3, 1), [0, 3])
+    v, u = policy.survival(), policy.survival(on_path=True)
+    assert v[1, 0] == pytest.approx((60 + 4) / (180 + 4))  # prior: 4 of 4 kept
+    assert u[1, 0] == pytest.approx((60 + 4 * v[1, 0]) / (60 + 4)) and u[1, 0] > 0.95  # prior: v, weight 4
+    chain2 = policy.widths.index((1, 1))
+    s = policy.acceptance()
+    assert policy.expected_accepted()[chain2] == pytest.approx(s[0, 0] + s[0, 0] * s[1, 0] * u[1, 0])
+    assert policy.expected_accepted()[chain2] > s[0, 0] + s[0, 0] * s[1, 0] * v[1, 0] + 0.3
+    # the verification width still counts every verified parent's children: tree(3,1) ~ 3 + 3 v[1, 0]
+    assert policy.expected_verified()[policy.widths.index((3, 1))] == pytest.approx(
+        v[0, :3].sum() * (1 + v[1, 0]))
+
+
+def test_a_dip_in_the_measured_curve_is_read_as_flat():
+    """Four tokens measured cheaper than two (noise, or a kernel's blocking): the policy reads the
+    curve as non-decreasing, so trimming does not cut every draft to the dip's width."""
+    dip = curve(lambda w: {1: 1.0, 2: 1.3, 4: 1.1, 8: 2.0, 16: 3.0, 32: 4.5, 64: 8.0}[w])
+    row = AutoPolicy(AutoShape(latency=dip))._latency_row(256, 8)
+    assert (np.diff(row) >= 0).all() and row[0] == 1.0 and row[1] == pytest.approx(1.3)
+    assert row[3] == pytest.approx(1.3) and row[7] == pytest.approx(2.0)  # widths 4 and 8
 
 
 def _simulate(policy: AutoPolicy, accept, steps: int, seed: int = 0) -> list[str]:

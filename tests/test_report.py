@@ -52,7 +52,9 @@ def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.0
     return rows
 
 
-def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float], with_curves: bool = True) -> str:
+def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float], with_curves: bool = True,
+               diverged: int = 0) -> str:
+    """One cell; its first `diverged` turns' drafted output left the plain loop's."""
     cid = f"{drafter}__{quant}"
     labels = {"cell_id": cid, "model": "m", "drafter": drafter, "shape": "chain(4)", "quant": quant,
               "bits": 4.0 if "4" in quant else 32.0, "numerics_only": quant.startswith("rtn"), "dataset": "main",
@@ -65,7 +67,8 @@ def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float],
         if quant != "none":
             meta["latency"]["reference"] = curve("m", *KERNELS["none"])
             meta["model_sizes"]["reference"] = SIZES
-    store.write_cell(cid, meta, [{**labels, **row} for row in rows_for(quant, mals)])
+    rows = [{**labels, **row, "same_tokens_as_baseline": i >= diverged} for i, row in enumerate(rows_for(quant, mals))]
+    store.write_cell(cid, meta, rows)
     return cid
 
 
@@ -97,6 +100,21 @@ def test_verdicts_cost_model_and_json_line(store, capsys):
     assert "Test CPU" in report
     assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "latency.png",
                                                            "predicted_vs_measured.png"]
+
+
+def test_token_identity_is_reported_per_cell(tmp_path):
+    """A bf16 cell whose drafted output left the plain loop's in 2 of 5 turns: 60% in its row of the
+    table and named in the verdict; the fp32 cell 100%. Without divergence the verdict says so."""
+    for diverged, line in ((0, "- Token identity: every cell"), (2, "- Token identity: 1 of 2 cells (bf16)")):
+        results = tmp_path / f"results{diverged}"
+        s = ResultsStore(results)
+        write_cell(s, "eagle", "none", MALS)
+        write_cell(s, "eagle", "bf16", MALS, diverged=diverged)
+        report = write_report(results, n_boot=50)
+        assert any(v.startswith(line) for v in report.verdict), report.verdict
+    table = [t for t in (results / "REPORT.md").read_text().splitlines() if t.startswith("| eagle | `chain(4)`")]
+    assert table[0].endswith("| 100% |") and table[1].startswith("| eagle | `chain(4)` | bf16 |"), table
+    assert table[1].endswith("| 60% |"), table
 
 
 def test_rerunning_gives_the_same_files(store):
