@@ -7,8 +7,8 @@ hits them alike. HF runs on the target's own model, so with its linear kernel (`
 transformers' own `nn.Linear`s (what a plain transformers user gets). Prints a card per
 configuration: tokens/s, ratio to HF `generate` greedy and to HF prompt lookup
 (`prompt_lookup_num_tokens`), mean acceptance length (MAL), the split of step time into target
-forward / draft (propose + commit) / everything else, and how many outputs equal our plain loop's;
-then one JSON line. Not a test: a measurement.
+forward / draft (propose + commit) / everything else, and how many outputs equal our plain loop's
+(for those that differ, the first token that does); then one JSON line. Not a test: a measurement.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto] [--drafters eagle,ngram]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
@@ -89,6 +89,14 @@ def print_latency(target: specdec.Target, widths: tuple[int, ...], cache: str) -
                       "ms": {kind: [curves[kind].at(w) * 1e3 for w in widths] for kind in kinds}}))
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (the shorter one's length when one is a
+    prefix of the other), None when they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -161,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds = dict.fromkeys(configs, 0.0)
     tokens = dict.fromkeys(configs, 0)
     same = dict.fromkeys(configs, 0)
+    parted = {name: [] for name in configs}  # per prompt whose output differs from plain's: the first differing token
     stats = {name: [] for name in configs}
     for ids in prompt_ids:
         outs = {}
@@ -175,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
                 stats[name].append(st)
         for name in configs:
             same[name] += outs[name] == outs["plain"]
+            if outs[name] != outs["plain"]:
+                parted[name].append(first_difference(outs[name], outs["plain"]))
     tps = {name: tokens[name] / seconds[name] for name in configs}
     print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, kernel {target.kernel}, cache {cache}, "
           f"greedy, {n} new tokens, "
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in configs:
         row = {"config": name, "tokens_per_s": tps[name], "vs_hf_generate": tps[name] / tps["hf_generate"],
-               "vs_hf_prompt_lookup": tps[name] / tps["hf_prompt_lookup"], "identical_to_plain": same[name]}
+               "vs_hf_prompt_lookup": tps[name] / tps["hf_prompt_lookup"], "identical_to_plain": same[name],
+               "first_difference": sorted(parted[name])}
         text = f"   {name:34s} {tps[name]:7.2f} {row['vs_hf_generate']:6.2f} {row['vs_hf_prompt_lookup']:6.2f}"
         if stats[name]:
             merged = GenerationStats.merge(stats[name])
@@ -197,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{split['other']:6.0%}")
         else:
             text += f" {'':5s} {'':6s} {'':6s} {'':6s}"
-        print(text + f" {same[name]:>3d}/{len(prompts)}")
+        parts = f" (first differs at token {', '.join(map(str, sorted(parted[name])))})" if parted[name] else ""
+        print(text + f" {same[name]:>3d}/{len(prompts)}{parts}")
         rows.append(row)
     print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
                       "cache": cache,

@@ -95,6 +95,9 @@ class TrainConfig:
     validation split. stage=train reads every data_dir/train* store (a shard index twice: once)."""
     worker: int = 0
     """This process's k in 0..workers-1."""
+    first_shard: int = 0
+    """stage=data writes only training shards with index >= this (the earlier ones of the same prompt
+    list were written, and trained on, by a run whose data is gone: a rerun would replay them)."""
     extra_data_dirs: list[str] = field(default_factory=list)
     """stage=train also trains on the training stores of these data directories (rollouts of other
     prompt lists with the same rollout settings, e.g. an earlier run's data); validation stays
@@ -264,6 +267,8 @@ def main(raw) -> None:
     target = specdec.load_target(cfg.target, device=device)
     for p in target.model.parameters():
         p.requires_grad_(False)
+    if cfg.first_shard < 0:
+        raise ValueError(f"first_shard must be >= 0, got {cfg.first_shard}")
     if not 0 <= cfg.worker < cfg.workers:
         raise ValueError(f"worker must be in 0..workers-1, got worker={cfg.worker}, workers={cfg.workers}")
     val_store = ShardStore(data_dir / "val", {**fingerprint(cfg, target), "split": "val", "sampled_fraction": 0.0})
@@ -284,7 +289,8 @@ def main(raw) -> None:
             fill_shards(target, val_store, val_prompts, sampled_fraction=0.0, desc="val rollouts", aux_store=val_aux,
                         **common)
         fill_shards(target, train_store, train_prompts, sampled_fraction=cfg.sampled_fraction, deadline=deadline,
-                    worker=(cfg.worker, cfg.workers), skip=others, desc="train rollouts", aux_store=train_aux,
+                    worker=(cfg.worker, cfg.workers), skip=others | set(range(cfg.first_shard)), desc="train rollouts",
+                    aux_store=train_aux,
                     **common)
         if layers:  # shards recorded before aux_layers was set (or whose aux write was interrupted)
             if cfg.worker == 0:

@@ -33,3 +33,9 @@ def test_hf_baseline_equals_plain_loop_through_eos(options):
 def test_cuda_without_cuda_names_the_device():
     with pytest.raises(SystemExit, match="--device: device 'cuda:1' requested but CUDA is not available"):
         bench_decode.main(["--device", "cuda:1", "--model", "tiny-llama"])
+
+
+def test_first_difference_names_the_token_where_outputs_part():
+    assert bench_decode.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench_decode.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert bench_decode.first_difference([1, 2], [1, 2, 3]) == 2  # a prefix: parts where it ends

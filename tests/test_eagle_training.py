@@ -307,6 +307,11 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     assert json.loads((tmp_path / "mixed" / "summary.json").read_text())["train_sequences"] == old + new
     lost = run("stage=train", "max_steps=1", f"out_dir={tmp_path}/lost", f"extra_data_dirs=[{tmp_path}/nowhere]")
     assert lost.returncode != 0 and "nowhere" in lost.stderr and "hold no training store" in lost.stderr
+    # first_shard: a rerun of a prompt list whose first shards were trained on and lost writes only the rest
+    later = run("stage=data", "first_shard=2", f"data_dir={tmp_path}/data3", f"out_dir={tmp_path}/later")
+    assert later.returncode == 0, later.stderr[-2000:]
+    store = tmp_path / "data3" / "train"
+    assert ShardStore(store, json.loads((store / "manifest.json").read_text())["fingerprint"]).done() == {2, 3}  # of 0..3
 
 
 def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp_path):
