@@ -183,9 +183,10 @@ def main(argv: list[str] | None = None) -> None:
             if st is not None:
                 stats[name].append(st)
         for name in configs:
-            same[name] += outs[name] == outs["plain"]
-            if outs[name] != outs["plain"]:
-                parted[name].append(first_difference(outs[name], outs["plain"]))
+            differs = first_difference(outs[name], outs["plain"])
+            same[name] += differs is None
+            if differs is not None:
+                parted[name].append(differs)
     tps = {name: tokens[name] / seconds[name] for name in configs}
     print(f"== decoding speed ({target.label}, {target.dtype}, {target.device}, kernel {target.kernel}, cache {cache}, "
           f"greedy, {n} new tokens, "

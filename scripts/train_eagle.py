@@ -254,6 +254,8 @@ def main(raw) -> None:
         raise ValueError(f"stage must be 'all', 'data' or 'train', got {cfg.stage!r}")
     if cfg.ttt_depth < 1 or cfg.val_depth < 1:
         raise ValueError(f"ttt_depth and val_depth must be >= 1, got {cfg.ttt_depth} and {cfg.val_depth}")
+    if cfg.first_shard < 0:
+        raise ValueError(f"first_shard must be >= 0, got {cfg.first_shard}")
     started = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
@@ -267,8 +269,6 @@ def main(raw) -> None:
     target = specdec.load_target(cfg.target, device=device)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    if cfg.first_shard < 0:
-        raise ValueError(f"first_shard must be >= 0, got {cfg.first_shard}")
     if not 0 <= cfg.worker < cfg.workers:
         raise ValueError(f"worker must be in 0..workers-1, got worker={cfg.worker}, workers={cfg.workers}")
     val_store = ShardStore(data_dir / "val", {**fingerprint(cfg, target), "split": "val", "sampled_fraction": 0.0})
