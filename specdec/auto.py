@@ -388,7 +388,7 @@ class AutoPolicy:
         conf, depth = self._features
         return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
 
-    def _count_survivors(self, draft: Draft, widths: tuple[int, ...], path: list[int] = ()) -> None:
+    def _count_survivors(self, draft: Draft, widths: tuple[int, ...], path: list[int]) -> None:
         """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
         widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
         the root and the accepted nodes (`path`, indices into the verified `draft`) add the same
