@@ -16,6 +16,10 @@ entries at the cache slots held in a device tensor and hands the model the *whol
 by the caller), so shapes and addresses never change between steps; the caller then says how many
 of those entries are real with `advance(n)`.
 
+Batches: every buffer keeps its batch dimension. `over` adopts buffers a caller filled (the EAGLE
+training rollouts prefill each prompt alone and lay the rows out left-padded), and `select_rows`
+moves the rows still generating to the front of the same buffers when others finish.
+
 The model sees a small object with the calls it makes: `update` and `get_seq_length` from the
 attention layers, and, when the caller leaves the causal mask to the model (a chain forward),
 `get_query_offset` and `get_mask_sizes` from transformers' mask builder.
@@ -78,6 +82,14 @@ class StaticKVCache:
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []  # entries written per layer (equal between forwards)
 
+    @staticmethod
+    def over(keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> StaticKVCache:
+        """A cache over buffers the caller filled (per layer [B, kv_heads, capacity, head_dim]) whose
+        first `length` entries are stored, e.g. a batch of prompts prefilled one at a time."""
+        cache = StaticKVCache(keys[0].shape[-2])
+        cache.keys, cache.values, cache.lengths = list(keys), list(values), [length] * len(keys)
+        return cache
+
     @property
     def length(self) -> int:
         return self.lengths[0] if self.lengths else 0
@@ -124,6 +136,17 @@ class StaticKVCache:
         self.values[layer][..., start:start + n, :] = values
         self.lengths[layer] = start + n
         return self.keys[layer][..., :start + n, :], self.values[layer][..., :start + n, :]
+
+    @torch.inference_mode()
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` ([b'] long, ascending): a batch whose finished rows leave it.
+        The kept rows move to the front of the same buffers, which stay allocated (views of their
+        first b' rows), so a shrinking batch never holds two copies of its cache."""
+        for buffers in (self.keys, self.values):
+            for i, buf in enumerate(buffers):
+                index = rows.to(buf.device)
+                buf[: len(index)] = buf.index_select(0, index)  # gather first, then write
+                buffers[i] = buf[: len(index)]
 
     def _index(self, position: int) -> int:
         index = position - self.evicted

@@ -120,3 +120,22 @@ def test_static_cache_bad_sizes_fail_clearly(tiny_llama64):
         tiny_llama64.prefill(PROMPT, cache)
     with pytest.raises(ValueError, match="capacity >= 1"):
         StaticKVCache(0)
+
+
+def test_static_cache_over_filled_buffers_keeps_chosen_rows_in_place():
+    """`over` adopts filled buffers; `select_rows` keeps rows (in order) in the same storage, and
+    entries written afterwards land after the kept ones."""
+    keys = [torch.arange(4 * 2 * 6 * 3, dtype=torch.float32).view(4, 2, 6, 3)]  # [B=4, heads, capacity 6, D]
+    values = [-keys[0].clone()]
+    cache = StaticKVCache.over(keys, values, 4)
+    assert cache.length == 4 and cache.capacity == 6
+    before = keys[0].clone()
+    storage = keys[0].data_ptr()
+    cache.select_rows(torch.tensor([1, 3]))
+    (k, v), = cache.tensors()
+    assert k.shape == (2, 2, 4, 3) and torch.equal(k, before[[1, 3], :, :4]) and torch.equal(v, -k)
+    assert cache.keys[0].data_ptr() == storage  # no second copy of the cache
+    cache.append([(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))])
+    (k, _), = cache.tensors()
+    assert cache.length == 5 and torch.equal(k[:, :, 4], torch.ones(2, 2, 3))
+    assert torch.equal(k[:, :, :4], before[[1, 3], :, :4])

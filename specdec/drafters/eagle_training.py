@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from specdec.cache import KVCache
 from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardError, ShardStore
 from specdec.drafters.training_prompts import Prompt, prompt_text
 from specdec.drafters.training_prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
+from specdec.static_cache import StaticKVCache
 
 
 def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
@@ -50,34 +52,49 @@ def aux_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
                   generator: torch.Generator | None = None, aux_layers: tuple[int, ...] = ()) -> Rollouts:
-    """Let `target` continue every prompt at once (temperature 0 = greedy): one left-padded batch,
-    an attention mask over the padding, a KV cache. A sequence ends at EOS (dropped) or after
-    `max_new_tokens`; the token whose hidden state was never computed (the last) is dropped. A row
-    that ends leaves the batch (its cache rows are dropped), so long answers do not make short ones
-    pay for padding steps.
+    """Let `target` continue every prompt at once (temperature 0 = greedy): each prompt prefilled
+    alone, then one left-padded batch with an attention mask over the padding and a preallocated KV
+    cache. A sequence ends at EOS (dropped) or after `max_new_tokens`; the token whose hidden state was
+    never computed (the last) is dropped. A row that ends leaves the batch (its cache rows are
+    dropped), so long answers do not make short ones pay for padding steps.
     Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty).
     With `aux_layers`, `aux` holds the hidden states of those layers at every kept position (bf16, the
-    same states fill_aux's prefill computes, up to rounding), taken from the rollout's own forwards."""
+    same states fill_aux's prefill computes, up to rounding), taken from the rollout's own forwards.
+
+    Why prefill one prompt at a time: a padded [64, 222]-token prefill spends more time in its
+    elementwise ops over [64, 222, 1536] activations than in its matrix products on a CPU, and pads
+    every prompt to the longest; why a preallocated cache: a growing one copies every layer's keys
+    and values at every step."""
     device = target.device
-    pad = getattr(target.tokenizer, "pad_token_id", None) or 0  # never attended to: any id will do
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
     b, width = len(encoded), max(map(len, encoded))
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # [b, width] left-padded
+    want_aux = bool(aux_layers)
     # Worked example: lengths 3 and 5, width 5 -> mask rows [0 0 1 1 1] and [1 1 1 1 1], positions
     # [0 0 0 1 2] and [0 1 2 3 4]: every real token gets the position it has unpadded.
     mask = (torch.arange(width, device=device)[None]
             >= torch.tensor([width - len(e) for e in encoded], device=device)[:, None]).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
-    cache = DynamicCache()
-    want_aux = bool(aux_layers)
-    out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                      output_hidden_states=want_aux)
-    h = out.last_hidden_state  # [b, width, H]
-    prompt_h = h.float().cpu()
-    prompt_aux = aux_features(out.hidden_states, aux_layers) if want_aux else None  # [b, width, kH]
+    prompt_h, prompt_aux = [], []  # per row [len, H], [len, kH]
+    keys, values = [], []  # per layer [b, kv_heads, width + max_new_tokens, D], rows left-padded with zeros
+    for row, e in enumerate(encoded):
+        alone = KVCache()
+        out = target.base(input_ids=torch.tensor([e], device=device), cache=alone.hf, use_cache=True,
+                          output_hidden_states=want_aux)
+        prompt_h.append(out.last_hidden_state[0])
+        if want_aux:
+            prompt_aux.append(aux_features(out.hidden_states, aux_layers)[0])
+        for layer, (k, v) in enumerate(alone.tensors()):
+            if row == 0:  # zeros in the padding: masked, but 0 x NaN garbage would still be NaN
+                shape = (b, k.shape[1], width + max_new_tokens, k.shape[-1])
+                keys.append(k.new_zeros(shape))
+                values.append(v.new_zeros(shape))
+            keys[layer][row, ..., width - len(e):width, :] = k[0]
+            values[layer][row, ..., width - len(e):width, :] = v[0]
+    cache = StaticKVCache.over(keys, values, width)
+    del keys, values
     live = torch.arange(b)  # original row of each batch entry still generating
-    last_h, last = h[:, -1], positions[:, -1]  # [live, H], [live]
+    last_h, last = torch.stack([x[-1] for x in prompt_h]), positions[:, -1]  # [live, H], [live]
     tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
     hidden = [[] for _ in range(b)]  # [H] per generated token fed back (all but EOS and the very last)
     aux = [[] for _ in range(b)]  # [kH] per such token, with aux_layers
@@ -97,12 +114,12 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
             break
         if not bool(going.all()):  # finished rows leave the batch: later forwards cost only the live rows
             keep = going.nonzero()[:, 0]
-            cache.batch_select_indices(keep)
+            cache.select_rows(keep)
             live, nxt, mask, last = live[keep.cpu()], nxt[keep], mask[keep], last[keep]
         mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
         out = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                          cache=cache, use_cache=True, output_hidden_states=want_aux)
+                          cache=cache.hf, use_cache=True, output_hidden_states=want_aux)
         last_h = out.last_hidden_state[:, -1]  # [live, H]
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
@@ -112,14 +129,14 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     result = Rollouts([], [])
     for row, e in enumerate(encoded):
         keep = len(hidden[row])  # generated tokens whose hidden state exists (EOS and the last one have none)
-        gen_h = torch.stack(hidden[row]) if keep else prompt_h[row, :0]
+        gen_h = torch.stack(hidden[row]) if keep else prompt_h[row][:0].float().cpu()
         result.sequences.append(torch.tensor(e + tokens[row][:keep]))
-        result.hidden.append(torch.cat([prompt_h[row, width - len(e):], gen_h]).clone())
+        result.hidden.append(torch.cat([prompt_h[row].float().cpu(), gen_h]))
         result.prompt_len.append(len(e))
         result.temperature.append(float(temperature))
         if want_aux:
-            gen_a = torch.stack(aux[row]) if keep else prompt_aux[row, :0]
-            result.aux.append(torch.cat([prompt_aux[row, width - len(e):], gen_a]).clone())
+            gen_a = torch.stack(aux[row]) if keep else prompt_aux[row][:0]
+            result.aux.append(torch.cat([prompt_aux[row], gen_a]))
     return result
 
 
