@@ -74,10 +74,7 @@ def load_target(
     device = check_device(device)
     if kernel not in kernels.CHOICES:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(kernels.CHOICES)}")
-    if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32, bfloat16, float16")
-        dtype = getattr(torch, dtype)
+    dtype = parse_dtype(dtype)
     if name_or_path in _BUILTINS:
         target = _BUILTINS[name_or_path](device=device, dtype=dtype, attn_implementation=attn_implementation)
     else:
@@ -89,6 +86,18 @@ def load_target(
 
         target = quant_lib.quantize_target(target, quant)
     return kernels.use_kernel(target, kernel)
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype from its name ('bfloat16'), passed through if already one (or None); ValueError naming
+    anything else."""
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32, bfloat16, float16")
+        return getattr(torch, dtype)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype or its name, got {dtype!r}")
+    return dtype
 
 
 def check_device(device: str | torch.device) -> torch.device:

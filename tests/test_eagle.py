@@ -65,7 +65,8 @@ def test_every_shape_gives_a_valid_tree(tiny, shape, max_depth):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("options", [{}, {"draft_vocab": 24, "refresh": False}])
+@pytest.mark.parametrize("options", [{}, {"draft_vocab": 24, "refresh": False}, {"head_dtype": "bfloat16"},
+                                     {"draft_vocab": 24, "head_dtype": torch.float32}])
 def test_greedy_output_equals_reference(tiny, shape, options):
     ref = reference_generate(tiny, PROMPT, max_new_tokens=16, stop_on_eos=False)
     drafter = build("eagle", target=tiny, head="random", **options)
@@ -150,6 +151,8 @@ def test_bad_inputs_name_what_mismatched(tiny):
         build("eagle", target=tiny, head="random", draft_vocab=0)
     with pytest.raises(FileNotFoundError, match="no EAGLE head ships for target 'tiny-llama'"):
         build("eagle", target=tiny)
+    with pytest.raises(ValueError, match="unknown dtype 'bf16'"):
+        build("eagle", target=tiny, head="random", head_dtype="bf16")
     for bad, what in [("dynamic(top_k=4,depth=4,budget=0)", "budget"), ("dynamic(top_k=4,depth=0,budget=8)", "depth"),
                       ("dynamic(top_k=0,depth=4,budget=8)", "top_k"), ("tree(2,0)", "width"), ("chain(0)", "k >= 1")]:
         with pytest.raises(ValueError, match=what):
@@ -244,3 +247,46 @@ def test_a_fused_head_round_trips_through_its_files(tmp_path):
     plain, features = random_head(tiny), torch.zeros(1, 2, 2 * tiny.hidden_size)
     with pytest.raises(ValueError, match=r"carry 1 aux layers; this head fuses 0 \(\[\]\)"):
         plain(features, torch.zeros(1, 2, tiny.hidden_size), torch.arange(2), None)
+
+
+def test_the_heads_written_out_layer_computes_what_transformers_layer_does():
+    """EagleHead runs its decoder layer's weights through its own wiring (`_attention`); through
+    transformers' LlamaDecoderLayer the same weights give the same features, for a causal prefill
+    and for a tree block after it (the cache then holds the same keys and values)."""
+    from transformers import DynamicCache
+
+    from specdec.models import tree_attention
+
+    tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
+    head = fused_head(tiny).double().eval()
+    hsize = tiny.hidden_size
+
+    def through_transformers(features, embeds, positions, mask, cache):
+        x = head.fc(torch.cat([embeds, features[..., :hsize]], -1))
+        x = x + head.fc_aux(head.aux_norms[0](features[..., hsize:]))
+        ids = positions[None]
+        x = head.layer(x, attention_mask=mask[None, None], position_ids=ids, cache=cache, use_cache=True,
+                       position_embeddings=head.rotary(x, ids))
+        return head.norm(x)
+
+    gen = torch.Generator().manual_seed(0)
+    ours, theirs = DynamicCache(), DynamicCache()
+    with torch.inference_mode():
+        for parents, n in ((None, 12), (torch.tensor([-1, 0, 0, 1, 2]), 5)):
+            features = torch.randn(1, n, 2 * hsize, generator=gen, dtype=torch.float64)
+            embeds = torch.randn(1, n, hsize, generator=gen, dtype=torch.float64)
+            positions, mask = tree_attention(parents, n, ours.get_seq_length(), torch.float64)
+            a = head(features, embeds, positions, mask, ours)
+            b = through_transformers(features, embeds, positions, mask, theirs)
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.layers[0].keys, theirs.layers[0].keys, rtol=1e-12, atol=1e-12)
+
+
+def test_head_dtype_sets_what_the_drafts_run_in_and_leaves_the_target_alone(tiny):
+    drafter = build("eagle", target=tiny, head="random", draft_vocab=24, head_dtype="bfloat16")
+    assert drafter.head.fc.weight.dtype == drafter.vocab_weight.dtype == torch.bfloat16
+    assert tiny.lm_head.weight.dtype == torch.float64
+    full = build("eagle", target=tiny, head="random", draft_vocab=None, head_dtype="bfloat16")
+    assert full.lm_weight.dtype == torch.bfloat16 and tiny.lm_head.weight.dtype == torch.float64
+    draft = _draft(drafter, tiny, "tree(3,2,1)")
+    assert draft.tokens.numel() == 3 + 6 + 6

@@ -35,6 +35,7 @@ from specdec.draft import Draft, Step
 from specdec.drafters.base import DraftRequest, register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.model import BlockSlots
+from specdec.loading import parse_dtype
 from specdec.models import Target, tree_attention
 from specdec.shapes import SubVocab, grow_tree
 
@@ -46,11 +47,11 @@ class EagleDrafter:
     """Drafts with an EAGLE head over `target`'s features (see the module docstring)."""
 
     def __init__(self, head: EagleHead, *, target: Target, draft_vocab: int | None = None,
-                 refresh: bool = True, name: str = "eagle") -> None:
+                 refresh: bool = True, head_dtype: torch.dtype | None = None, name: str = "eagle") -> None:
         head.config.check_target(target)
         self.name = name
         self.refresh = refresh
-        self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.head = head.to(device=target.device, dtype=head_dtype or target.dtype).eval()
         if target.kernel != "torch":  # the target's linear kernel for the head too, on a copy: the
             self.head = copy.deepcopy(self.head)  # caller's head may still be trained
             kernels.apply_kernel(self.head, target.kernel)
@@ -77,6 +78,11 @@ class EagleDrafter:
             self.vocab = head.draft_vocab[:draft_vocab].to(target.device)
             self.sub_vocab = SubVocab(self.vocab, target.vocab_size)
             self.vocab_weight = self.lm_weight[self.vocab].detach()  # [N, H]
+        if head_dtype is not None and head_dtype != self.lm_weight.dtype:  # the drafts' own copy of the rows they score
+            if self.vocab is None:
+                self.lm_weight = self.lm_weight.detach().to(head_dtype)
+            else:
+                self.vocab_weight = self.vocab_weight.to(head_dtype)
         weight = self.lm_weight if self.vocab is None else self.vocab_weight
         self.scorer = kernels.linear_over(weight, target.kernel)  # None: W @ x^T below
         self.reset()
@@ -185,11 +191,14 @@ full 49,152-token lm_head for at most ~0.07 less MAL."""
 @register("eagle")
 def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
                 draft_vocab: int | str | None = "auto",
-                refresh: bool = True) -> EagleDrafter:
+                refresh: bool = True, head_dtype: str | torch.dtype | None = None) -> EagleDrafter:
     """EAGLE drafter. head: None = the head shipped for this target, a path to a `.safetensors`
     head (with its `.json`), 'random' = untrained, or an EagleHead. draft_vocab: score only the N
     most frequent training tokens (None = full vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head
-    ranks that many). refresh: see the module docstring."""
+    ranks that many). refresh: see the module docstring. head_dtype: the dtype the head and the
+    lm_head rows it scores run in (None = the target's; e.g. 'bfloat16' halves the bytes a draft depth
+    reads; drafts only, so output exactness does not depend on it)."""
+    head_dtype = parse_dtype(head_dtype)
     if head is None:
         head = EagleHead.load(shipped_head_path(target))
     elif isinstance(head, str) and head == "random":
@@ -200,7 +209,7 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
         raise TypeError(f"head must be None, a path, 'random' or an EagleHead, got {type(head).__name__}")
     if draft_vocab == "auto":
         draft_vocab = DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= DEFAULT_DRAFT_VOCAB else None
-    return EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh)
+    return EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype)
 
 
 build_eagle.test_options = {"head": "random"}

@@ -24,6 +24,12 @@ Only the target knows a_i, so only pairs that read the target's true features us
 the head's own predicted feature (draft depths >= 2, and training-time-test depths >= 2) pass none,
 i.e. a zero contribution. A head with fc_aux = 0 is therefore exactly the head without aux layers,
 which is how `widen` starts a fused head from a trained plain one.
+
+The decoder layer's weights live in transformers' `LlamaDecoderLayer` (so the file's names are its
+names), but the forward wires them itself: the layer's norms and MLP modules, its projections, HF's
+rotary function and one grouped `scaled_dot_product_attention`. At the one to a few rows a draft
+depth runs, transformers' layer spends about as long in its module plumbing as in its products; the
+result is the same bit for bit (tests/test_eagle.py).
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 from transformers import DynamicCache, LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      apply_rotary_pos_emb)
 
 FORMAT_VERSION = 1
 
@@ -175,20 +183,32 @@ class EagleHead(nn.Module):
                                  f"this head fuses {len(self.config.aux_layers)} ({list(self.config.aux_layers)})")
             x = x + self.fc_aux(torch.cat([norm(a) for norm, a in zip(self.aux_norms, aux)], -1))
         position_ids = positions[None].to(x.device)  # [B, n]
-        cos_sin = self.rotary(x, position_ids)
+        cos, sin = self.rotary(x, position_ids)
         if mask is None:
             n = x.shape[1]
             causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
             mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
-        x = self.layer(
-            x,
-            attention_mask=mask[None, None].to(device=x.device, dtype=x.dtype),  # [B, 1, n, past + n]
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=cache is not None,
-            position_embeddings=cos_sin,
-        )
+        mask = mask[None, None].to(device=x.device, dtype=x.dtype)  # [B, 1, n, past + n]
+        layer = self.layer
+        x = x + self._attention(layer.input_layernorm(x), cos, sin, mask, cache)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
+
+    def _attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                   cache: DynamicCache | None) -> torch.Tensor:
+        """The decoder layer's self-attention on normed x [B, n, H] (what LlamaAttention computes,
+        written out: its module wiring costs more than its products at one or a few rows)."""
+        attn = self.layer.self_attn
+        b, n, _ = x.shape
+        shape = (b, n, -1, self.config.head_dim)
+        q = attn.q_proj(x).view(shape).transpose(1, 2)  # [B, heads, n, D]
+        k = attn.k_proj(x).view(shape).transpose(1, 2)  # [B, kv_heads, n, D]
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)  # [B, kv_heads, past + n, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
     # ---- files ---------------------------------------------------------------------------------
     def save(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
