@@ -10,7 +10,8 @@ configuration: tokens/s, ratio to HF `generate` greedy and to HF prompt lookup
 forward / draft (propose + commit) / everything else, and how many outputs equal our plain loop's
 (for those that differ, the first token that does); then one JSON line. Not a test: a measurement.
 
-    python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto] [--drafters eagle,ngram]
+    python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto]
+        [--drafters "eagle,eagle[head_dtype=bfloat16],ngram"]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
         [--new-tokens 64] [--threads 1] [--cache auto] [--latency 1,2,4,...,128]
 
@@ -39,6 +40,7 @@ import torch
 import specdec
 from specdec import kernels
 from specdec.drafters import build
+from specdec.drafters.base import parse_specs
 from specdec.forwards import resolve_cache
 from specdec.latency import machine_name, measure_latency
 from specdec.loading import check_device
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
     parser.add_argument("--kernel", default="auto", choices=kernels.CHOICES,
                         help="linear kernel of the target (specdec.kernels); HF runs on the same model")
-    parser.add_argument("--drafters", default="eagle,ngram", help="comma-separated registered drafters")
+    parser.add_argument("--drafters", default="eagle,ngram",
+                        help="comma-separated registered drafters, each optionally NAME[k=v,...] with its options")
     parser.add_argument("--shapes", default="chain(4);dynamic(8,6,32);auto", help="semicolon-separated shapes")
     parser.add_argument("--prompts", default="chat_heldout")
     parser.add_argument("--num-prompts", type=int, default=6)
@@ -122,8 +125,11 @@ def main(argv: list[str] | None = None) -> None:
         shapes = {s.strip(): parse_shape(s) for s in args.shapes.split(";") if s.strip()}
     except ValueError as err:
         raise SystemExit(f"error: --shapes: {err}") from None
-    drafter_names = [d for d in args.drafters.split(",") if d]
-    unknown = [d for d in drafter_names if d not in specdec.drafters.names()]
+    try:
+        drafter_specs = parse_specs(args.drafters)
+    except ValueError as err:
+        raise SystemExit(f"error: --drafters: {err}") from None
+    unknown = [name for name, _ in drafter_specs if name not in specdec.drafters.names()]
     if unknown:
         raise SystemExit(f"error: unknown drafters {unknown}; registered: {', '.join(specdec.drafters.names())}")
     torch.set_num_threads(args.threads)
@@ -158,10 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         configs["hf_generate[torch kernel]"] = hf_stock
     if cache != "dynamic":
         configs["plain[cache=dynamic]"] = ours(None, "chain(1)", "dynamic")
-    for name in drafter_names:
-        drafter = build(name, target=target)
+    for name, options in drafter_specs:
+        drafter = build(name, target=target, **options)
+        label = name + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
         for spec, shape in shapes.items():
-            configs[f"{name} {spec}"] = ours(drafter, shape)
+            configs[f"{label} {spec}"] = ours(drafter, shape)
 
     prompt_ids = [target.encode_prompt(p) for p in prompts]
     for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed

@@ -32,7 +32,7 @@ import specdec
 from specdec import tree as tree_ops
 from specdec import verifier
 from specdec.draft import Acceptance, Draft
-from specdec.drafters.base import Drafter, DraftRequest, build
+from specdec.drafters.base import Drafter, DraftRequest, build, parse_options
 from specdec.drafters.base import _REGISTRY as _DRAFTERS
 from specdec.models import Target
 from specdec.reference import exact_joint_probs, next_token_logits, reference_generate
@@ -441,20 +441,6 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
     cert.power = power(power_n) if power_n else {}
     cert.seconds = time.perf_counter() - start
     return cert
-
-
-def parse_options(text: str) -> dict:
-    """`k=v,k2=v2` -> dict; values parsed as JSON where they are (numbers, true/false), else strings."""
-    options = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--options takes k=v pairs separated by commas, got {part!r}")
-        try:
-            options[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key.strip()] = value
-    return options
 
 
 def split_shapes(text: str) -> list[str]:

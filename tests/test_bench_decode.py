@@ -39,3 +39,14 @@ def test_first_difference_names_the_token_where_outputs_part():
     assert bench_decode.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert bench_decode.first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert bench_decode.first_difference([1, 2], [1, 2, 3]) == 2  # a prefix: parts where it ends
+
+
+def test_drafter_specs_carry_options_and_a_bad_spec_fails_before_loading():
+    from specdec.drafters.base import parse_specs
+
+    assert parse_specs("eagle, eagle[head_dtype=bfloat16,draft_vocab=8192],ngram") == [
+        ("eagle", {}), ("eagle", {"head_dtype": "bfloat16", "draft_vocab": 8192}), ("ngram", {})]
+    with pytest.raises(SystemExit, match=r"--drafters: .*k=v pairs.*'oops'"):
+        bench_decode.main(["--drafters", "eagle[oops]", "--model", "tiny-llama"])
+    with pytest.raises(SystemExit, match=r"--drafters: a drafter is NAME or NAME\[k=v,...\], got 'eagle\[x=1'"):
+        bench_decode.main(["--drafters", "eagle[x=1", "--model", "tiny-llama"])

@@ -1,7 +1,8 @@
 """The drafter contract: what a drafter is asked, and the name registry.
 
 Owns: `DraftRequest` (what the loop asks a drafter before each step), the `Drafter` protocol
-(`reset`, `propose`, `commit`) and the registry (`register`, `build`, `names`). The records a
+(`reset`, `propose`, `commit`), the registry (`register`, `build`, `names`) and how a drafter is
+spelled with its options on a command line (`parse_specs`: `eagle[head_dtype=bfloat16]`). The records a
 drafter returns and receives (`Draft`, `Step`) live in `specdec.draft`. Knows nothing about how
 drafts are verified or how the target's cache works; each drafter owns its own state and updates
 it, rollback included, in `commit`.
@@ -9,6 +10,8 @@ it, rollback included, in `commit`.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -84,6 +87,38 @@ def build(name: str, *, target: Target, **options: Any) -> Drafter:
         raise KeyError(f"unknown drafter {name!r}; registered drafters: {', '.join(names())}")
     return _REGISTRY[name](target=target, **options)
 
+
+def parse_options(text: str) -> dict:
+    """`k=v,k2=v2` -> dict; values parsed as JSON where they are (numbers, true/false), else strings."""
+    options = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"drafter options are k=v pairs separated by commas, got {part!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def parse_specs(text: str) -> list[tuple[str, dict]]:
+    """'eagle,eagle[head_dtype=bfloat16,refresh=false],ngram' -> [(name, options), ...]: drafters
+    separated by commas outside brackets, each optionally with its options in brackets."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    items.append(text[start:].strip())  # what an unclosed bracket left
+    specs = []
+    for item in filter(None, items):
+        match = re.fullmatch(r"([\w-]+)(?:\[(.*)\])?", item)
+        if match is None:
+            raise ValueError(f"a drafter is NAME or NAME[k=v,...], got {item!r}")
+        specs.append((match[1], parse_options(match[2] or "")))
+    return specs
 
 
 def build_for_tests(name: str, *, target: Target) -> Drafter:
