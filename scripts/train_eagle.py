@@ -43,7 +43,7 @@ from tqdm import tqdm
 import specdec
 from specdec.drafters.eagle import HEADS_DIR
 from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, widen
-from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardStore, read_union
+from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardError, ShardStore, read_union
 from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_aux, fill_shards, make_batch,
                                              self_instruct, unroll)
 from specdec.drafters.training_prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
@@ -99,9 +99,11 @@ class TrainConfig:
     """stage=data writes only training shards with index >= this (the earlier ones of the same prompt
     list were written, and trained on, by a run whose data is gone: a rerun would replay them)."""
     extra_data_dirs: list[str] = field(default_factory=list)
-    """stage=train also trains on the training stores of these data directories (rollouts of other
-    prompt lists with the same rollout settings, e.g. an earlier run's data); validation stays
-    data_dir's. Shards are de-duplicated within a directory, never across."""
+    """stage=train also trains on the training stores of these data directories: rollouts of the same
+    target from other prompt lists or rollout settings (seed, sampled_fraction, temperature, lengths,
+    shard size; each store is read as its manifest records them), e.g. an earlier run's data, or sampled
+    continuations of prompts another directory holds greedily. Validation stays data_dir's. Shards are
+    de-duplicated within a directory, never across."""
     init_head: str = ""
     """Start from this head (.safetensors) instead of a random initialisation ('' = random)."""
     resume: bool = False
@@ -212,10 +214,33 @@ def train_store_name(cfg: TrainConfig) -> str:
     return "train" if cfg.workers == 1 else f"train-w{cfg.worker}of{cfg.workers}"
 
 
-def train_stores(cfg: TrainConfig, target, data_dir: Path) -> list[ShardStore]:
-    """Every training store under data_dir (train, train-w*of*), each checked against this configuration."""
-    return [ShardStore(d, {**fingerprint(cfg, target), "split": "train"})
-            for d in sorted(data_dir.glob("train*")) if (d / "manifest.json").exists()]
+def train_stores(cfg: TrainConfig, target, data_dir: Path, *, as_recorded: bool = False) -> list[ShardStore]:
+    """Every training store under data_dir (train, train-w*of*), each checked against this configuration;
+    `as_recorded` (extra_data_dirs): opened with the rollout settings its manifest records, checked only
+    for this target (ShardError naming the manifest of one that holds another target's data)."""
+    ours = {**fingerprint(cfg, target), "split": "train"}
+    stores = []
+    for d in sorted(data_dir.glob("train*")):
+        manifest = d / "manifest.json"
+        if not manifest.exists():
+            continue
+        recorded = json.loads(manifest.read_text()).get("fingerprint", {}) if as_recorded else ours
+        mismatch = {k: (recorded.get(k), ours[k]) for k in ("target", "hidden_size", "split")
+                    if recorded.get(k) != ours[k]}
+        if mismatch:
+            raise ShardError(f"{manifest} holds rollouts of another target ({{key: (stored, now)}}: {mismatch})")
+        stores.append(ShardStore(d, recorded))
+    return stores
+
+
+def check_unseen(val: Rollouts, train: Rollouts, where: list[str]) -> None:
+    """ValueError when a training sequence continues a validation prompt (same prompt tokens): an extra
+    data directory made from another prompt list, or another split of the same one, can hold them."""
+    prompts = {tuple(s[:n].tolist()) for s, n in zip(val.sequences, val.prompt_len)}
+    seen = sum(tuple(s[:n].tolist()) in prompts for s, n in zip(train.sequences, train.prompt_len))
+    if seen:
+        raise ValueError(f"{seen} training sequences continue validation prompts (validation {where[0]}, training "
+                         f"{', '.join(where[1:])}): validation would score seen data; use disjoint prompt lists")
 
 
 def load_head(cfg: TrainConfig, target, vocab: torch.Tensor, out: Path) -> tuple[EagleHead, dict | None]:
@@ -303,12 +328,13 @@ def main(raw) -> None:
         return
     layers = tuple(cfg.aux_layers)
     data_dirs = [data_dir] + [Path(hydra.utils.to_absolute_path(d)) for d in cfg.extra_data_dirs]
-    stores = {d: train_stores(cfg, target, d) for d in data_dirs}
+    stores = {d: train_stores(cfg, target, d, as_recorded=d != data_dir) for d in data_dirs}
     missing = [str(d) for d in data_dirs[1:] if not stores[d]]
     if missing:
         raise FileNotFoundError(f"extra_data_dirs {missing} hold no training store (train*/manifest.json)")
     data = Rollouts.concat([read_union(stores[d], layers) for d in data_dirs])
     val = read_union([val_store], layers)
+    check_unseen(val, data, [str(val_store.root)] + [str(d) for d in data_dirs])
     print(f"data: {len(data.sequences)} train sequences ({data.num_tokens} tokens), {len(val.sequences)} validation "
           f"({val.num_tokens} tokens)", flush=True)
 

@@ -298,13 +298,21 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     # another prompt list in its own data_dir, trained on together with the first run's data
     old = json.loads((tmp_path / "summary.json").read_text())["train_sequences"]
     mixed = run("max_steps=1", "sources=[stdlib:12]", f"data_dir={tmp_path}/data2", f"out_dir={tmp_path}/mixed",
-                f"extra_data_dirs=[{tmp_path}/data]", "aux_layers=[1]")  # new shards: aux from the rollouts
+                f"extra_data_dirs=[{tmp_path}/data]", "aux_layers=[1]",  # new shards: aux from the rollouts
+                "seed=1", "sampled_fraction=1.0")  # other rollout settings than the extra dir's: read as recorded
     assert mixed.returncode == 0, mixed.stderr[-2000:]
     assert json.loads((tmp_path / "mixed" / "summary.json").read_text())["aux_backfilled_shards"] == 0
     store = tmp_path / "data2" / "train"
     assert (store / "aux-1" / "manifest.json").exists()
     new = len(read_union([ShardStore(store, json.loads((store / "manifest.json").read_text())["fingerprint"])]).sequences)
     assert json.loads((tmp_path / "mixed" / "summary.json").read_text())["train_sequences"] == old + new
+    foreign = tmp_path / "foreign" / "train"
+    foreign.mkdir(parents=True)
+    recorded = json.loads((tmp_path / "data" / "train" / "manifest.json").read_text())
+    recorded["fingerprint"]["target"] = "smollm2-135m"
+    (foreign / "manifest.json").write_text(json.dumps(recorded))
+    other = run("stage=train", "max_steps=1", f"out_dir={tmp_path}/other", f"extra_data_dirs=[{tmp_path}/foreign]")
+    assert other.returncode != 0 and f"{foreign}/manifest.json holds rollouts of another target" in other.stderr
     lost = run("stage=train", "max_steps=1", f"out_dir={tmp_path}/lost", f"extra_data_dirs=[{tmp_path}/nowhere]")
     assert lost.returncode != 0 and "nowhere" in lost.stderr and "hold no training store" in lost.stderr
     # first_shard: a rerun of a prompt list whose first shards were trained on and lost writes only the rest
@@ -314,7 +322,8 @@ def test_train_script_runs_end_to_end_and_resumes(tmp_path):
     assert ShardStore(store, json.loads((store / "manifest.json").read_text())["fingerprint"]).done() == {2, 3}  # of 0..3
 
 
-def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp_path):
+def _train_script():
+    """scripts/train_eagle.py as a module."""
     import importlib.util
     import sys
 
@@ -325,6 +334,11 @@ def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp
         spec.loader.exec_module(script)
     finally:
         del sys.modules["train_eagle"]
+    return script
+
+
+def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp_path):
+    script = _train_script()
     other = specdec.tiny_target("llama", vocab_size=80, dtype=torch.float32)
     path = random_head(other).save(tmp_path / "other")
     vocab = torch.arange(10)
@@ -336,6 +350,21 @@ def test_train_script_refuses_a_checkpoint_of_another_geometry_by_name(tiny, tmp
         script.load_head(script.TrainConfig(resume=True), tiny, vocab, tmp_path)
     with pytest.raises(ValueError, match="must read 'name:count'"):
         script.parse_sources(["chat"])
+
+
+def test_training_data_that_continues_a_validation_prompt_is_refused():
+    """An extra data directory from another prompt list may hold validation prompts: caught by their tokens."""
+    script = _train_script()
+
+    def rollouts(*seqs):  # (tokens, prompt length) per sequence
+        return Rollouts([torch.tensor(t) for t, _ in seqs], [torch.zeros(len(t), 2) for t, _ in seqs],
+                        prompt_len=[n for _, n in seqs])
+
+    val = rollouts(([1, 2, 3, 4], 2), ([7, 8, 9], 1))
+    script.check_unseen(val, rollouts(([1, 2, 5], 3), ([7, 1], 2)), ["val", "train"])  # other prompts: fine
+    with pytest.raises(ValueError, match=r"1 training sequences continue validation prompts \(validation val, "
+                                         r"training a, b\)"):
+        script.check_unseen(val, rollouts(([1, 2, 9, 9], 2), ([7, 1], 2)), ["val", "a", "b"])
 
 
 def test_aux_features_are_the_targets_hidden_states_and_a_bad_file_is_named(tiny, tmp_path, monkeypatch):
