@@ -27,6 +27,8 @@ attention layers, and, when the caller leaves the causal mask to the model (a ch
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from specdec.cache import block_offsets
@@ -34,10 +36,19 @@ from specdec.draft import KVLayers
 
 
 class _Writer:
-    """What the transformers attention layers call: `update` writes a layer's new entries in place."""
+    """What the transformers attention layers call: `update` writes a layer's new entries in place.
+    Holds its cache weakly: the cache holds it (`hf`), and a reference cycle would keep the buffers
+    (gigabytes for a batch) alive until Python's cycle collector happens to run."""
 
     def __init__(self, owner: StaticKVCache) -> None:
-        self.owner = owner
+        self._owner = weakref.ref(owner)
+
+    @property
+    def owner(self) -> StaticKVCache:
+        owner = self._owner()
+        if owner is None:
+            raise RuntimeError("this static cache's writer outlived its cache: keep the StaticKVCache, not only its .hf")
+        return owner
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
         return self.owner._write(layer_idx, keys, values)

@@ -139,3 +139,20 @@ def test_static_cache_over_filled_buffers_keeps_chosen_rows_in_place():
     (k, _), = cache.tensors()
     assert cache.length == 5 and torch.equal(k[:, :, 4], torch.ones(2, 2, 3))
     assert torch.equal(k[:, :, :4], before[[1, 3], :, :4])
+
+
+def test_a_dropped_static_cache_frees_its_buffers_at_once(tiny_llama64):
+    """No reference cycle between a StaticKVCache and the writer the model calls (`hf`): dropping the
+    cache frees its buffers without waiting for Python's cycle collector (a rollout batch's are GBs)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        cache = StaticKVCache(32)
+        tiny_llama64.prefill(PROMPT, cache)
+        gone = weakref.ref(cache.keys[0])
+        del cache
+        assert gone() is None
+    finally:
+        gc.enable()
