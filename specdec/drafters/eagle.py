@@ -19,12 +19,19 @@ of stale features in the head's context.
 Draft vocabulary: `draft_vocab=N` scores only the N most frequent tokens of the head's training
 data (EAGLE-3): logits stay N wide, and `grow_tree` ranks and samples within them and maps the
 chosen columns back to token ids (`SubVocab`); no full-vocabulary tensor is built. Knows nothing
-about verification; the target's lm_head and embedding are shared, never copied or trained.
+about verification; the target's lm_head and embedding are shared, never copied or trained (the rows
+a draft scores are copied only when the head runs in another dtype than the target).
+
+Head dtype: `head_dtype="auto"` (the default) runs the head of a float32 CPU target in bfloat16 where
+that drafts faster on this machine, measured once (`choose_head_dtype`); a depth reads its weights from
+memory after every target forward, so halving their bytes can pay, but not on every CPU.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -35,6 +42,7 @@ from specdec.draft import Draft, Step
 from specdec.drafters.base import DraftRequest, register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.model import BlockSlots
+from specdec.latency import machine_name
 from specdec.loading import parse_dtype
 from specdec.models import Target, tree_attention
 from specdec.shapes import SubVocab, grow_tree
@@ -182,6 +190,58 @@ def random_head(target: Target, seed: int = 0) -> EagleHead:
     return head
 
 
+HEAD_DTYPE_SCHEMA = "specdec.eagle-head-dtype/1"
+HEAD_DTYPES = (torch.float32, torch.bfloat16)
+"""What `head_dtype="auto"` chooses among for a float32 target on a CPU."""
+
+
+def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) -> torch.dtype:
+    """`head_dtype="auto"`: the target's dtype, except for a float32 target on a CPU, where the faster of
+    HEAD_DTYPES is measured once per machine x target x kernel x threads (`measure_head_dtypes`, a couple
+    of seconds) and kept under $SPECDEC_CACHE/kernels. Measured because it differs by CPU: with oneDNN's
+    bf16 products a draft depth of the embedded target's head cost less in bf16 on an AMD EPYC (Zen 5),
+    where an earlier bf16 head ran slower on an Intel Xeon (README, "Decoding speed")."""
+    if target.device.type != "cpu" or target.dtype != torch.float32:
+        return target.dtype
+    geometry = f"h{target.hidden_size}-v{draft_vocab or target.vocab_size}-a{len(head.config.aux_layers)}"
+    key = kernels.choice_key(f"eagle-head-{target.label}-{target.kernel}-{geometry}", target.device, target.dtype,
+                             machine_name(target.device))
+    path = kernels.cache_dir() / f"{key}.json"
+    names = {str(dtype).removeprefix("torch."): dtype for dtype in HEAD_DTYPES}
+    if path.exists():
+        data = json.loads(path.read_text())
+        if data.get("schema") != HEAD_DTYPE_SCHEMA or data.get("dtype") not in names:
+            raise ValueError(f"{path} is not a {HEAD_DTYPE_SCHEMA} file; delete it to measure again")
+        return names[data["dtype"]]
+    seconds = measure_head_dtypes(target, head, draft_vocab)
+    best = min(seconds, key=seconds.get)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": HEAD_DTYPE_SCHEMA, "dtype": str(best).removeprefix("torch."),
+                                "seconds_per_step": {str(d).removeprefix("torch."): t for d, t in seconds.items()},
+                                "machine": machine_name(target.device), "threads": torch.get_num_threads()}, indent=1))
+    return best
+
+
+def measure_head_dtypes(target: Target, head: EagleHead, draft_vocab: int | None, repeats: int = 3,
+                        new_tokens: int = 12) -> dict[torch.dtype, float]:
+    """Median drafting seconds per step of a greedy chain(3) generation from a random 48-token prompt,
+    per head dtype (interleaved, one warm-up round): timed inside decoding, where the target's forward
+    between two drafts has evicted the head's weights from the caches, as it does in use."""
+    from specdec.loop import generate
+
+    prompt = torch.randint(0, target.vocab_size, (48,), generator=torch.Generator().manual_seed(0)).tolist()
+    drafters = {dtype: EagleDrafter(head, target=target, draft_vocab=draft_vocab, head_dtype=dtype)
+                for dtype in HEAD_DTYPES}
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in HEAD_DTYPES}
+    for rep in range(repeats + 1):
+        for dtype, drafter in drafters.items():
+            steps = generate(target, drafter, prompt, shape="chain(3)", max_new_tokens=new_tokens, stop_on_eos=False,
+                             cache="dynamic").stats.steps[1:]  # the first step also runs the prompt through the head
+            if rep and steps:
+                times[dtype].append(statistics.median(s.draft_time_s for s in steps))
+    return {dtype: statistics.median(ts) for dtype, ts in times.items()}
+
+
 DEFAULT_DRAFT_VOCAB = 4096
 """`draft_vocab="auto"` uses this many tokens when the head ranks at least that many (else the full
 vocabulary). Measured on the embedded target (scripts/bench_eagle.py): 3-4x less draft time than the
@@ -191,14 +251,16 @@ full 49,152-token lm_head for at most ~0.07 less MAL."""
 @register("eagle")
 def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
                 draft_vocab: int | str | None = "auto",
-                refresh: bool = True, head_dtype: str | torch.dtype | None = None) -> EagleDrafter:
+                refresh: bool = True, head_dtype: str | torch.dtype | None = "auto") -> EagleDrafter:
     """EAGLE drafter. head: None = the head shipped for this target, a path to a `.safetensors`
     head (with its `.json`), 'random' = untrained, or an EagleHead. draft_vocab: score only the N
     most frequent training tokens (None = full vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head
     ranks that many). refresh: see the module docstring. head_dtype: the dtype the head and the
-    lm_head rows it scores run in (None = the target's; e.g. 'bfloat16' halves the bytes a draft depth
-    reads; drafts only, so output exactness does not depend on it)."""
-    head_dtype = parse_dtype(head_dtype)
+    lm_head rows it scores run in: "auto" (the faster of float32 and bfloat16 for a float32 target on a
+    CPU, measured once per machine: `choose_head_dtype`; else the target's), None = the target's, or a
+    dtype ('bfloat16' halves the bytes a draft depth reads). Drafts only: exactness does not depend on it."""
+    auto_dtype = isinstance(head_dtype, str) and head_dtype == "auto"
+    head_dtype = None if auto_dtype else parse_dtype(head_dtype)
     if head is None:
         head = EagleHead.load(shipped_head_path(target))
     elif isinstance(head, str) and head == "random":
@@ -209,6 +271,8 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
         raise TypeError(f"head must be None, a path, 'random' or an EagleHead, got {type(head).__name__}")
     if draft_vocab == "auto":
         draft_vocab = DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= DEFAULT_DRAFT_VOCAB else None
+    if auto_dtype:
+        head_dtype = choose_head_dtype(target, head, draft_vocab)
     return EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype)
 
 
