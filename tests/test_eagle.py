@@ -321,3 +321,15 @@ def test_auto_head_dtype_is_measured_once_per_machine_and_follows_the_measuremen
     choice.write_text("{}")
     with pytest.raises(ValueError, match=f"{choice.name} is not a specdec.eagle-head-dtype/1 file"):
         build("eagle", target=fp32, head="random")
+
+
+def test_building_a_drafter_leaves_the_callers_head_as_it_was():
+    """A drafter copies the head it is given: building one in bfloat16 (as head_dtype='auto' measures)
+    must not round the caller's float32 weights, nor move them."""
+    tiny = specdec.tiny_target("llama", dtype=torch.float32, vocab_size=64, seed=0)
+    head = random_head(tiny)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    build("eagle", target=tiny, head=head, head_dtype="bfloat16")
+    build("eagle", target=tiny, head=head, head_dtype=torch.float32)
+    after = head.state_dict()
+    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], v) for k, v in before.items())

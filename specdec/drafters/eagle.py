@@ -59,9 +59,10 @@ class EagleDrafter:
         head.config.check_target(target)
         self.name = name
         self.refresh = refresh
-        self.head = head.to(device=target.device, dtype=head_dtype or target.dtype).eval()
-        if target.kernel != "torch":  # the target's linear kernel for the head too, on a copy: the
-            self.head = copy.deepcopy(self.head)  # caller's head may still be trained
+        # A copy, cast and given the target's linear kernel: the caller's head may still be trained, or
+        # be built into drafters of other dtypes (`measure_head_dtypes`), and must not change under them.
+        self.head = copy.deepcopy(head).to(device=target.device, dtype=head_dtype or target.dtype).eval()
+        if target.kernel != "torch":
             kernels.apply_kernel(self.head, target.kernel)
         self.embed = target.base.get_input_embeddings()
         self.lm_weight = target.lm_head.weight  # [V, H]
