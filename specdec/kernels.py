@@ -14,8 +14,9 @@ library multiplies them, and the difference is largest at the small widths specu
 verifies (README, "Linear kernels", has the measured curves and the command). A kernel changes
 rounding in the last bits, never the weights: it is not a quantization.
 
-Touches only modules whose type is exactly `nn.Linear` with a dense float32 or bfloat16 weight; a
-quantized layer (a torchao tensor subclass, bitsandbytes, HQQ, torch dynamic) keeps its own kernel.
+Touches only modules whose type is exactly `nn.Linear` with a dense float32 or bfloat16 weight that
+the kernel packs on this CPU (`why_not`: oneDNN refuses bf16 on AVX2-only CPUs, so those stay as
+loaded); a quantized layer (a torchao tensor subclass, bitsandbytes, HQQ, torch dynamic) keeps its own kernel.
 Knows nothing about drafting, caches or quantization formats.
 """
 
@@ -95,13 +96,16 @@ class OneDNNLinear(nn.Module):
                 f"plain_one_row={self.plain_one_row}")
 
 
-def _onednn_probe() -> str | None:
+def _onednn_probe(dtype: torch.dtype) -> str | None:
+    """Per dtype: oneDNN packs bf16 weights only on CPUs with bf16 conversion instructions (AVX-512 BW/VL/DQ
+    or AVX-NE-CONVERT); an AVX2-only CPU packs float32 and refuses bf16."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     try:
-        OneDNNLinear(nn.Linear(8, 8))(torch.ones(2, 8))
+        OneDNNLinear(nn.Linear(8, 8, dtype=dtype))(torch.ones(2, 8, dtype=dtype))
     except (RuntimeError, AttributeError) as err:
-        return f"oneDNN's prepacked linear failed here: {err.__class__.__name__}: {str(err).splitlines()[0]}"
+        name = str(dtype).removeprefix("torch.")
+        return f"oneDNN's prepacked {name} linear failed here: {err.__class__.__name__}: {str(err).splitlines()[0]}"
     return None
 
 
@@ -118,8 +122,8 @@ class LinearKernel:
     """Device types it runs on."""
     dtypes: tuple[torch.dtype, ...] | None = None
     """Weight dtypes it packs (None = any)."""
-    probe: Callable[[], str | None] | None = None
-    """A check run once: why it cannot run in this torch build, or None."""
+    probe: Callable[[torch.dtype], str | None] | None = None
+    """A check run once per weight dtype: why it cannot run that dtype in this torch build on this CPU, or None."""
     plain_one_row: bool = False
     """For a kernel that packs into `OneDNNLinear`: run one-row products with `F.linear` instead."""
 
@@ -135,7 +139,7 @@ KERNELS: dict[str, LinearKernel] = {
                            dtypes=(torch.float32, torch.bfloat16), probe=_onednn_probe, plain_one_row=True),
 }
 CHOICES = ("auto", *KERNELS)
-_PROBED: dict[str, str | None] = {}
+_PROBED: dict[tuple[str, torch.dtype], str | None] = {}
 
 
 def why_not(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
@@ -149,16 +153,16 @@ def why_not(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str 
     if k.dtypes is not None and dtype not in k.dtypes:
         return f"kernel {kernel!r} runs {[str(d).replace('torch.', '') for d in k.dtypes]} weights, not {dtype}"
     if k.probe is not None:
-        if kernel not in _PROBED:
-            _PROBED[kernel] = k.probe()
-        return _PROBED[kernel]
+        if (kernel, dtype) not in _PROBED:
+            _PROBED[kernel, dtype] = k.probe(dtype)
+        return _PROBED[kernel, dtype]
     return None
 
 
 def _packable(module: nn.Module, kernel: LinearKernel) -> bool:
     weight = getattr(module, "weight", None)
     return (type(module) is nn.Linear and type(weight) is nn.Parameter and weight.layout == torch.strided
-            and (kernel.dtypes is None or weight.dtype in kernel.dtypes))
+            and why_not(kernel.name, weight.device, weight.dtype) is None)
 
 
 def _swap(model: nn.Module, make: Callable[[nn.Module], nn.Module | None]) -> int:
@@ -174,8 +178,8 @@ def _swap(model: nn.Module, make: Callable[[nn.Module], nn.Module | None]) -> in
 
 
 def apply_kernel(model: nn.Module, kernel: str) -> int:
-    """Run `model`'s plain linears (fp32/bf16 `nn.Linear`) with `kernel`, in place; returns how many
-    were swapped. `torch` first restores plain linears; `onednn` <-> `hybrid` only switches how the
+    """Run `model`'s plain linears (fp32/bf16 `nn.Linear` of a dtype `kernel` packs here: `why_not`) with
+    `kernel`, in place; returns how many were swapped. `torch` first restores plain linears; `onednn` <-> `hybrid` only switches how the
     packed linears run one-row products. Raises ValueError for an unknown kernel."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
@@ -210,7 +214,7 @@ def linear_over(weight: torch.Tensor, kernel: str) -> nn.Module | None:
     for a drafter's rows of an lm_head; None when `kernel` leaves linears as loaded (`torch`) or cannot
     pack `weight`'s dtype, so the caller keeps its own product."""
     k = KERNELS[kernel]
-    if k.pack is None or (k.dtypes is not None and weight.dtype not in k.dtypes):
+    if k.pack is None or why_not(kernel, weight.device, weight.dtype) is not None:
         return None
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     linear.weight = nn.Parameter(weight.detach(), requires_grad=False)

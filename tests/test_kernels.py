@@ -17,6 +17,8 @@ from specdec.quant import quantized_copy
 
 ONEDNN = kernels.why_not("onednn", "cpu", torch.float32)
 needs_onednn = pytest.mark.skipif(ONEDNN is not None, reason=f"oneDNN kernel unavailable: {ONEDNN}")
+ONEDNN_BF16 = kernels.why_not("onednn", "cpu", torch.bfloat16)  # AVX2-only CPUs: refused
+needs_onednn_bf16 = pytest.mark.skipif(ONEDNN_BF16 is not None, reason=f"oneDNN bf16 unavailable: {ONEDNN_BF16}")
 
 
 @pytest.fixture()
@@ -44,8 +46,37 @@ def test_onednn_linear_computes_f_linear(bias, shape):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     # a kernel that skipped the bias, or multiplied by the untransposed weight, is caught
     assert bias is False or (got.double() - (want - linear.bias.double())).abs().max() > 1e-3
-    xb, lb = x.bfloat16(), kernels.OneDNNLinear(linear.bfloat16())
+
+
+@needs_onednn_bf16
+def test_onednn_linear_computes_f_linear_in_bfloat16():
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80).bfloat16()
+    xb, lb = torch.randn(5, 48).bfloat16(), kernels.OneDNNLinear(linear)
     torch.testing.assert_close(lb(xb).float(), F.linear(xb, lb.weight, lb.bias).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+def test_a_dtype_onednn_refuses_on_this_cpu_is_left_as_loaded(monkeypatch):
+    """oneDNN packs bf16 only with AVX-512 / AVX-NE-CONVERT: the probe is per dtype, so on an AVX2-only CPU
+    a bf16 model keeps its nn.Linears (an EAGLE head cast to bf16 then drafts by F.linear), an explicit
+    onednn kernel for a bf16 target is refused naming why, and float32 is still packed."""
+    monkeypatch.setitem(kernels._PROBED, ("onednn", torch.bfloat16), "no bf16 conversion instructions (test)")
+    monkeypatch.setitem(kernels._PROBED, ("hybrid", torch.bfloat16), "no bf16 conversion instructions (test)")
+    model = nn.Sequential(nn.Linear(8, 8).bfloat16(), nn.Linear(8, 8))
+    assert kernels.apply_kernel(model, "onednn") == 1
+    assert [type(m) for m in model] == [nn.Linear, kernels.OneDNNLinear]
+    assert kernels.linear_over(torch.ones(4, 8, dtype=torch.bfloat16), "onednn") is None
+    assert kernels.candidates("cpu", torch.bfloat16) == ["torch"]
+    with pytest.raises(ValueError, match="kernel='onednn' cannot run here: no bf16 conversion instructions"):
+        kernels.use_kernel(specdec.tiny_target("llama", vocab_size=64, dtype=torch.bfloat16), "onednn")
+    with pytest.raises(ValueError, match="cannot become torch.bfloat16.*no bf16 conversion"):
+        model[1].bfloat16()
+    target = _packed_tiny(seed=4)
+    drafter = specdec.drafters.build("eagle", target=target, head="random", draft_vocab=24, head_dtype="bfloat16")
+    head_linears = [m for m in drafter.head.modules() if isinstance(m, nn.Linear | kernels.OneDNNLinear)]
+    assert head_linears and all(type(m) is nn.Linear and m.weight.dtype == torch.bfloat16 for m in head_linears)
+    assert certify.greedy_case(target, drafter, "chain(4)", max_new_tokens=12) is None
 
 
 @needs_onednn
@@ -115,6 +146,10 @@ def test_casting_a_packed_model_packs_the_cast_weights():
     x = torch.tensor([[1, 5, 9]])
     with kernels.plain_linears(target.model) as plain:
         want = copy.deepcopy(plain).bfloat16()(x).logits
+    if ONEDNN_BF16 is not None:  # this CPU packs float32 only: the cast is refused, naming why
+        with pytest.raises(ValueError, match="cannot become torch.bfloat16"):
+            target.model.bfloat16()
+        return
     target.model.bfloat16()
     assert kernels.kernel_in_use(target.model) == "onednn"
     torch.testing.assert_close(target.model(x).logits, want, rtol=2e-2, atol=2e-2)
@@ -221,7 +256,7 @@ def test_quantizing_a_packed_target_unpacks_quantizes_and_packs_again():
 def test_eagle_packs_a_copy_of_its_head():
     target = _packed_tiny()
     head = specdec.drafters.eagle.random_head(target)
-    drafter = specdec.drafters.build("eagle", target=target, head=head, draft_vocab=20)
+    drafter = specdec.drafters.build("eagle", target=target, head=head, draft_vocab=20, head_dtype=None)
     assert isinstance(drafter.head.fc, kernels.OneDNNLinear) and drafter.scorer is not None
     assert type(head.fc) is nn.Linear  # the caller's head can still be trained
     assert certify.greedy_case(target, drafter, "chain(4)", max_new_tokens=12) is None

@@ -61,6 +61,7 @@ class EagleDrafter:
         self.refresh = refresh
         # A copy, cast and given the target's linear kernel: the caller's head may still be trained, or
         # be built into drafters of other dtypes (`measure_head_dtypes`), and must not change under them.
+        # A dtype the kernel does not pack on this CPU (bf16 under oneDNN without AVX-512) stays on F.linear.
         self.head = copy.deepcopy(head).to(device=target.device, dtype=head_dtype or target.dtype).eval()
         if target.kernel != "torch":
             kernels.apply_kernel(self.head, target.kernel)
@@ -201,7 +202,8 @@ def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) 
     HEAD_DTYPES is measured once per machine x target x kernel x threads (`measure_head_dtypes`, a couple
     of seconds) and kept under $SPECDEC_CACHE/kernels. Measured because it differs by CPU: with oneDNN's
     bf16 products a draft depth of the embedded target's head cost less in bf16 on an AMD EPYC (Zen 5),
-    where an earlier bf16 head ran slower on an Intel Xeon (README, "Decoding speed")."""
+    where an earlier bf16 head ran slower on an Intel Xeon; on an AVX2-only CPU oneDNN refuses bf16 and
+    the bf16 head runs F.linear, which is measured the same way (README, "Decoding speed")."""
     if target.device.type != "cpu" or target.dtype != torch.float32:
         return target.dtype
     geometry = f"h{target.hidden_size}-v{draft_vocab or target.vocab_size}-a{len(head.config.aux_layers)}"
