@@ -179,8 +179,9 @@ def _swap(model: nn.Module, make: Callable[[nn.Module], nn.Module | None]) -> in
 
 def apply_kernel(model: nn.Module, kernel: str) -> int:
     """Run `model`'s plain linears (fp32/bf16 `nn.Linear` of a dtype `kernel` packs here: `why_not`) with
-    `kernel`, in place; returns how many were swapped. `torch` first restores plain linears; `onednn` <-> `hybrid` only switches how the
-    packed linears run one-row products. Raises ValueError for an unknown kernel."""
+    `kernel`, in place; returns how many were swapped. `torch` first restores plain linears; `onednn` <->
+    `hybrid` only switches how the packed linears run one-row products. Raises ValueError for an unknown
+    kernel."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
     k = KERNELS[kernel]
