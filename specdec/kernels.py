@@ -279,11 +279,12 @@ def load_choice(key: str) -> dict | None:
     return data
 
 
-def save_choice(key: str, data: dict) -> None:
+def save_choice(key: str, data: dict, schema: str = KERNEL_SCHEMA) -> None:
+    """Write a measured choice under `cache_dir()` atomically (a reader never sees half a file)."""
     path = cache_dir() / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"schema": KERNEL_SCHEMA, **data}, indent=1))
+    tmp.write_text(json.dumps({"schema": schema, **data}, indent=1))
     tmp.replace(path)
 
 

@@ -218,10 +218,10 @@ def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) 
         return names[data["dtype"]]
     seconds = measure_head_dtypes(target, head, draft_vocab)
     best = min(seconds, key=seconds.get)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": HEAD_DTYPE_SCHEMA, "dtype": str(best).removeprefix("torch."),
-                                "seconds_per_step": {str(d).removeprefix("torch."): t for d, t in seconds.items()},
-                                "machine": machine_name(target.device), "threads": torch.get_num_threads()}, indent=1))
+    kernels.save_choice(key, {"dtype": str(best).removeprefix("torch."),
+                              "seconds_per_step": {str(d).removeprefix("torch."): t for d, t in seconds.items()},
+                              "machine": machine_name(target.device), "threads": torch.get_num_threads()},
+                        schema=HEAD_DTYPE_SCHEMA)
     return best
 
 
