@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny fp64 targets built from configs, and the embedded target (loaded once)."""
+"""Shared fixtures: tiny fp64 targets built from configs, the embedded target (loaded once), an offline hub."""
 
 import pytest
 import torch
@@ -29,3 +29,18 @@ def embedded():
     """The embedded default target, SmolLM2-135M-Instruct (fp32)."""
     return specdec.load_target("smollm2-135m")
 
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """The Hugging Face hub in offline mode for one test: a hub id then fails at once, without asking
+    the hub where there is a network or retrying an unreachable host (~20 s a file) where there is none.
+    huggingface_hub and datasets read HF_HUB_OFFLINE once, at import, so the variable alone does nothing."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    try:
+        import datasets.config
+    except ImportError:
+        return
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
