@@ -30,7 +30,6 @@ def embedded():
     return specdec.load_target("smollm2-135m")
 
 
-
 @pytest.fixture
 def offline_hub(monkeypatch):
     """The Hugging Face hub in offline mode for one test: a hub id then fails at once, without asking
