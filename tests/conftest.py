@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny fp64 targets built from configs, the embedded target (loaded once), an offline hub."""
+"""Shared fixtures: tiny fp64 targets built from configs, the embedded target (loaded once); the hub offline in every test."""
 
 import pytest
 import torch
@@ -30,13 +30,15 @@ def embedded():
     return specdec.load_target("smollm2-135m")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def offline_hub(monkeypatch):
-    """The Hugging Face hub in offline mode for one test: a hub id then fails at once, without asking
-    the hub where there is a network or retrying an unreachable host (~20 s a file) where there is none.
-    huggingface_hub and datasets read HF_HUB_OFFLINE once, at import, so the variable alone does nothing."""
+    """No test asks the Hugging Face hub: a hub id fails at once, instead of reaching the real hub where
+    there is a network or retrying an unreachable host (~20 s a file) where there is none.
+    huggingface_hub and datasets read HF_HUB_OFFLINE once, at import: the variable reaches only the
+    processes a test starts, and this process needs their flags set."""
     import huggingface_hub.constants
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     try:
         import datasets.config

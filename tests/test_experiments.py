@@ -294,7 +294,7 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path, composer):
         run_experiment(cfg)
 
 
-def test_prompt_sources(offline_hub):
+def test_prompt_sources():
     default = load_questions(DatasetConfig(source="default"))
     assert {q.category for q in default} == {"chat", "code", "math", "summarization", "translation",
                                               "extraction", "retrieval"}

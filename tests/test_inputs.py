@@ -81,7 +81,7 @@ def test_unknown_drafter_lists_the_registered_ones(tiny_llama64):
         build("nope", target=tiny_llama64)
 
 
-def test_unknown_target_says_what_was_tried(offline_hub, tmp_path):
+def test_unknown_target_says_what_was_tried(tmp_path):
     with pytest.raises(OSError, match=r"could not load target 'no-such/model-xyz'.*built-in name.*smollm2-135m.*"
                                       r"hub id.*huggingface-cli download"):
         specdec.load_target("no-such/model-xyz")
