@@ -148,7 +148,9 @@ def test_unroll_predicts_what_chain_drafting_drafts(tiny):
     """Depth s of the training-time test at the root's pair equals the s-th node of a chain draft."""
     head = random_head(tiny).float()
     prompt, depth = [5, 6, 7, 8, 9, 10, 3], 4
-    drafter = build("eagle", target=tiny, head=head, draft_vocab=None)
+    # In the target's dtype, as the unroll computes: head_dtype="auto" would time float32 against
+    # bfloat16 on this machine and could draft in bfloat16.
+    drafter = build("eagle", target=tiny, head=head, draft_vocab=None, head_dtype=None)
     drafter.reset()
     drafter.commit(prefill(tiny, KVCache(), prompt))
     request = DraftRequest(token_ids=torch.tensor([prompt]), shape=parse_shape(f"chain({depth})"),
@@ -430,7 +432,9 @@ def test_unroll_with_aux_layers_predicts_what_a_fused_head_drafts(tiny, monkeypa
     with torch.no_grad():
         head.fc_aux.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     prompt, depth = [5, 6, 7, 8, 9, 10, 3], 4
-    drafter = build("eagle", target=tiny, head=head, draft_vocab=None)
+    # In the target's dtype, as the unroll computes: head_dtype="auto" would time float32 against
+    # bfloat16 on this machine and could draft in bfloat16.
+    drafter = build("eagle", target=tiny, head=head, draft_vocab=None, head_dtype=None)
     drafter.reset()
     step = prefill(tiny, KVCache(), prompt)
     drafter.commit(step)
