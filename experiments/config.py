@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
 
 CONF_DIR = Path(__file__).parent / "conf"
 
@@ -37,7 +37,7 @@ class ModelConfig:
     dtype: Optional[str] = None
     """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
     kernel: str = "auto"
-    """What runs the plain linear layers (`specdec.kernels`): `auto` (measured once per machine), `torch`,
+    """What runs the plain linear layers (`specdec.target.kernels`): `auto` (measured once per machine), `torch`,
     `onednn`; the one chosen is in each cell's `target_info.kernel`."""
 
 
@@ -106,7 +106,7 @@ class RunnerConfig:
     progress: bool = True
     """Show tqdm progress bars over cells and prompts."""
     latency_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
-    """Widths of the target latency curve stored in every cell (`specdec.latency.cached_latency`, measured
+    """Widths of the target latency curve stored in every cell (`specdec.measure.latency.cached_latency`, measured
     once per target per machine); the cost model reads it. Must start at 1."""
     latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
     """Context lengths of that curve."""

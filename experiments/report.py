@@ -4,7 +4,7 @@
 
 Owns the reading of a results store into cells (rows + the latency curves each cell stored), the
 verdict per drafter x shape x kernel that the bootstrap intervals support, the cost model's
-predicted-vs-measured comparison (`specdec.costmodel`), optional projections to other hardware, and
+predicted-vs-measured comparison (`specdec.measure.costmodel`), optional projections to other hardware, and
 REPORT.md with its PNGs (latency curve per kernel, compound-speedup heatmap, predicted vs measured).
 Everything comes from the store: the same store gives the same REPORT.md, byte for byte (fixed
 bootstrap seed, sorted cells, no timestamps). Knows nothing about how cells were measured beyond the
@@ -30,8 +30,8 @@ import pandas as pd
 
 from experiments.leaderboard import _SUMS, SETTING, SPEEDUPS, _stats, entry_stats
 from experiments.store import load_rows, open_existing
-from specdec import costmodel
-from specdec.latency import LatencyCurve
+from specdec.measure import costmodel
+from specdec.measure.latency import LatencyCurve
 
 SEED = 0
 REFERENCE = "none"
@@ -434,7 +434,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     md += ["", "## Cost model: predicted vs measured", "",
            "Measured: MAL and steps per verify width, prefill, drafting and other non-forward time, the latency "
            "curves. Predicted: every target forward, costed by the curve at its width and the run's mean context, "
-           "and hence the speedups (`specdec/costmodel.py`).", "",
+           "and hence the speedups (`specdec/measure/costmodel.py`).", "",
            f"Compound speedup within 25%: **{within:.0%}** of cells; median relative error **{median_error:.1%}**.", "",
            "![predicted](predicted_vs_measured.png)", "",
            "| drafter | shape | kernel | measured speculation | predicted | measured compound | predicted | error |",
@@ -447,7 +447,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     if projected:
         md += ["", "## Projected to other hardware (projected, not measured)", "",
                "Forward times from the projection's curves (roofline: weight + KV bytes over bandwidth, FLOPs over "
-               "peak, plus a per-forward overhead, `specdec.costmodel.DEVICES`); measured non-forward times scaled "
+               "peak, plus a per-forward overhead, `specdec.measure.costmodel.DEVICES`); measured non-forward times scaled "
                "by the ratio of one-token forward times; MAL as measured here.", "",
                "| drafter | shape | kernel | " + " | ".join(f"{p}: speculation / compound" for p in projected) + " |",
                "|---|---|---|" + "---|" * len(projected)]
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project-device", action="append", default=[], metavar="NAME",
                         help=f"project to a known device by roofline ({', '.join(costmodel.DEVICES)})")
     parser.add_argument("--project-curve", action="append", default=[], metavar="FILE",
-                        help="project with a latency curve file (specdec.latency JSON) measured on other hardware")
+                        help="project with a latency curve file (specdec.measure.latency JSON) measured on other hardware")
     args = parser.parse_args(argv)
     try:
         report = write_report(args.results, args.bootstrap, tuple(args.project_device), tuple(args.project_curve))

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 import specdec
 from specdec import quant as quantization
-from specdec.latency import cached_latency
+from specdec.measure.latency import cached_latency
 from experiments.cell import run_cell
 from experiments.leaderboard import cell_summary
 from experiments.config import ExperimentConfig, check_keys, register_configs

@@ -4,9 +4,9 @@
     python scripts/bench_attention.py --caches dynamic,static --widths 1,5,9 --repeats 3
     python scripts/bench_attention.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
 
-`specdec_sdpa` (specdec.attention) differs from `sdpa` only where a forward carries a mask on CPU:
+`specdec_sdpa` (specdec.target.attention) differs from `sdpa` only where a forward carries a mask on CPU:
 it lets the kernel read grouped K/V heads instead of copying them per query head. A width-w
-forward here is a tree block of w nodes (masked for w > 1), as `specdec.latency` times it. For
+forward here is a tree block of w nodes (masked for w > 1), as `specdec.measure.latency` times it. For
 each cache kind and context: one prefilled cache, then r times per width one forward under each
 attention in turn, so drift hits both alike; print forward milliseconds per attention and width, and the ratio of the two;
 then check that both give the same logits on one tree forward; then one JSON line. Timing runs
@@ -25,10 +25,10 @@ import time
 import torch
 
 import specdec
-from specdec.attention import NAME
-from specdec.cache import KVCache
-from specdec.forwards import CACHES, verification_width
-from specdec.latency import machine_name
+from specdec.target.attention import NAME
+from specdec.target.cache import KVCache
+from specdec.target.forwards import CACHES, verification_width
+from specdec.measure.latency import machine_name
 
 ATTENTIONS = ("sdpa", NAME)
 
@@ -41,7 +41,7 @@ def curves(target: specdec.Target, widths: tuple[int, ...], context: int, repeat
            cache: str) -> dict[str, list[float]]:
     """Median forward seconds per attention and width: one cache prefilled once, then per repeat and
     width one forward under each attention in turn (truncated back after each), as
-    `specdec.latency.measure_latency` times a width (a tree block of w children of the prefix)."""
+    `specdec.measure.latency.measure_latency` times a width (a tree block of w children of the prefix)."""
     gen = torch.Generator().manual_seed(0)
     padded, buckets = verification_width(cache, max(widths), None)
     kv, forward = CACHES[cache](target, context + padded, buckets)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="weights dtype (default: the target's own)")
     parser.add_argument("--widths", type=_ints, default=(1, 2, 5, 9, 17, 33))
     parser.add_argument("--contexts", type=_ints, default=(256, 1024))
-    parser.add_argument("--caches", default="dynamic", help="comma-separated cache kinds (specdec.forwards.CACHES)")
+    parser.add_argument("--caches", default="dynamic", help="comma-separated cache kinds (specdec.target.forwards.CACHES)")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args(argv)

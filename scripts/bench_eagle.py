@@ -17,7 +17,7 @@ load drift hits all of them alike. Prints a human card, then one JSON line.
 
 `--teacher-forced D` scores instead each head's greedy chain(D) acceptance per depth on the target's
 own greedy continuations of the prompts (computed once, batched), exactly as training's validation
-does (specdec/drafters/eagle_training.py `acceptance_per_depth`): what a greedy chain(D) draft
+does (specdec/training/eagle.py `acceptance_per_depth`): what a greedy chain(D) draft
 would get from every position of those sequences (a real run drafts only from the positions its
 steps reach, so its MAL differs a little), seconds per head rather than minutes, and no timings.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import specdec
-from specdec.latency import machine_name
+from specdec.measure.latency import machine_name
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
 SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]
@@ -65,7 +65,7 @@ def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_token
     """Generated tokens/s of eagle_training.rollout_batch (greedy) over `prompts`, per attention
     function (transformers' name) and batch size, interleaved batch by batch so that load drift hits
     every configuration alike. Keys: 'attention@batch'."""
-    from specdec.drafters.eagle_training import rollout_batch
+    from specdec.training.eagle import rollout_batch
 
     configs = [(a, b) for b in batches for a in attentions]
     tokens = {c: 0 for c in configs}
@@ -92,7 +92,7 @@ def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max
     the aux layers of fused heads, then eagle_training.acceptance_per_depth per head."""
     from specdec.drafters.eagle import HEADS_DIR
     from specdec.drafters.eagle_head import EagleHead
-    from specdec.drafters.eagle_training import acceptance_per_depth, make_batch, rollout_batch
+    from specdec.training.eagle import acceptance_per_depth, make_batch, rollout_batch
 
     loaded = {label: EagleHead.load(path or HEADS_DIR / f"{target.name}.safetensors").float().eval()
               for label, path in heads.items()}

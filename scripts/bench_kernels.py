@@ -1,4 +1,4 @@
-"""Latency curve of a target under each linear kernel (specdec.kernels), interleaved in one run.
+"""Latency curve of a target under each linear kernel (specdec.target.kernels), interleaved in one run.
 
     python scripts/bench_kernels.py                                   # embedded target: none, bf16, torchao_int4
     python scripts/bench_kernels.py --specs none --widths 1,4,8 --repeats 3
@@ -26,8 +26,8 @@ import sys
 import torch
 
 import specdec
-from specdec import kernels
-from specdec.latency import machine_name, measure_latency
+from specdec.target import kernels
+from specdec.measure.latency import machine_name, measure_latency
 
 
 def _ints(text: str) -> tuple[int, ...]:

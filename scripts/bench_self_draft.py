@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 
 import specdec
-from specdec.cache import KVCache
-from specdec.draft import Acceptance, Draft, Step
+from specdec.target.cache import KVCache
+from specdec.core.draft import Acceptance, Draft, Step
 from specdec.drafters import build
-from specdec.loop import prefill
+from specdec.core.loop import prefill
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "long.jsonl"
 POLICIES = ("window", "snapkv", "quant4", "quant8")

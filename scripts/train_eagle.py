@@ -9,11 +9,11 @@
     python scripts/train_eagle.py 'sources=[chat:64,stdlib:16]' num_validation=8 shard_prompts=16 \\
         gen_batch_size=16 max_new_tokens=32 max_steps=20 val_every=10 out_dir=outputs/eagle-smoke   # smoke
 
-Stages. (1) Prompts: the named sources of specdec/drafters/training_prompts (plus, with
+Stages. (1) Prompts: the named sources of specdec/training/prompts (plus, with
 `self_instruct=N`, questions the target writes itself), checked against every evaluation suite in
 experiments/prompts/ (an 8-word overlap is an error) and split into training and validation prompts
 (checked disjoint). (2) Rollouts: the target's own continuations (greedy; every n-th shard sampled)
-in batches, written as checksummed shards under `data_dir/{train,val}` (specdec/drafters/eagle_shards.py);
+in batches, written as checksummed shards under `data_dir/{train,val}` (specdec/training/shards.py);
 a rerun generates only the shards the manifest lacks, and training uses whatever is recorded (partial
 data is fine); with `aux_layers`, the target's hidden states after those layers are recorded with each
 new shard from the rollout's own forwards, and computed for any recorded shard that lacks them (a
@@ -43,11 +43,11 @@ from tqdm import tqdm
 import specdec
 from specdec.drafters.eagle import HEADS_DIR
 from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, widen
-from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardError, ShardStore, read_union
-from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_aux, fill_shards, make_batch,
+from specdec.training.shards import AuxStore, Rollouts, ShardError, ShardStore, read_union
+from specdec.training.eagle import (acceptance_per_depth, depth_losses, fill_aux, fill_shards, make_batch,
                                              self_instruct, unroll)
-from specdec.drafters.training_prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
-from specdec.drafters.training_prompts.chat import TOPICS
+from specdec.training.prompts import check_disjoint, collect, prompt_text, shared_ngrams, split
+from specdec.training.prompts.chat import TOPICS
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SUITES = ROOT / "experiments" / "prompts"
@@ -66,7 +66,7 @@ class TrainConfig:
     stage: str = "all"
     """'data' (prompts + rollouts only), 'train' (train on the recorded shards only) or 'all'."""
     sources: list[str] = field(default_factory=lambda: ["chat:20000", "stdlib:200"])
-    """Prompt sources as 'name:count' (names from specdec.drafters.training_prompts.SOURCES)."""
+    """Prompt sources as 'name:count' (names from specdec.training.prompts.SOURCES)."""
     self_instruct: int = 0
     """Questions the target writes on chat topics, added to the prompts (0 = none; kept in data_dir)."""
     num_validation: int = 64

@@ -10,17 +10,25 @@ from specdec.quiet import install_log_filters
 
 install_log_filters()  # before transformers (and through it torchao) is first imported
 
-from specdec import drafters  # noqa: E402
-from specdec.loading import load_target, tiny_target  # noqa: E402
-from specdec.loop import GenerationOutput, generate  # noqa: E402
-from specdec.metrics import GenerationStats  # noqa: E402
-from specdec.models import Target  # noqa: E402
-from specdec.profile import profile  # noqa: E402
-from specdec.sampling import SamplingConfig  # noqa: E402
-from specdec.shapes import ChainShape, DynamicShape, TreeShape, parse_shape  # noqa: E402
+from specdec.target.loading import load_target, tiny_target  # noqa: E402
+from specdec.core.loop import GenerationOutput, generate  # noqa: E402
+from specdec.core.metrics import GenerationStats  # noqa: E402
+from specdec.target.model import Target  # noqa: E402
+from specdec.measure.profiles import profile  # noqa: E402
+from specdec.core.sampling import SamplingConfig  # noqa: E402
+from specdec.core.shapes import ChainShape, DynamicShape, TreeShape, parse_shape  # noqa: E402
 
 __all__ = [
     "ChainShape", "DynamicShape", "GenerationOutput", "GenerationStats", "SamplingConfig", "Target",
     "TreeShape", "drafters", "generate", "load_target", "parse_shape", "profile", "tiny_target",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`specdec.drafters` on first use: importing the core (the loop) loads no drafter."""
+    if name == "drafters":
+        import importlib
+
+        return importlib.import_module("specdec.drafters")
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")

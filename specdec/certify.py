@@ -29,14 +29,14 @@ import torch
 from scipy.stats import chisquare
 
 import specdec
-from specdec import tree as tree_ops
-from specdec import verifier
-from specdec.draft import Acceptance, Draft
-from specdec.drafters.base import Drafter, DraftRequest, build, parse_options
-from specdec.drafters.base import _REGISTRY as _DRAFTERS
-from specdec.models import Target
-from specdec.reference import exact_joint_probs, next_token_logits, reference_generate
-from specdec.sampling import SamplingConfig
+from specdec.core import tree as tree_ops
+from specdec.core import acceptance
+from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest
+from specdec.drafters.registry import build, parse_options
+from specdec.drafters.registry import _REGISTRY as _DRAFTERS
+from specdec.target.model import Target
+from specdec.core.reference import exact_joint_probs, next_token_logits, reference_generate
+from specdec.core.sampling import SamplingConfig
 
 VOCAB = 5
 """Vocabulary of the T > 0 models: small enough to enumerate V^LENGTH sequences exactly."""
@@ -230,7 +230,7 @@ WRONG_RULES = ("resample_from_target", "residual_from_original", "accept_against
 
 
 def wrong_rule(rule: str):
-    """A stand-in for `verifier.accept_sampling` with one of `WRONG_RULES`, built from the verifier's
+    """A stand-in for `acceptance.accept_sampling` with one of `WRONG_RULES`, built from the verifier's
     own pure functions; the same walk as the verifier with that one step changed (a mutant)."""
     if rule not in WRONG_RULES:
         raise ValueError(f"unknown wrong rule {rule!r}; known: {', '.join(WRONG_RULES)}")
@@ -250,15 +250,15 @@ def wrong_rule(rule: str):
                     child_draft = draft.draft_probs[0, child].to(probs.dtype)
                 against = original if rule == "accept_against_original" else probs
                 u = torch.rand((), generator=generator, device=probs.device)
-                if bool(u < verifier.acceptance_probability(against[x], child_draft[x])):
+                if bool(u < acceptance.acceptance_probability(against[x], child_draft[x])):
                     accepted = child
                     break
                 if rule == "resample_from_target":
                     probs = original
                 elif rule == "residual_from_original":
-                    probs = verifier.residual_probs(original, child_draft)
+                    probs = acceptance.residual_probs(original, child_draft)
                 else:
-                    probs = verifier.residual_probs(probs, child_draft)
+                    probs = acceptance.residual_probs(probs, child_draft)
             if accepted is None:
                 token = int(torch.multinomial(probs, 1, generator=generator))
                 return Acceptance(path=path, next_token=token, bonus=not kids[node])
@@ -271,12 +271,12 @@ def wrong_rule(rule: str):
 @contextmanager
 def patched_rule(rule: str) -> Iterator[None]:
     """Run the verifier with `wrong_rule(rule)` in place of its acceptance rule."""
-    saved = verifier.accept_sampling
-    verifier.accept_sampling = wrong_rule(rule)
+    saved = acceptance.accept_sampling
+    acceptance.accept_sampling = wrong_rule(rule)
     try:
         yield
     finally:
-        verifier.accept_sampling = saved
+        acceptance.accept_sampling = saved
 
 
 class SiblingDrafter:

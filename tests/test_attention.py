@@ -1,4 +1,4 @@
-"""`specdec_sdpa` (specdec.attention): the default attention of loaded targets, the same logits as
+"""`specdec_sdpa` (specdec.target.attention): the default attention of loaded targets, the same logits as
 transformers' `sdpa`, and no per-head copy of the cached keys and values under a mask on CPU."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 
 import specdec
-from specdec.attention import NAME
-from specdec.cache import KVCache
+from specdec.target.attention import NAME
+from specdec.target.cache import KVCache
 
 
 def _tree_logits(target, impl: str) -> torch.Tensor:
@@ -33,7 +33,7 @@ def test_masks_transformers_builds_are_kept():
     """Masks transformers builds itself (per attention name) must be built for ours too: a causal
     chain after cached entries (what a chain verification and a prefill are) and a left-padded batch
     (training rollouts). A name without a mask function gets no mask at all, and these differ."""
-    from specdec.drafters.eagle_training import rollout_batch
+    from specdec.training.eagle import rollout_batch
 
     target = specdec.tiny_target("llama")
     outs = {}

@@ -7,18 +7,18 @@ import pytest
 import torch
 
 import specdec
-import specdec.auto
-from specdec.auto import AutoPolicy, candidate_widths
+import specdec.core.policy
+from specdec.core.policy import AutoPolicy, candidate_widths
 from specdec.drafters import build_for_tests
-from specdec.latency import LatencyCurve
-from specdec.reference import reference_generate
-from specdec.cache import KVCache
-from specdec.draft import Acceptance, Draft
-from specdec.drafters.base import DraftRequest
-from specdec.metrics import StepRecord
-from specdec.sampling import SamplingConfig
-from specdec.shapes import AutoShape, parse_shape
-from specdec.verifier import acceptance_probability, residual_probs
+from specdec.measure.latency import LatencyCurve
+from specdec.core.reference import reference_generate
+from specdec.target.cache import KVCache
+from specdec.core.draft import Acceptance, Draft, DraftRequest
+
+from specdec.core.metrics import StepRecord
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import AutoShape, parse_shape
+from specdec.core.acceptance import acceptance_probability, residual_probs
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -119,12 +119,12 @@ def test_auto_greedy_output_equals_reference(tiny64, name, lat):
 def test_estimates_carry_over_to_the_next_generation_of_the_same_drafter(tiny_llama64):
     shape = AutoShape(latency=FLAT)
     drafter = build_for_tests("ngram", target=tiny_llama64)
-    first = specdec.auto.shape_policy(shape, tiny_llama64, drafter)
+    first = specdec.core.policy.shape_policy(shape, tiny_llama64, drafter)
     specdec.generate(tiny_llama64, drafter, PROMPT, shape=shape, max_new_tokens=8, stop_on_eos=False)
     assert first.trials.sum() > 0
-    assert specdec.auto.shape_policy(shape, tiny_llama64, drafter) is first
+    assert specdec.core.policy.shape_policy(shape, tiny_llama64, drafter) is first
     other = build_for_tests("ngram", target=tiny_llama64)
-    assert specdec.auto.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
+    assert specdec.core.policy.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
 
 
 def test_auto_measures_the_target_curve_once(tiny_llama64, tmp_path, monkeypatch):
@@ -229,7 +229,7 @@ def test_growers_and_ngram_record_path_confidences(tiny_llama64):
     drafter = build_for_tests("small", target=tiny_llama64)
     for shape in ("chain(3)", "tree(2,2)"):
         drafter.reset()
-        drafter.commit(specdec.loop.prefill(tiny_llama64, KVCache(), PROMPT))
+        drafter.commit(specdec.core.loop.prefill(tiny_llama64, KVCache(), PROMPT))
         draft = drafter.propose(DraftRequest(token_ids=torch.tensor([PROMPT]), shape=parse_shape(shape),
                                              sampling=SamplingConfig(), generator=torch.Generator(), max_depth=8))
         parents = draft.parents.tolist()

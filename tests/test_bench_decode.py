@@ -42,7 +42,7 @@ def test_first_difference_names_the_token_where_outputs_part():
 
 
 def test_drafter_specs_carry_options_and_a_bad_spec_fails_before_loading():
-    from specdec.drafters.base import parse_specs
+    from specdec.drafters.registry import parse_specs
 
     assert parse_specs("eagle, eagle[head_dtype=bfloat16,draft_vocab=8192],ngram") == [
         ("eagle", {}), ("eagle", {"head_dtype": "bfloat16", "draft_vocab": 8192}), ("ngram", {})]

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import specdec
-from specdec import tree as tree_ops
-from specdec.cache import KVCache
+from specdec.core import tree as tree_ops
+from specdec.target.cache import KVCache
 from specdec.drafters import build
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.draft_model import ModelDrafter
 from specdec.drafters.self_draft import SelfDrafter
-from specdec.forwards import CACHES
-from specdec.kv_policy import apply_to_prefill, attention_probe
+from specdec.target.forwards import CACHES
+from specdec.drafters.kv_policy import apply_to_prefill, attention_probe
 
 
 def assert_cache_equals_prefill(target, cache: KVCache, token_ids: list[int]) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import costmodel
-from specdec.latency import LatencyCurve
+from specdec.measure import costmodel
+from specdec.measure.latency import LatencyCurve
 
 
 def linear_curve(a: float, b: float, label: str = "m") -> LatencyCurve:

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 import specdec
-from specdec import tree as tree_ops
-from specdec.cache import KVCache
+from specdec.core import tree as tree_ops
+from specdec.target.cache import KVCache
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead, widen
-from specdec.drafters.eagle_training import training_prompts
-from specdec.loop import prefill
-from specdec.reference import reference_generate
-from specdec.sampling import SamplingConfig
-from specdec.shapes import parse_shape
+from specdec.training.eagle import training_prompts
+from specdec.core.loop import prefill
+from specdec.core.reference import reference_generate
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import parse_shape
 
 SHAPES = ["chain(1)", "chain(4)", "tree(1,1,1)", "tree(3,2,1)", "dynamic(top_k=1,depth=1,budget=1)",
           "dynamic(top_k=4,depth=5,budget=12)"]
@@ -105,7 +105,7 @@ def test_sampling_over_a_tree_matches_the_target_distribution():
 
     from scipy.stats import chisquare
 
-    from specdec.reference import exact_joint_probs
+    from specdec.core.reference import exact_joint_probs
 
     target = specdec.tiny_target("llama", vocab_size=5, hidden_size=16, dtype=torch.float64, seed=0, logit_scale=6.0)
     drafter = build("eagle", target=target, head="random")
@@ -255,7 +255,7 @@ def test_the_heads_written_out_layer_computes_what_transformers_layer_does():
     and for a tree block after it (the cache then holds the same keys and values)."""
     from transformers import DynamicCache
 
-    from specdec.models import tree_attention
+    from specdec.target.model import tree_attention
 
     tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
     head = fused_head(tiny).double().eval()

@@ -14,16 +14,16 @@ import specdec
 from specdec.drafters import build
 from specdec.drafters.eagle import random_head
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
-from specdec.drafters.eagle_shards import Rollouts, ShardError, ShardStore, read_union
-from specdec.drafters.eagle_training import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
+from specdec.training.shards import Rollouts, ShardError, ShardStore, read_union
+from specdec.training.eagle import (acceptance_per_depth, depth_losses, fill_shards, make_batch,
                                              rollout_batch, unroll)
-from specdec.drafters.training_prompts import SOURCES, check_disjoint, collect, prompt_text, shared_ngrams, split, user
+from specdec.training.prompts import SOURCES, check_disjoint, collect, prompt_text, shared_ngrams, split, user
 
-from specdec.cache import KVCache
+from specdec.target.cache import KVCache
 from specdec.drafters import DraftRequest
-from specdec.loop import prefill
-from specdec.sampling import SamplingConfig
-from specdec.shapes import parse_shape
+from specdec.core.loop import prefill
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import parse_shape
 
 SUITES = sorted((Path(__file__).resolve().parents[1] / "experiments" / "prompts").glob("*.jsonl"))
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [2, 9, 4, 4], [7], [1, 1, 2, 3, 5, 8], [13, 2], [6, 6, 6]]
@@ -225,7 +225,7 @@ def test_chat_prompts_vary_in_task_length_and_turns():
 def test_natural_sources_are_written_chats_and_a_bad_line_is_named(tmp_path):
     """Every natural_*.jsonl is a registered source of distinct chats (user first and last, some
     multi-turn); a line with an even number of turns is an error naming the file and line."""
-    from specdec.drafters.training_prompts import natural
+    from specdec.training.prompts import natural
 
     names = [n for n in SOURCES if n.startswith("natural-")]
     assert len(names) == len(list(natural.HERE.glob("natural_*.jsonl"))) >= 2
@@ -373,8 +373,8 @@ def test_aux_features_are_the_targets_hidden_states_and_a_bad_file_is_named(tiny
     """fill_aux records, per shard, the target's hidden states of the aux layers for every token (equal to
     what the drafting loop hands a fused head), resumes without recomputing, and names a missing,
     corrupt or stale aux file."""
-    from specdec.drafters.eagle_shards import AuxStore
-    from specdec.drafters.eagle_training import fill_aux
+    from specdec.training.shards import AuxStore
+    from specdec.training.eagle import fill_aux
 
     monkeypatch.setattr(tiny, "aux_layers", ())  # restored after the test: the module's target stays plain
     store = ShardStore(tmp_path / "s", FINGERPRINT)
@@ -403,8 +403,8 @@ def test_rollouts_record_aux_features_equal_to_fill_aux_and_the_same_shards(tiny
     """fill_shards with an AuxStore records each shard's aux features from the rollout's own forwards:
     the same shards as without it, and the same features as fill_aux's prefill (bf16 rounding), so
     fill_aux finds nothing left to do."""
-    from specdec.drafters.eagle_shards import AuxStore
-    from specdec.drafters.eagle_training import fill_aux
+    from specdec.training.shards import AuxStore
+    from specdec.training.eagle import fill_aux
 
     monkeypatch.setattr(tiny, "aux_layers", ())
     plain, during, after = (ShardStore(tmp_path / n, FINGERPRINT) for n in ("plain", "during", "after"))
@@ -458,7 +458,7 @@ def test_bench_eagle_teacher_forced_scores_heads_as_validation_does_with_their_a
     import importlib.util
     import sys
 
-    import specdec.drafters.eagle_training as training
+    import specdec.training.eagle as training
     from specdec.drafters.eagle_head import widen
 
     spec = importlib.util.spec_from_file_location("bench_eagle", Path(__file__).resolve().parents[1] / "scripts" / "bench_eagle.py")

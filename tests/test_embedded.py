@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import specdec
-from specdec import kernels
-from specdec.loading import cache_dir, embedded_model_dir
-from specdec.reference import next_token_logits
+from specdec.target import kernels
+from specdec.target.loading import cache_dir, embedded_model_dir
+from specdec.core.reference import next_token_logits
 
 PROMPTS = [
     "Why is the sky blue?",

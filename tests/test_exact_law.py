@@ -21,8 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec import tree as tree_ops
-from specdec.verifier import acceptance_probability, residual_probs
+from specdec.core import tree as tree_ops
+from specdec.core.acceptance import acceptance_probability, residual_probs
 
 
 class World:

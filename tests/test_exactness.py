@@ -14,7 +14,7 @@ import torch
 import specdec
 from specdec import certify
 from specdec.drafters import Draft, build, build_for_tests
-from specdec.reference import reference_generate
+from specdec.core.reference import reference_generate
 
 PROMPTS = certify.GREEDY_PROMPTS
 

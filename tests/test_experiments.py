@@ -207,7 +207,7 @@ def test_unregistered_drafter_preset_fails_before_work(composer, tmp_path):
 
 def test_every_registered_drafter_is_selectable_and_the_main_grid_picks_new_ones_up(composer, tmp_path):
     from specdec import drafters
-    from specdec.drafters.base import _REGISTRY, register
+    from specdec.drafters.registry import _REGISTRY, register
 
     from experiments.config import register_configs
 

@@ -28,7 +28,7 @@ def test_bad_generation_arguments(tiny_llama64, kwargs, match):
 def test_cuda_where_there_is_none_fails_before_loading(device, monkeypatch):
     def no_load(**kwargs):
         raise AssertionError("loaded a model before checking the device")
-    monkeypatch.setitem(specdec.loading._BUILTINS, "tiny-llama", no_load)
+    monkeypatch.setitem(specdec.target.loading._BUILTINS, "tiny-llama", no_load)
     with pytest.raises(ValueError, match=re.escape(f"device {device!r} requested but CUDA is not available here")):
         specdec.load_target("tiny-llama", device=device)
 
@@ -70,7 +70,7 @@ def test_draft_whose_parents_are_not_a_tree():
 
 
 def test_batch_larger_than_one_fails_loudly(tiny_llama64):
-    from specdec.cache import KVCache
+    from specdec.target.cache import KVCache
 
     with pytest.raises(NotImplementedError, match="batch size 1"):
         tiny_llama64.forward(torch.tensor([[1, 2], [3, 4]]), KVCache())

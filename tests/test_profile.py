@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import specdec
-from specdec.draft import Draft
+from specdec.core.draft import Draft
 from specdec.drafters import build_for_tests
-from specdec.profile import UnderivableShapeError, pooled_mal, profile
-from specdec.reference import next_token_logits
+from specdec.measure.profiles import UnderivableShapeError, pooled_mal, profile
+from specdec.core.reference import next_token_logits
 
 PROMPT = [1, 5, 9, 5, 9, 5, 9, 13, 2, 5, 9]
 TOKENS = 24
@@ -50,7 +50,7 @@ class ScoredDrafter:
         draft = self.inner.propose(request)
         ids, tokens, scores = request.token_ids[0].tolist(), draft.tokens[0].tolist(), []
         for i, parent in enumerate(draft.parents.tolist()):
-            prefix = ids + [tokens[j] for j in specdec.tree.path_to(draft.parents, parent)]
+            prefix = ids + [tokens[j] for j in specdec.core.tree.path_to(draft.parents, parent)]
             logprob = float(next_token_logits(self.model, prefix).log_softmax(-1)[tokens[i]])
             scores.append((scores[parent] if parent >= 0 else 0.0) + logprob)
         return Draft(draft.tokens, draft.parents, None, draft.node_ids, torch.tensor(scores, dtype=torch.float64))

@@ -11,7 +11,7 @@ import pytest
 
 from experiments.report import ReportError, main as report_cli, write_report
 from experiments.store import ResultsStore
-from specdec.latency import LatencyCurve
+from specdec.measure.latency import LatencyCurve
 
 SIZES = {"params": 1.35e8, "weight_bytes": 5.4e8, "layers": 30, "hidden": 576, "kv_heads": 3, "head_dim": 64,
          "kv_bytes_per_element": 4}

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import specdec
-from specdec.cache import KVCache
+from specdec.target.cache import KVCache
 from specdec.drafters import DraftRequest, build, build_for_tests
-from specdec.forwards import CACHES
-from specdec.loop import prefill
-from specdec.reference import reference_generate
-from specdec.sampling import SamplingConfig
-from specdec.shapes import parse_shape
-from specdec.static_cache import StaticKVCache
+from specdec.target.forwards import CACHES
+from specdec.core.loop import prefill
+from specdec.core.reference import reference_generate
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import parse_shape
+from specdec.target.static_cache import StaticKVCache
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 

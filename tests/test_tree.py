@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import specdec
-from specdec import tree as tree_ops
-from specdec.cache import KVCache
+from specdec.core import tree as tree_ops
+from specdec.target.cache import KVCache
 from specdec.drafters import DraftRequest, build_for_tests
-from specdec.loop import prefill
-from specdec.reference import reference_generate
-from specdec.sampling import SamplingConfig
-from specdec.shapes import ChainShape, DynamicShape, TreeShape, parse_shape
+from specdec.core.loop import prefill
+from specdec.core.reference import reference_generate
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import ChainShape, DynamicShape, TreeShape, parse_shape
 
 SHAPES = ["chain(1)", "chain(5)", "tree(3,2,2)", "tree(1,1,1,1)", "dynamic(top_k=3,depth=4,budget=10)",
           "dynamic(top_k=1,depth=3,budget=3)"]

@@ -8,11 +8,11 @@ adding one module with an `@register("name")` line, and the invariant tests pick
 import importlib
 import pkgutil
 
-from specdec.draft import Acceptance, Draft, Step
-from specdec.drafters.base import Drafter, DraftRequest, build, build_for_tests, names, register
+from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
+from specdec.drafters.registry import build, build_for_tests, names, register
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
+    if _module.name != "registry":
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Acceptance", "Draft", "DraftRequest", "Drafter", "Step", "build", "build_for_tests", "names", "register"]

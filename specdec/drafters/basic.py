@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from specdec.draft import Draft, Step
-from specdec.drafters.base import DraftRequest, register
-from specdec.shapes import grow_tree
+from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.registry import register
+from specdec.core.shapes import grow_tree
 
 
 @register("none")

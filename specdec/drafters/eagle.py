@@ -8,7 +8,7 @@ until the head has run them (with a head that fuses aux layers, EAGLE-3, the tar
 those layers' hidden states, `Step.target_aux`, and they travel with the final ones). The head's output at the last pair
 predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
 Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
-and each expanded level is one tree forward of the head (`specdec.models.tree_attention`).
+and each expanded level is one tree forward of the head (`specdec.target.model.tree_attention`).
 
 Rollback (`refresh=True`, EAGLE's recipe and the default): the head's entries for draft nodes were
 computed from *predicted* features, so all are dropped and the accepted tokens are re-run at the next
@@ -36,16 +36,16 @@ from pathlib import Path
 
 import torch
 
-from specdec import kernels
-from specdec.cache import KVCache
-from specdec.draft import Draft, Step
-from specdec.drafters.base import DraftRequest, register
+from specdec.target import kernels
+from specdec.target.cache import KVCache
+from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.registry import register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
-from specdec.drafters.model import BlockSlots
-from specdec.latency import machine_name
-from specdec.loading import parse_dtype
-from specdec.models import Target, tree_attention
-from specdec.shapes import SubVocab, grow_tree
+from specdec.drafters.common import BlockSlots
+from specdec.measure.latency import machine_name
+from specdec.target.loading import parse_dtype
+from specdec.target.model import Target, tree_attention
+from specdec.core.shapes import SubVocab, grow_tree
 
 HEADS_DIR = Path(__file__).parent / "heads"
 """Shipped heads: `<target name>.safetensors` + `<target name>.json`."""
@@ -230,7 +230,7 @@ def measure_head_dtypes(target: Target, head: EagleHead, draft_vocab: int | None
     """Median drafting seconds per step of a greedy chain(3) generation from a random 48-token prompt,
     per head dtype (interleaved, one warm-up round): timed inside decoding, where the target's forward
     between two drafts has evicted the head's weights from the caches, as it does in use."""
-    from specdec.loop import generate
+    from specdec.core.loop import generate
 
     prompt = torch.randint(0, target.vocab_size, (48,), generator=torch.Generator().manual_seed(0)).tolist()
     drafters = {dtype: EagleDrafter(head, target=target, draft_vocab=draft_vocab, head_dtype=dtype)

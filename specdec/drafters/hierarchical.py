@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from specdec import tree as tree_ops
-from specdec.cache import KVCache
-from specdec.draft import Acceptance, Draft, Step
-from specdec.drafters.base import DraftRequest, Drafter, build, register
-from specdec.models import Target
-from specdec.verifier import accept_greedy
+from specdec.core import tree as tree_ops
+from specdec.target.cache import KVCache
+from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
+from specdec.drafters.registry import build, register
+from specdec.target.model import Target
+from specdec.core.acceptance import accept_greedy
 
 EXTRA_NODE_ID = -1
 """Node id of the intermediate's own next token in the top drafter's Step: a node the top drafter

@@ -12,9 +12,9 @@ optional library and fits any layer width.
 
 from __future__ import annotations
 
-from specdec.drafters.base import register
+from specdec.drafters.registry import register
 from specdec.drafters.self_draft import SelfDrafter, build_self_draft
-from specdec.models import Target
+from specdec.target.model import Target
 
 DEFAULT_QUANT = "torchao_int4"
 """Chosen by measurement on the project's CPU machine (the command and figures: README, "As a library"):
@@ -25,7 +25,7 @@ the fastest 1-4 token forward of the low-bit copies tried, with high top-1 agree
 @register("lowbit")
 def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT, cache: str = "auto") -> SelfDrafter:
     """A drafter running a `quant`-quantized copy of `target` (any `specdec.quant` spec); `cache`
-    is the copy's own cache kind (`specdec.forwards.drafter_cache`)."""
+    is the copy's own cache kind (`specdec.target.forwards.drafter_cache`)."""
     return build_self_draft(target=target, weights=quant, name="lowbit", cache=cache)
 
 

@@ -17,9 +17,9 @@ import math
 import numpy as np
 import torch
 
-from specdec.draft import Draft, Step
-from specdec.drafters.base import DraftRequest, register
-from specdec.shapes import ChainShape, DynamicShape, Shape, TreeShape
+from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.registry import register
+from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape
 
 
 def _limits(shape: Shape, max_depth: int) -> tuple[int, list[int], int]:

@@ -3,7 +3,7 @@
 Owns the `self_draft` drafter and its three knobs, each a spec string so Hydra and the leaderboard
 can name it:
 
-- `kv=`: a `specdec.kv_policy` spec (`full`, `window(sink=S,recent=R)`, `snapkv(budget=B,window=W)`,
+- `kv=`: a `specdec.drafters.kv_policy` spec (`full`, `window(sink=S,recent=R)`, `snapkv(budget=B,window=W)`,
   `quant(bits=b,group=G)`, composable with '+'): what the draft's cache keeps;
 - `weights=`: a `specdec.quant` spec (`none`, `bf16`, `torchao_int4`, `rtn8_pc`, ...): the draft runs a
   quantized copy of the target (`quantized_copy`), the target itself untouched;
@@ -36,13 +36,13 @@ import re
 
 import torch
 
-from specdec.draft import Draft, Step
-from specdec.drafters.base import DraftRequest, register
-from specdec.drafters.model import BlockSlots, early_exit_copy
-from specdec.forwards import drafter_cache, drafter_cache_kind
-from specdec.kv_policy import KVPolicy, attention_probe, model_facts, parse_kv_policy
-from specdec.models import Target
-from specdec.shapes import grow_tree
+from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.registry import register
+from specdec.drafters.common import BlockSlots, early_exit_copy
+from specdec.target.forwards import drafter_cache, drafter_cache_kind
+from specdec.drafters.kv_policy import KVPolicy, attention_probe, model_facts, parse_kv_policy
+from specdec.target.model import Target
+from specdec.core.shapes import grow_tree
 
 
 def parse_layers(spec: str | int, total: int) -> int:
@@ -88,7 +88,7 @@ class SelfDrafter:
         self.policy = policy
         self.layers = model.model.config.num_hidden_layers
         self.cache_kind = cache
-        """Its own cache (`specdec.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
+        """Its own cache (`specdec.target.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
         unless the KV policy evicts."""
         self.reset()
 
@@ -133,7 +133,7 @@ class SelfDrafter:
 def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none", layers: str | int = "all",
                      name: str = "self_draft", cache: str = "auto") -> SelfDrafter:
     """A self-drafter: `kv` (KV policy spec), `weights` (quant spec), `layers` ('all' | 'first(k)'),
-    `cache` (the draft's own cache kind, `specdec.forwards.drafter_cache`). Every option is checked
+    `cache` (the draft's own cache kind, `specdec.target.forwards.drafter_cache`). Every option is checked
     here, before any generation."""
     policy = parse_kv_policy(kv)
     policy.check(model_facts(target))  # before the (possibly slow) quantized copy

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec import tree as tree_ops
-from specdec.models import ForwardOut, Target, tree_block
-from specdec.static_cache import StaticKVCache
+from specdec.core import tree as tree_ops
+from specdec.target.model import ForwardOut, Target, tree_block
+from specdec.target.static_cache import StaticKVCache
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the

@@ -1,16 +1,16 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit.
 
 Owns `generate`, input validation, the target's KV cache for one generation (created here, rolled
-back here, nowhere else) and the per-step records. Plain autoregressive decoding is the same loop
-with a drafter that proposes nothing. Knows nothing about how a drafter builds its draft or how
-acceptance is decided beyond calling `verifier.verify`, and keeps no drafter state: every drafter
+back here, nowhere else) and the per-step records. Plain autoregressive decoding (drafter None) is
+the same loop with no draft. Knows nothing about how a drafter builds its draft or how acceptance is
+decided beyond calling `acceptance.verify`; imports no drafter and keeps no drafter state: every drafter
 hears the same `drafter.commit(Step)` after the prefill and after each verification.
 
 State between steps (design): the target's cache holds every committed token except the last one,
 the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
 is the target's distribution after the root and row i+1 the one after draft node i.
 
-The shape each step drafts comes from a `specdec.auto` policy (a fixed shape, or `auto`, which may
+The shape each step drafts comes from a `specdec.core.policy` policy (a fixed shape, or `auto`, which may
 also choose to draft nothing), and the policy's `trim` picks the part of the proposal to verify
 (`auto` drops the nodes that do not pay; a fixed shape keeps all). A step that asks for no draft
 (the policy chose none, or only one token remains) does not call `drafter.propose`; the drafter
@@ -18,7 +18,7 @@ still hears the step's `commit`. Every step is timed in three parts (target forw
 `propose` + `commit` / everything else, the policy included); on CUDA the loop synchronizes at
 those boundaries so the split is honest (three syncs per step, beside the accepted path's).
 
-The target's cache and the forward that writes it come as a pair (`specdec.forwards.CACHES`); the
+The target's cache and the forward that writes it come as a pair (`specdec.target.forwards.CACHES`); the
 prefill always runs through `Target.forward`, the steps through the pair's forward.
 """
 
@@ -30,17 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec import tree as tree_ops
-from specdec.auto import shape_policy
-from specdec.cache import Cache
-from specdec.draft import Draft, Step
-from specdec.drafters.base import Drafter, DraftRequest, build
-from specdec.forwards import CACHES, resolve_cache, verification_width
-from specdec.metrics import GenerationStats, StepRecord
-from specdec.models import Target
-from specdec.sampling import SamplingConfig
-from specdec.shapes import ShapeSpec, parse_shape
-from specdec.verifier import verify
+from specdec.core import tree as tree_ops
+from specdec.core.policy import FixedShape, ShapePolicy, shape_policy
+from specdec.target.cache import Cache
+from specdec.core.draft import Draft, Drafter, DraftRequest, Step
+from specdec.target.forwards import CACHES, resolve_cache, verification_width
+from specdec.core.metrics import GenerationStats, StepRecord
+from specdec.target.model import Target
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import ShapeSpec, parse_shape
+from specdec.core.acceptance import verify
 
 
 @dataclass
@@ -79,7 +78,7 @@ def generate(
     drafter: Drafter | None,
     prompt: str | Sequence[int] | Sequence[dict],
     *,
-    shape: str | ShapeSpec = "chain(4)",
+    shape: str | ShapeSpec | ShapePolicy = "chain(4)",
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -96,32 +95,22 @@ def generate(
     At temperature 0 the tokens equal the target's greedy decoding; at temperature > 0 they are
     distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
-    `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`) or `auto` (`specdec.auto`).
+    `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`), `auto`
+    (`specdec.core.policy`), or a `ShapePolicy` object (how `specdec.measure.profiles` records drafts).
     `cache` is `auto` or a key of `CACHES`; `cache_capacity` sizes a preallocated cache (default:
     just enough); `buckets` are the verification widths of `cache="graphs"` (default
-    `specdec.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
+    `specdec.target.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    shape = parse_shape(shape)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
     prompt_ids = target.encode_prompt(prompt, chat=chat)
-    if len(prompt_ids) + max_new_tokens > target.context_length:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{len(prompt_ids) + max_new_tokens} exceeds the context length of {target.label!r} "
-            f"({target.context_length}); shorten the prompt or lower max_new_tokens"
-        )
     kind = resolve_cache(cache, target)
-    width, buckets = verification_width(kind, shape.max_nodes + 1, buckets)
-    needed = len(prompt_ids) + max_new_tokens + width - 1
-    if cache_capacity is not None and cache_capacity < needed:
-        padded = f", padded to bucket {width}" if kind == "graphs" else ""
-        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({len(prompt_ids)}) + "
-                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({width - 1}{padded}) = {needed}")
-    drafter = drafter if drafter is not None else build("none", target=target)
-    policy = shape_policy(shape, target, drafter, cache=kind)
-    drafter.reset()
+    max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
+    width, buckets = verification_width(kind, max_nodes + 1, buckets)
+    needed = _check_lengths(target, len(prompt_ids), max_new_tokens, kind, width, cache_capacity)
+    policy = FixedShape(None) if drafter is None else shape if spec is None else shape_policy(
+        spec, target, drafter, cache=kind)
+    hear = drafter.commit if drafter is not None else _no_commit
     eos = target.eos_token_ids if stop_on_eos else set()
     generator = torch.Generator(device=target.device).manual_seed(seed)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else _no_sync
@@ -131,8 +120,10 @@ def generate(
     # Prefill every prompt token but the last, which becomes the root of the first step.
     cache, forward = CACHES[kind](target, cache_capacity or needed, buckets)
     committed = list(prompt_ids)
+    if drafter is not None:
+        drafter.reset()
     first = prefill(target, cache, committed)
-    drafter.commit(first)
+    hear(first)
     token_ids = first.token_ids  # [B, L] the committed tokens, rebuilt once per step at commit
     stats.prefill_time_s = time.perf_counter() - start
 
@@ -151,7 +142,6 @@ def generate(
         sync()
         proposed, tp = draft.num_nodes, time.perf_counter()
         draft = policy.trim(draft, len(committed))  # the part worth verifying (auto), else all of it
-        depth = draft.depth
 
         # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
         t1 = time.perf_counter()
@@ -174,7 +164,7 @@ def generate(
         committed.extend(new)
         token_ids = torch.tensor([committed], dtype=torch.long)
         t3 = time.perf_counter()
-        drafter.commit(Step(
+        hear(Step(
             token_ids=token_ids, num_new=[len(new)], draft=draft,
             acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
             target_hidden=out.hidden[:, kept], target_aux=None if out.aux is None else out.aux[:, kept],
@@ -183,8 +173,8 @@ def generate(
         sync()
         t4 = time.perf_counter()
         record = StepRecord(
-            drafted=draft.num_nodes, draft_depth=depth, accepted=acceptance.num_accepted, bonus=acceptance.bonus,
-            draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
+            drafted=draft.num_nodes, draft_depth=draft.depth, accepted=acceptance.num_accepted,
+            bonus=acceptance.bonus, draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
             shape="" if step_shape is None else str(step_shape), proposed=proposed, commit_time_s=t4 - t3,
         )
         record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
@@ -202,3 +192,27 @@ def generate(
     stats.new_tokens = len(new_ids)
     stats.wall_time_s = time.perf_counter() - start
     return GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=prompt_ids, stats=stats)
+
+
+def _check_lengths(target: Target, prompt_len: int, max_new_tokens: int, kind: str, width: int,
+                   cache_capacity: int | None) -> int:
+    """ValueError for a bad `max_new_tokens`, a prompt + generation past the context or a too short
+    `cache_capacity`; returns the cache capacity the generation needs (`width` = verification width)."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if prompt_len + max_new_tokens > target.context_length:
+        raise ValueError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{prompt_len + max_new_tokens} exceeds the context length of {target.label!r} "
+            f"({target.context_length}); shorten the prompt or lower max_new_tokens"
+        )
+    needed = prompt_len + max_new_tokens + width - 1
+    if cache_capacity is not None and cache_capacity < needed:
+        padded = f", padded to bucket {width}" if kind == "graphs" else ""
+        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({prompt_len}) + "
+                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({width - 1}{padded}) = {needed}")
+    return needed
+
+
+def _no_commit(step: Step) -> None:
+    """Plain decoding (no drafter): nobody to tell."""

@@ -5,7 +5,7 @@ as a tuple of {"role", "content"} messages, the last one a user turn), `collect`
 several sources, deduplicated, in a fixed order), `split` (train / validation, checked disjoint) and
 `shared_ngrams` (the n-gram overlap test used against the evaluation suites and between splits).
 Knows nothing about targets, tokenizers or rollouts: `self_instruct` (prompts the target writes) is a
-separate function in specdec/drafters/eagle_training.py because it needs the target.
+separate function in specdec/training/eagle.py because it needs the target.
 
 Sources (each module docstring says where its text comes from):
 - `chat`: written for this project: topics x task types (questions, instructions, coding, math,
@@ -132,4 +132,4 @@ def check_disjoint(train: list[Prompt], validation: list[Prompt], n: int = 8, wh
                          f"{[o[:80] for o in overlap[:3]]}")
 
 
-from specdec.drafters.training_prompts import chat, natural, stdlib, templates_v1  # noqa: E402,F401  (registers the sources)
+from specdec.training.prompts import chat, natural, stdlib, templates_v1  # noqa: E402,F401  (registers the sources)

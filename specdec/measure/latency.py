@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from specdec.forwards import CACHES, resolve_cache, verification_width
-from specdec.models import Target
+from specdec.target.forwards import CACHES, resolve_cache, verification_width
+from specdec.target.model import Target
 
-SCHEMA = "specdec.latency/1"
+SCHEMA = "specdec.measure.latency/1"
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:
@@ -95,7 +95,7 @@ class LatencyCurve:
         """Parse a curve saved by `to_json`; ValueError naming `source` and the missing keys if not one."""
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ValueError(f"{source} is not a latency curve: expected a JSON object with "
-                             f"\"schema\": \"{SCHEMA}\" (write one with specdec.latency.measure_latency)")
+                             f"\"schema\": \"{SCHEMA}\" (write one with specdec.measure.latency.measure_latency)")
         fields = ("target", "device", "dtype", "machine", "threads", "widths", "contexts", "seconds")
         missing = [f for f in fields if f not in data]
         if missing:
@@ -139,7 +139,7 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
                     cache: str = "dynamic") -> LatencyCurve:
     """Time one forward of each width after each context (median of `repeats`, widths interleaved
     within each repeat so drift hits all widths alike; one warm-up pass first). `cache` names the
-    (cache, forward) pair to time (`specdec.forwards.CACHES`; `graphs`: the bucketed static
+    (cache, forward) pair to time (`specdec.target.forwards.CACHES`; `graphs`: the bucketed static
     forward, captured on CUDA, with the default buckets widened to the widest width)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

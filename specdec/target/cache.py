@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
-from specdec.draft import KVLayers
+from specdec.core.draft import KVLayers
 
 
 @runtime_checkable

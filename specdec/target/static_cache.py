@@ -1,17 +1,17 @@
 """A preallocated (static) KV cache: fixed-capacity buffers written in place, never reallocated.
 
-Owns `StaticKVCache`, which follows the `specdec.cache.Cache` protocol (absolute positions,
+Owns `StaticKVCache`, which follows the `specdec.target.cache.Cache` protocol (absolute positions,
 `truncate`, `keep`, `tensors`, plus `tail` and `append` like `KVCache`) over per-layer buffers
 [B, kv_heads, capacity, head_dim] allocated on the first write (device and dtype from the model).
 A forward appends n entries per layer by a slice write; `keep` moves the accepted block entries
 into place with one gather per layer; no step allocates or concatenates cache tensors. This is the
 storage a captured (CUDA graph) or compiled forward needs; the capture itself is in
-`specdec.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
+`specdec.target.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
 stays 0).
 
 Two ways to write, one storage. A forward of any width through `hf` (the prefill, `cache="static"`)
 appends at the stored length by a slice write, and the model reads the filled views. A
-static-shape forward (`specdec.graphs`) goes through `slot_writer(slots)` instead: it writes its W
+static-shape forward (`specdec.target.graphs`) goes through `slot_writer(slots)` instead: it writes its W
 entries at the cache slots held in a device tensor and hands the model the *whole* buffers (masked
 by the caller), so shapes and addresses never change between steps; the caller then says how many
 of those entries are real with `advance(n)`.
@@ -31,8 +31,8 @@ import weakref
 
 import torch
 
-from specdec.cache import block_offsets
-from specdec.draft import KVLayers
+from specdec.target.cache import block_offsets
+from specdec.core.draft import KVLayers
 
 
 class _Writer:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from specdec import tree as tree_ops
-from specdec.draft import Acceptance, Draft
-from specdec.sampling import SamplingConfig, target_probs_from_logits
+from specdec.core import tree as tree_ops
+from specdec.core.draft import Acceptance, Draft
+from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 
 def verify(

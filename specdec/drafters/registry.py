@@ -1,11 +1,10 @@
-"""The drafter contract: what a drafter is asked, and the name registry.
+"""The drafter registry: drafters by name, and how a drafter is spelled on a command line.
 
-Owns: `DraftRequest` (what the loop asks a drafter before each step), the `Drafter` protocol
-(`reset`, `propose`, `commit`), the registry (`register`, `build`, `names`) and how a drafter is
-spelled with its options on a command line (`parse_specs`: `eagle[head_dtype=bfloat16]`). The records a
-drafter returns and receives (`Draft`, `Step`) live in `specdec.draft`. Knows nothing about how
-drafts are verified or how the target's cache works; each drafter owns its own state and updates
-it, rollback included, in `commit`.
+Owns the registry (`register`, `build`, `names`, `build_for_tests`) and `parse_specs`
+(`eagle[head_dtype=bfloat16]`). The contract a drafter implements (`Drafter`, `DraftRequest`) and
+the records it returns and receives (`Draft`, `Step`) live in the core, `specdec.core.draft`: the
+loop needs them, the registry does not need the loop. Knows nothing about how drafts are verified
+or how the target's cache works.
 """
 
 from __future__ import annotations
@@ -13,51 +12,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from specdec.draft import Draft, Step
+from specdec.core.draft import Drafter
 
 if TYPE_CHECKING:
-    from specdec.models import Target
-    from specdec.sampling import SamplingConfig
-    from specdec.shapes import Shape
-
-
-@dataclass
-class DraftRequest:
-    """What the loop gives a drafter before each step (B = 1 rows in every tensor)."""
-
-    token_ids: torch.Tensor  # [B, L] every committed token: prompt + generated; the last is the root
-    shape: Shape
-    sampling: SamplingConfig
-    generator: torch.Generator
-    max_depth: int
-    """Nodes deeper than this are useless (generation ends first); drafters may stop early."""
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """A proposer of draft trees. One instance serves one generation at a time.
-
-    Call order for one generation: `reset()`, `commit(prefill step)`, then per step
-    `propose(request)` -> (the loop verifies) -> `commit(step)`.
-    """
-
-    name: str
-
-    def reset(self) -> None:
-        """Forget all per-sequence state; called before every generation."""
-
-    def propose(self, request: DraftRequest) -> Draft:
-        """Return a draft for the continuation of `request.token_ids`, in `request.shape`."""
-
-    def commit(self, step: Step) -> None:
-        """Take in what the target committed (`specdec.draft.Step`): drop the state of rejected
-        draft nodes (rollback), keep the accepted ones (`step.accepted_node_ids()`), and read the
-        target's features or KV for the committed positions if the drafter uses them."""
+    from specdec.target.model import Target
 
 
 Factory = Callable[..., Drafter]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from specdec.drafters.training_prompts import Prompt, register
+from specdec.training.prompts import Prompt, register
 
 TOPICS = [
     "the carbon cycle", "neutron stars", "the Ottoman Empire", "mortgages", "the lymphatic system",

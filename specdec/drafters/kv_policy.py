@@ -10,7 +10,7 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
                                   of G along head_dim), stored dequantized
     window(...)+quant(...)        policies compose left to right with '+'
 
-A policy acts on a `specdec.cache.KVCache` that holds only committed tokens (its owner drops its
+A policy acts on a `specdec.target.cache.KVCache` that holds only committed tokens (its owner drops its
 own draft entries before calling it) in three hooks: `transform` (entries about to be appended:
 quant), `after_prefill` (once, after the prompt is appended: snapkv selects, window evicts) and
 `after_commit` (after each step's entries are appended: window evicts). Every hook is a function of
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.cache import KVCache
-from specdec.draft import KVLayers
+from specdec.target.cache import KVCache
+from specdec.core.draft import KVLayers
 
 if TYPE_CHECKING:
-    from specdec.models import Target
+    from specdec.target.model import Target
 
 DEFAULT_QUANT_GROUP = 32
 """Group size of `quant(...)` when none is given (the whole head_dim when it is not a multiple)."""
@@ -59,7 +59,7 @@ class KVPolicy:
     spec = "full"
     evicts = False
     """True when the policy drops stored entries (`KVCache.retain`): its cache cannot be a
-    preallocated one (`specdec.static_cache`), which never evicts."""
+    preallocated one (`specdec.target.static_cache`), which never evicts."""
 
     def check(self, facts: ModelFacts) -> None:
         """Raise ValueError when this policy cannot run on a model with these facts."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specdec.latency import LatencyCurve
+from specdec.measure.latency import LatencyCurve
 
 
 @dataclass(frozen=True)

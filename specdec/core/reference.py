@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.models import Target
-from specdec.sampling import SamplingConfig, target_probs_from_logits
+from specdec.target.model import Target
+from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 
 @torch.inference_mode()

@@ -37,9 +37,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specdec.cache import KVCache
-from specdec.latency import cache_root, machine_name
-from specdec.models import Target
+from specdec.target.cache import KVCache
+from specdec.measure.latency import cache_root, machine_name
+from specdec.target.model import Target
 
 KERNEL_SCHEMA = "specdec.kernel-choice/1"
 
@@ -76,7 +76,7 @@ class OneDNNLinear(nn.Module):
         reason = why_not("onednn", self.weight.device, self.weight.dtype)
         if reason:
             raise ValueError(f"a linear packed for oneDNN cannot become {self.weight.dtype} on {self.weight.device} "
-                             f"({reason}); unpack first: specdec.kernels.apply_kernel(model, 'torch')")
+                             f"({reason}); unpack first: specdec.target.kernels.apply_kernel(model, 'torch')")
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
         return self
 

@@ -3,7 +3,7 @@
 Owns `CACHES` (name -> factory of a target's KV cache and the forward that writes it),
 `resolve_cache` (`auto` -> a name), `verification_width` (the bucket set and padded width a
 cache kind verifies at) and `drafter_cache` (a model drafter's own pair). The loop and
-`specdec.latency` both use it, so an `auto` shape's latency curve times the forward the loop will
+`specdec.measure.latency` both use it, so an `auto` shape's latency curve times the forward the loop will
 run. Knows nothing about drafts or acceptance.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.cache import Cache, KVCache
-from specdec.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
-from specdec.models import ForwardOut, Target
-from specdec.static_cache import StaticKVCache
+from specdec.target.cache import Cache, KVCache
+from specdec.target.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
+from specdec.target.model import ForwardOut, Target
+from specdec.target.static_cache import StaticKVCache
 
 Forward = Callable[[torch.Tensor, Cache, torch.Tensor], ForwardOut]
 """forward(tokens [B, n], cache, parents [M]) -> ForwardOut, appending n entries (`Target.forward`)."""
@@ -28,7 +28,7 @@ CACHES: dict[str, Callable[[Target, int, tuple[int, ...]], tuple[Cache, Forward]
 }
 """(cache, forward) per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
 `static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
-default); `graphs` is `specdec.graphs.StaticForward`: a preallocated cache kept with the target,
+default); `graphs` is `specdec.target.graphs.StaticForward`: a preallocated cache kept with the target,
 forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere).
 `auto` (the default) is `graphs` on CUDA and `dynamic` elsewhere."""
 

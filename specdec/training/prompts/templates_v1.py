@@ -1,6 +1,6 @@
 """The `templates-v1` prompt source: the instruction templates the first shipped head was trained on.
 
-Kept unchanged so that runs 1-2 of specdec/drafters/heads/README.md stay reproducible and the
+Kept unchanged so that runs 1-2 of specdec/training/LOG.md stay reproducible and the
 shipped head's training set stays checkable: `training_prompts(n, seed)` fills a fixed set of
 instruction templates (`_TEMPLATES`, written for this module) with subjects from this module's own
 topic lists under a fixed seed; nothing is read from the evaluation suites.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from specdec.drafters.training_prompts import Prompt, register, user
+from specdec.training.prompts import Prompt, register, user
 
 _TOPICS = [
     "photosynthesis", "black holes", "the French Revolution", "compound interest", "vaccines",

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from specdec import attention, kernels
-from specdec.latency import cache_root
-from specdec.models import Target
+from specdec.target import attention, kernels
+from specdec.measure.latency import cache_root
+from specdec.target.model import Target
 from specdec.quiet import no_progress_bars
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,13 +63,13 @@ def load_target(
         dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
             checkpoint's own dtype for others.
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
-        kernel: what runs the plain linear layers (`specdec.kernels`): `auto` (the faster of the
+        kernel: what runs the plain linear layers (`specdec.target.kernels`): `auto` (the faster of the
             kernels that can run here, measured once per machine x target and cached), `torch`
             (the modules as loaded), `onednn` (weights prepacked for oneDNN; CPU, fp32/bf16).
         attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None (default):
             transformers' choice, and where that is `sdpa`, specdec's `specdec_sdpa`, which is
             the same except that a masked forward on CPU reads grouped K/V heads without copying
-            them (`specdec.attention`).
+            them (`specdec.target.attention`).
     """
     device = check_device(device)
     if kernel not in kernels.CHOICES:

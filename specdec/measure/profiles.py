@@ -15,8 +15,8 @@ Greedy acceptance against a known continuation: the target's greedy tokens g are
 at depth d of the draft made at position p is accepted iff the tokens on its path equal g[p:p+d].
 Equivalently `verifier.accept_greedy` with the "argmax" g[p + depth(i)] after node i.
 
-The drafter is driven through the real protocol (`reset`, `commit(prefill)`, then per position
-`propose` and a `Step` committing exactly one token with an empty acceptance path), so a drafter
+The drafter is driven by the one loop (`specdec.generate`) under a policy that records each
+proposal and verifies none of it (each step commits the target's greedy token), so a drafter
 whose draft depends only on the committed tokens (every drafter here at T = 0, EAGLE with its
 default refresh) proposes what it would in a real run at that position, up to float rounding
 (near-ties). Replays assume, as `grow_tree` and `ngram` do, that a narrower shape's draft is the
@@ -31,15 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec import tree as tree_ops
-from specdec.cache import KVCache
-from specdec.draft import Acceptance, Draft, Step
-from specdec.drafters.base import Drafter, DraftRequest
-from specdec.loop import prefill
-from specdec.models import Target
-from specdec.sampling import SamplingConfig
-from specdec.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
-from specdec.verifier import accept_greedy
+from specdec.core import tree as tree_ops
+from specdec.core.draft import Acceptance, Draft, Drafter
+
+from specdec.core.loop import generate
+from specdec.target.model import Target
+from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
+from specdec.core.acceptance import accept_greedy
 
 
 class UnderivableShapeError(ValueError):
@@ -218,6 +216,26 @@ def _derivable(recorded: Shape, wanted: Shape, draft: Draft | None) -> torch.Ten
          "smaller budgets from a dynamic tree with the same top_k and depth)")
 
 
+class _Recorder:
+    """The `ShapePolicy` a profile runs the loop with: asks for `shape` every step, records the
+    proposal and verifies none of it, so each step commits exactly the target's greedy token."""
+
+    max_nodes = 0
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape, self.drafts = shape, []
+
+    def choose(self, context: int) -> Shape:
+        return self.shape
+
+    def trim(self, draft: Draft, context: int) -> Draft:
+        self.drafts.append(_to_cpu(draft))
+        return Draft.empty(device=draft.tokens.device)
+
+    def observe(self, draft: Draft, acceptance: Acceptance, record: object, context: int) -> None:
+        pass
+
+
 @torch.inference_mode()
 def profile(
     target: Target,
@@ -232,42 +250,15 @@ def profile(
 ) -> AcceptanceProfile:
     """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (not stopping at EOS,
     so steps that cross it can be replayed) and record `drafter`'s draft in `shape` at every
-    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does."""
+    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does. Runs the
+    one loop (`specdec.generate`) with a policy that records each proposal and verifies none of it."""
     _greedy_only(temperature, "recorded")
     shape = parse_shape(shape)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    prompt_ids = target.encode_prompt(prompt, chat=chat)
-    if len(prompt_ids) + max_new_tokens > target.context_length:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                         f"context length of {target.label!r} ({target.context_length})")
-    sampling = SamplingConfig()
-    generator = torch.Generator(device=target.device).manual_seed(0)
-    cache = KVCache()
-    committed = list(prompt_ids)
-    drafter.reset()
-    drafter.commit(prefill(target, cache, committed))
-    drafts: list[Draft] = []
-    for position in range(max_new_tokens):
-        max_depth = max_new_tokens - position - 1
-        request = DraftRequest(token_ids=torch.tensor([committed], dtype=torch.long), shape=shape,
-                               sampling=sampling, generator=generator, max_depth=max_depth)
-        draft = drafter.propose(request)
-        if draft.depth > max_depth:
-            draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, max_depth))
-        drafts.append(_to_cpu(draft))
-        # One plain greedy step: the root alone, then a Step committing one token (nothing accepted).
-        past = cache.next_position
-        out = target.forward(torch.tensor([[committed[-1]]]), cache)
-        token = int(out.logits[0, -1].argmax())
-        committed.append(token)
-        drafter.commit(Step(
-            token_ids=torch.tensor([committed], dtype=torch.long), num_new=[1], draft=draft,
-            acceptances=[Acceptance(path=[], next_token=token, bonus=draft.num_nodes == 0)],
-            positions=torch.tensor([[past]]), target_hidden=out.hidden, target_aux=out.aux, _kv=lambda: cache.tail(1),
-        ))
-    return AcceptanceProfile(target=target.label, drafter=drafter.name, shape=shape, prompt_ids=prompt_ids,
-                             greedy=committed[len(prompt_ids):], drafts=drafts,
+    recorder = _Recorder(shape)
+    out = generate(target, drafter, prompt, shape=recorder, max_new_tokens=max_new_tokens, chat=chat,
+                   stop_on_eos=False, cache="dynamic")
+    return AcceptanceProfile(target=target.label, drafter=drafter.name, shape=shape, prompt_ids=out.prompt_ids,
+                             greedy=out.token_ids, drafts=recorder.drafts,
                              eos=target.eos_token_ids if stop_on_eos else set())
 
 

@@ -1,23 +1,30 @@
-"""The data that flows between the loop, the drafters and the verifier: draft, acceptance, step.
+"""The drafter contract and the data that flows between the loop, the drafters and the verifier.
 
-Owns three plain records and nothing else:
+Owns the `Drafter` protocol (`reset`, `propose`, `commit`), `DraftRequest` (what the loop asks a
+drafter before each step) and three plain records:
 - `Draft`: the one shape every drafter returns (tokens, `parents`, optional `draft_probs`, and the
   drafter's own `node_ids`, which survive pruning so a drafter finds its nodes again by a gather);
 - `Acceptance`: the verifier's decision for one sequence (accepted node indices, the next token);
 - `Step`: what the loop tells a drafter after each verification (and once after the prefill)
   through `drafter.commit(step)`: the committed tokens, the accepted nodes, and the target's
   hidden states and a read-only view of its KV entries for the positions just committed.
-Knows nothing about models, caches or acceptance rules; imports only `tree` (geometry).
+Knows nothing about models, caches, acceptance rules or any particular drafter (they register in
+`specdec.drafters`); imports only `tree` (geometry).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from specdec import tree as tree_ops
+from specdec.core import tree as tree_ops
+
+if TYPE_CHECKING:
+    from specdec.core.sampling import SamplingConfig
+    from specdec.core.shapes import Shape
 
 KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
 """(keys, values) per decoder layer, each [B, kv_heads, S, head_dim]."""
@@ -150,3 +157,37 @@ class Step:
         views into the target's cache, valid until the loop's next step. Copy what you keep; never
         write into them. Built on demand, so drafters that ignore it cost nothing."""
         return self._kv()
+
+
+@dataclass
+class DraftRequest:
+    """What the loop gives a drafter before each step (B = 1 rows in every tensor)."""
+
+    token_ids: torch.Tensor  # [B, L] every committed token: prompt + generated; the last is the root
+    shape: Shape
+    sampling: SamplingConfig
+    generator: torch.Generator
+    max_depth: int
+    """Nodes deeper than this are useless (generation ends first); drafters may stop early."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A proposer of draft trees. One instance serves one generation at a time.
+
+    Call order for one generation: `reset()`, `commit(prefill step)`, then per step
+    `propose(request)` -> (the loop verifies) -> `commit(step)`.
+    """
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget all per-sequence state; called before every generation."""
+
+    def propose(self, request: DraftRequest) -> Draft:
+        """Return a draft for the continuation of `request.token_ids`, in `request.shape`."""
+
+    def commit(self, step: Step) -> None:
+        """Take in what the target committed (`specdec.core.draft.Step`): drop the state of rejected
+        draft nodes (rollback), keep the accepted ones (`step.accepted_node_ids()`), and read the
+        target's features or KV for the committed positions if the drafter uses them."""

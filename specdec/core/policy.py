@@ -98,23 +98,27 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from specdec import tree as tree_ops
-from specdec.draft import Acceptance, Draft
-from specdec.shapes import AutoShape, ChainShape, Shape, ShapeSpec, TreeShape
+from specdec.core import tree as tree_ops
+from specdec.core.draft import Acceptance, Draft
+from specdec.core.shapes import AutoShape, ChainShape, Shape, ShapeSpec, TreeShape
 
 if TYPE_CHECKING:
-    from specdec.metrics import StepRecord
-    from specdec.models import Target
+    from specdec.core.metrics import StepRecord
+    from specdec.target.model import Target
 
 
+@runtime_checkable
 class ShapePolicy(Protocol):
     """Picks the shape each step drafts; the loop calls `choose` before a step, `trim` on the
     drafter's proposal, and `observe` after the verification."""
+
+    max_nodes: int
+    """The most draft nodes a step may verify (sizes the loop's cache)."""
 
     def choose(self, context: int) -> Shape | None:
         """The concrete shape to draft next (None = draft nothing), `context` tokens committed."""
@@ -129,8 +133,9 @@ class ShapePolicy(Protocol):
 class FixedShape:
     """The same concrete shape every step."""
 
-    def __init__(self, shape: Shape, target: Target | None = None) -> None:
-        self.shape = shape
+    def __init__(self, shape: Shape | None, target: Target | None = None) -> None:
+        self.shape = shape  # None: never draft (plain decoding)
+        self.max_nodes = 0 if shape is None else shape.max_nodes
 
     def choose(self, context: int) -> Shape | None:
         return self.shape
@@ -174,13 +179,14 @@ class AutoPolicy:
         if spec.latency is None:
             if target is None:
                 raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
-            from specdec.latency import cached_latency
+            from specdec.measure.latency import cached_latency
 
             widths = tuple(w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < 2 * (spec.max_nodes + 1)) or (1,)
             self.curve = cached_latency(target, widths=widths, cache=cache)
         else:
             self.curve = spec.latency
         self.spec = spec
+        self.max_nodes = spec.max_nodes
         self.widths = candidate_widths(spec.max_depth, spec.max_width, spec.max_nodes)
         depth = spec.max_depth
         # Column index per candidate and depth into s[d, :]; width 0 past a candidate's depth.
@@ -470,7 +476,7 @@ def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object 
                  cache: str = "dynamic") -> ShapePolicy:
     """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
     one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
-    is the loop's cache kind (`specdec.forwards.CACHES`): whose forwards a latency curve must time."""
+    is the loop's cache kind (`specdec.target.forwards.CACHES`): whose forwards a latency curve must time."""
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)

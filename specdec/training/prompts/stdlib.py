@@ -14,7 +14,7 @@ import importlib
 import inspect
 import random
 
-from specdec.drafters.training_prompts import Prompt, register
+from specdec.training.prompts import Prompt, register
 
 MODULES = ["json", "os.path", "string", "textwrap", "itertools", "functools", "collections", "random",
            "statistics", "datetime", "re", "shutil", "heapq", "bisect", "fractions", "calendar", "csv",

@@ -8,8 +8,8 @@ batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed
 per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
 `acceptance_per_depth` (validation), and `fill_aux` (EAGLE-3's low/mid-layer features of recorded
 shards, by a prefill of each sequence; new shards get them from the rollout itself). Knows nothing
-about Hydra, files or drafting: prompt sources live in specdec/drafters/training_prompts/, shards in
-specdec/drafters/eagle_shards.py and scripts/train_eagle.py drives it all.
+about Hydra, files or drafting: prompt sources live in specdec/training/prompts/, shards in
+specdec/training/shards.py and scripts/train_eagle.py drives it all.
 
 Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
 pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specdec.cache import KVCache
-from specdec.drafters.eagle_shards import AuxStore, Rollouts, ShardError, ShardStore
-from specdec.drafters.training_prompts import Prompt, prompt_text
-from specdec.drafters.training_prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
-from specdec.static_cache import StaticKVCache
+from specdec.target.cache import KVCache
+from specdec.training.shards import AuxStore, Rollouts, ShardError, ShardStore
+from specdec.training.prompts import Prompt, prompt_text
+from specdec.training.prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
+from specdec.target.static_cache import StaticKVCache
 
 
 def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:

@@ -45,7 +45,7 @@ import json
 import random
 from pathlib import Path
 
-from specdec.drafters.training_prompts import Prompt, register
+from specdec.training.prompts import Prompt, register
 
 HERE = Path(__file__).parent
 

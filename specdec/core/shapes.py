@@ -16,7 +16,7 @@ How each shape uses the drafter's distribution:
   are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass,
   with `Draft.scores` = each node's cumulative draft log-probability, as chains and static trees
   also record);
-- auto(...): not grown here: `specdec.auto` picks one of the shapes above (or none) per step.
+- auto(...): not grown here: `specdec.core.policy` picks one of the shapes above (or none) per step.
 All growers work on tensors on the drafter's device (no per-node Python scalars).
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from specdec.draft import Draft
-from specdec.sampling import SamplingConfig, target_probs_from_logits
+from specdec.core.draft import Draft
+from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 # score(node_ids, tokens, parent_ids) -> logits [B, n, V] of the token after each listed node.
 # node_ids / parent_ids are indices into the draft being grown (-1 = the root); a scored node's
@@ -108,7 +108,7 @@ class DynamicShape:
 
 @dataclass(frozen=True)
 class AutoShape:
-    """Choose a static shape (or no draft) every step from measured costs: see `specdec.auto`."""
+    """Choose a static shape (or no draft) every step from measured costs: see `specdec.core.policy`."""
 
     max_depth: int = 8
     """Deepest draft considered, >= 1."""
@@ -121,13 +121,13 @@ class AutoShape:
     interval doubles after each probe that is rejected (resets on an accepted one). >= 1."""
     trim: int = 1
     """1: when the drafter scores its nodes (`Draft.scores`), verify only the subtree with the best
-    expected tokens per second under calibrated confidences (`specdec.auto`); 0: verify every node."""
+    expected tokens per second under calibrated confidences (`specdec.core.policy`); 0: verify every node."""
     explore: int = 1
     """Optimism of the shape choice, in posterior standard deviations of each acceptance estimate
-    (`specdec.auto`); 0: choose on the plain estimates. >= 0."""
+    (`specdec.core.policy`); 0: choose on the plain estimates. >= 0."""
     latency: Any = field(default=None, compare=False)
-    """A `specdec.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
-    measured curve (`specdec.latency.cached_latency`). Not settable from a string."""
+    """A `specdec.measure.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
+    measured curve (`specdec.measure.latency.cached_latency`). Not settable from a string."""
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_width", "max_nodes", "probe"):

@@ -1,0 +1,65 @@
+"""Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and
+the early-exit copy of a target.
+
+Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`) and
+`early_exit_copy` (a Target running the target's first k layers). Knows nothing about any one
+drafter, the loop or acceptance.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from specdec.core.draft import Step
+from specdec.target.model import Target
+
+
+class BlockSlots:
+    """Where a drafter's cache holds the draft nodes it ran this step: node id -> block slot.
+
+    The *block* is the run of cache entries a drafter appended while growing a draft, after its
+    committed prefix; `parents` records each entry's parent slot (-1 = the root), which is what a
+    tree forward of the next level needs. `accepted(step)` turns the accepted path into the slots to
+    keep, by a gather on node ids. Example: nodes 0, 1, 5 ran into slots 0, 1, 2 and the accepted
+    path has node ids [1, 5, 7] -> slots [1, 2] (node 7 was a leaf, never run).
+    """
+
+    def __init__(self) -> None:
+        self.parents: list[int] = []  # parent slot per block entry, -1 = the root
+        self.slot: dict[int, int] = {}  # node id -> block slot
+
+    def add(self, node_ids: list[int], parent_ids: list[int]) -> torch.Tensor:
+        """Record nodes about to be run; returns the block's parents [M] for the tree forward."""
+        for node, parent in zip(node_ids, parent_ids):
+            self.slot[node] = len(self.parents)
+            self.parents.append(self.slot[parent] if parent >= 0 else -1)
+        return torch.tensor(self.parents, dtype=torch.long)
+
+    def accepted(self, step: Step) -> list[int]:
+        """Block slots of the accepted path's nodes that were run, root's child first."""
+        kept = []
+        for node in step.accepted_node_ids().tolist():
+            if node not in self.slot:  # a node that was never run has no run descendants either
+                break
+            kept.append(self.slot[node])
+        return kept
+
+
+def early_exit_copy(target: Target, layers: int) -> Target:
+    """A Target that runs the target's first `layers` decoder layers, then its final norm and
+    lm_head. Shares every weight with the target."""
+    total = target.model.config.num_hidden_layers
+    if not 1 <= layers <= total:
+        raise ValueError(f"early-exit draft needs 1 <= layers <= {total}, got {layers}")
+    shallow = copy.copy(target.model)  # shallow: modules are shared, only containers differ
+    shallow._modules = dict(target.model._modules)  # copy.copy shares the submodule dict: unshare it,
+    shallow.model = copy.copy(target.model.model)  # or the assignments below would truncate the target
+    shallow.model._modules = dict(target.model.model._modules)
+    shallow.model.layers = target.model.model.layers[:layers]
+    shallow.config = copy.copy(target.model.config)
+    shallow.config.num_hidden_layers = layers
+    shallow.model.config = shallow.config
+    return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]", quant=target.quant,
+                  kernel=target.kernel, info=target.info)
