@@ -28,7 +28,7 @@ import specdec
 from specdec.target.attention import NAME
 from specdec.target.cache import KVCache
 from specdec.target.forwards import CACHES, verification_width
-from specdec.measure.latency import machine_name
+from specdec.machine import machine_name
 
 ATTENTIONS = ("sdpa", NAME)
 

@@ -42,7 +42,8 @@ from specdec.target import kernels
 from specdec.drafters import build
 from specdec.drafters.registry import parse_specs
 from specdec.target.forwards import resolve_cache
-from specdec.measure.latency import machine_name, measure_latency
+from specdec.machine import machine_name
+from specdec.measure.latency import measure_latency
 from specdec.target.loading import check_device
 from specdec.core.metrics import GenerationStats
 from specdec.core.shapes import parse_shape

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import specdec
-from specdec.measure.latency import machine_name
+from specdec.machine import machine_name
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
 SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]

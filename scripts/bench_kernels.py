@@ -27,7 +27,8 @@ import torch
 
 import specdec
 from specdec.target import kernels
-from specdec.measure.latency import machine_name, measure_latency
+from specdec.machine import machine_name
+from specdec.measure.latency import measure_latency
 
 
 def _ints(text: str) -> tuple[int, ...]:

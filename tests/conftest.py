@@ -1,9 +1,26 @@
-"""Shared fixtures: tiny fp64 targets built from configs, the embedded target (loaded once); the hub offline in every test."""
+"""Shared fixtures: tiny fp64 targets built from configs, the embedded target (loaded once); the hub
+offline in every test; a temporary $SPECDEC_CACHE for the whole session."""
+
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
-import specdec
+from specdec import machine
+
+# Tests never read or write the user's cache (tune records, curves): the session gets its own,
+# which the processes tests start inherit. The embedded model's converted copy, when the user's cache
+# has one, is linked in read-only rather than converted again (a deterministic conversion, not a
+# measurement); without one, the first test that needs it converts it into the temporary cache.
+_USER_CACHE = machine.cache_root()
+_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
+os.environ["SPECDEC_CACHE"] = str(_SESSION_CACHE)
+if (_USER_CACHE / "smollm2-135m-instruct" / "model.safetensors").exists():
+    (_SESSION_CACHE / "smollm2-135m-instruct").symlink_to(_USER_CACHE / "smollm2-135m-instruct")
+
+import specdec  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "mistral"]
 

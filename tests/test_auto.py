@@ -8,7 +8,7 @@ import torch
 
 import specdec
 import specdec.core.policy
-from specdec.core.policy import AutoPolicy, candidate_widths
+from specdec.core.policy import AutoPolicy, candidate_widths, shape_policy
 from specdec.drafters import build_for_tests
 from specdec.measure.latency import LatencyCurve
 from specdec.core.reference import reference_generate
@@ -127,17 +127,22 @@ def test_estimates_carry_over_to_the_next_generation_of_the_same_drafter(tiny_ll
     assert specdec.core.policy.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
 
 
-def test_auto_measures_the_target_curve_once(tiny_llama64, tmp_path, monkeypatch):
-    """Without a given curve, auto measures the target's latency once and reads it back after."""
+def test_auto_plans_with_the_tuned_curve_else_the_untuned_default(tiny_llama64, tmp_path, monkeypatch):
+    """Without a given curve, auto reads the curve `specdec.tune` stored, else the documented default;
+    it never measures (nothing is written)."""
+    from specdec.measure import latency
+
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    specdec.generate(tiny_llama64, None, PROMPT, shape="auto(max_nodes=6)", max_new_tokens=2)
-    saved = list((tmp_path / "latency").glob("*.json"))
-    assert len(saved) == 1
-    before = saved[0].stat().st_mtime_ns
-    out = specdec.generate(tiny_llama64, None, PROMPT, shape="auto(max_nodes=6)", max_new_tokens=4,
+    drafter = build_for_tests("ngram", target=tiny_llama64)
+    policy = shape_policy(parse_shape("auto(max_nodes=6)"), tiny_llama64, object())
+    assert policy.curve.machine == "not tuned"
+    assert policy.curve.ratio(9) == pytest.approx(1 + 8 * latency.DEFAULT_WIDTH_COST)
+    out = specdec.generate(tiny_llama64, drafter, PROMPT, shape="auto(max_nodes=6)", max_new_tokens=4,
                            stop_on_eos=False)
-    assert saved[0].stat().st_mtime_ns == before and len(out.token_ids) == 4
-    assert np.isfinite(out.stats.mean_acceptance_length)
+    assert len(out.token_ids) == 4 and not any(tmp_path.iterdir())
+    stored = latency.cached_latency(tiny_llama64, widths=(1, 2, 4, 8), contexts=(8,), repeats=1)
+    tuned = shape_policy(parse_shape("auto(max_nodes=6)"), tiny_llama64, object()).curve
+    assert tuned == stored and tuned.machine != "not tuned"
 
 
 # ---- trimming: verify only the part of a scored draft that pays ------------------------------------

@@ -292,35 +292,25 @@ def test_head_dtype_sets_what_the_drafts_run_in_and_leaves_the_target_alone(tiny
     assert draft.tokens.numel() == 3 + 6 + 6
 
 
-def test_auto_head_dtype_is_measured_once_per_machine_and_follows_the_measurement(tmp_path, monkeypatch):
-    """head_dtype='auto' (the default): a float32 CPU target's head runs in whichever of float32 and
-    bfloat16 drafted faster, measured once and then read from $SPECDEC_CACHE/kernels; other targets
-    keep their dtype unmeasured; a corrupt choice file is named."""
+def test_auto_head_dtype_follows_the_tuned_record(tmp_path, monkeypatch):
+    """head_dtype='auto' (the default): the dtype `specdec.tune` stored for this head geometry, else the
+    target's; building never measures. `measure_head_dtypes` (what tune runs) times both dtypes."""
+    from specdec import machine
     from specdec.drafters import eagle
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     fp32 = specdec.tiny_target("llama", dtype=torch.float32, vocab_size=64, seed=0)
     measured = eagle.measure_head_dtypes(fp32, random_head(fp32), None, repeats=1, new_tokens=4)
     assert set(measured) == set(eagle.HEAD_DTYPES) and all(t > 0 for t in measured.values())
-    calls = []
-
-    def fake(times):
-        return lambda *a, **k: calls.append(1) or times
-
-    monkeypatch.setattr(eagle, "measure_head_dtypes", fake({torch.float32: 2.0, torch.bfloat16: 1.0}))
-    assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == torch.bfloat16
-    monkeypatch.setattr(eagle, "measure_head_dtypes", fake({torch.float32: 1.0, torch.bfloat16: 2.0}))
-    assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == torch.bfloat16  # stored choice
-    assert len(calls) == 1
-    (choice,) = (tmp_path / "kernels").glob("eagle-head-*.json")
-    choice.unlink()
-    assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == torch.float32  # measured again
+    monkeypatch.setattr(eagle, "measure_head_dtypes", lambda *a, **k: pytest.fail("building measured"))
+    assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == torch.float32  # not tuned
+    geometry = eagle.head_geometry(fp32, random_head(fp32), None)
+    for stored, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        machine.update_record(fp32.label, fp32.device, fp32.dtype, head_dtype={geometry: {"dtype": stored}})
+        assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == dtype
     assert build("eagle", target=fp32, head="random", head_dtype=None).head.fc.weight.dtype == torch.float32
     fp64 = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0)
-    assert build("eagle", target=fp64, head="random").head.fc.weight.dtype == torch.float64 and len(calls) == 2
-    choice.write_text("{}")
-    with pytest.raises(ValueError, match=f"{choice.name} is not a specdec.eagle-head-dtype/1 file"):
-        build("eagle", target=fp32, head="random")
+    assert build("eagle", target=fp64, head="random").head.fc.weight.dtype == torch.float64
 
 
 def test_building_a_drafter_leaves_the_callers_head_as_it_was():

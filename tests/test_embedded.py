@@ -14,7 +14,8 @@ import torch
 
 import specdec
 from specdec.target import kernels
-from specdec.target.loading import cache_dir, embedded_model_dir
+from specdec.machine import cache_root as cache_dir
+from specdec.target.loading import embedded_model_dir
 from specdec.core.reference import next_token_logits
 
 PROMPTS = [

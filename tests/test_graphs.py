@@ -115,8 +115,10 @@ def test_auto_cache_is_graphs_on_cuda_only(tiny_llama64):
 
 
 def test_bad_buckets_and_sizes_fail_before_generating(tiny_llama64):
+    drafter = specdec.drafters.build("none", target=tiny_llama64)  # sized by the shape, unlike drafter=None
+
     def run(**options):
-        return specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=8, **options)
+        return specdec.generate(tiny_llama64, drafter, PROMPT, max_new_tokens=8, **options)
 
     with pytest.raises(ValueError, match=r"width buckets \(1, 2, 4\) do not cover the widest verification: "
                                          r"9 tokens \(the root \+ 8 draft nodes\); add a bucket >= 9"):
@@ -195,8 +197,10 @@ def test_latency_through_the_fast_path_is_measured_and_cached_apart(tiny_llama64
     assert curve.widths == (1, 3, 5) and all(t > 0 for t in curve.seconds[0])
     cached_latency(tiny_llama64, widths=(1, 2), contexts=(8,), repeats=1, cache="graphs")
     cached_latency(tiny_llama64, widths=(1, 2), contexts=(8,), repeats=1)
-    names = sorted(p.name for p in (tmp_path / "latency").iterdir())
-    assert len(names) == 2 and sum(name.endswith("_graphs.json") for name in names) == 1
+    from specdec import machine
+
+    curves = machine.load_record(tiny_llama64.label, tiny_llama64.device, tiny_llama64.dtype)["curves"]
+    assert len(curves) == 2 and sum(name.startswith("graphs_") for name in curves) == 1
 
 
 @pytest.mark.slow

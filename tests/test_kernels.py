@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import specdec
+from specdec import machine
 from specdec import certify
 from specdec.target import kernels
 from specdec.drafters import build_for_tests
@@ -172,29 +173,27 @@ def test_auto_takes_the_only_kernel_without_measuring(kernel_cache):
     target = kernels.use_kernel(specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64), "auto")
     assert target.kernel == "torch" and target.info["kernel"] == {
         "requested": "auto", "kernel": "torch", "description": kernels.KERNELS["torch"].description}
-    assert not kernel_cache.exists()
+    assert not kernel_cache.parent.joinpath("tune").exists()
 
 
 @needs_onednn
-def test_auto_measures_once_per_machine_and_reuses_the_choice(kernel_cache, monkeypatch):
-    first = specdec.load_target("tiny-llama")
-    files = list(kernel_cache.glob("*.json"))
-    assert len(files) == 1
-    stored = json.loads(files[0].read_text())
-    assert stored["kernel"] == first.kernel == first.info["kernel"]["kernel"]
-    assert set(stored["seconds"]) == {"torch", "onednn", "hybrid"}
-    assert stored["kernel"] == kernels.pick({k: {int(w): s for w, s in v.items()} for k, v in stored["seconds"].items()})
-    assert kernels.kernel_in_use(first.model) == first.kernel
+def test_auto_looks_the_choice_up_and_never_measures(kernel_cache, monkeypatch):
+    """`auto` with several kernels: the stored choice (python -m specdec.tune), else the fixed default;
+    `measure_choice` is what tune runs, and picks the least total time."""
+    def no_measurement(*args, **kwargs):
+        raise AssertionError("a constructor measured")
 
-    def no_second_measurement(*args, **kwargs):
-        raise AssertionError("auto measured again although a choice is stored")
-
-    monkeypatch.setattr(kernels, "measure_choice", no_second_measurement)
-    again = specdec.load_target("tiny-llama")
-    assert again.kernel == first.kernel
-    files[0].write_text(json.dumps({**stored, "kernel": "cublas"}))
-    with pytest.raises(ValueError, match="delete it to measure again"):
-        specdec.load_target("tiny-llama")
+    tiny = specdec.tiny_target("llama", vocab_size=64, dtype=torch.float32)
+    choice = kernels.measure_choice(tiny, kernels.candidates("cpu", torch.float32), repeats=1)
+    assert set(choice["seconds"]) == {"torch", "onednn", "hybrid"}
+    assert choice["kernel"] == kernels.pick({k: {int(w): s for w, s in v.items()} for k, v in choice["seconds"].items()})
+    monkeypatch.setattr(kernels, "measure_choice", no_measurement)
+    untuned = specdec.load_target("tiny-llama")
+    assert untuned.kernel == machine.DEFAULT_KERNEL and untuned.info["kernel"]["tuned"] is False
+    for stored in ("onednn", "hybrid", "torch"):
+        machine.update_record("tiny-llama", "cpu", torch.float32, kernel={**choice, "kernel": stored})
+        target = specdec.load_target("tiny-llama")
+        assert target.kernel == stored == kernels.kernel_in_use(target.model) and target.info["kernel"]["tuned"]
 
 
 def test_pick_takes_the_least_total_time():

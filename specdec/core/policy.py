@@ -26,14 +26,14 @@ plus "no draft":
 - s+[d, r] = min(1, s[d, r] + explore * sqrt(s (1 - s) / (n + 5))), n = trials[d, r]: the shape
   choice is optimistic by `explore` (default 1) posterior standard deviations (the Beta posterior's,
   n + 4 prior weight). Without it the choice can lock itself in: a chain(1) picked on early, noisy estimates
-  gives depth 2 no trials, so a pessimistic depth-2 estimate is never corrected (on the embedded
-  target's EAGLE head this held auto at chain(1), MAL 1.46, where chain(4) reached 1.92). The bonus
+  gives depth 2 no trials, so a pessimistic depth-2 estimate is never corrected (tests/test_auto.py
+  has such a case). The bonus
   shrinks as a cell's trials grow, so the choice converges to the plain estimate.
-- latency(w, c): the target's measured `LatencyCurve` (`cached_latency`, measured once per
-  target/device/dtype/machine/threads, through the loop's own forward: with `cache="graphs"` a
-  padded, bucketed one, whose curve steps at the buckets), read as non-decreasing in w (a running
-  maximum: a dip measured at one width, 4 tokens under 2 in a bf16 curve here, made trimming cut
-  nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
+- latency(w, c): the target's `LatencyCurve` as `python -m specdec.tune` stored it for this machine
+  (`specdec.measure.latency.tuned_latency`: measured through the loop's own forward; with
+  `cache="graphs"` a padded, bucketed one, whose curve steps at the buckets), or with none stored
+  the documented untuned default; read as non-decreasing in w (a running maximum: a dip measured
+  at one width would make trimming cut nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
   observed forward time / curve time, which absorbs machine load without re-measuring.
 - propose(D): the drafter's measured `propose` time as an EMA (weight 0.3) per draft depth; a depth
   not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
@@ -41,8 +41,7 @@ plus "no draft":
   `commit` time over every step, drafted or not (the drafter hears every commit, so "no draft" pays
   it too). Kept apart because a commit costs about the same at any depth: folded into a cost per
   depth, a drafter with a costly commit (one that runs a model over the accepted tokens) would make
-  deep shapes look dearer than they are and "no draft" cheaper. (The EAGLE head's commit costs
-  ~0.2 ms on the embedded target, so there it changes little.)
+  deep shapes look dearer than they are and "no draft" cheaper.
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
 Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
 log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
@@ -179,10 +178,9 @@ class AutoPolicy:
         if spec.latency is None:
             if target is None:
                 raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
-            from specdec.measure.latency import cached_latency
+            from specdec.measure.latency import tuned_latency
 
-            widths = tuple(w for w in (1, 2, 4, 8, 16, 32, 64, 128) if w < 2 * (spec.max_nodes + 1)) or (1,)
-            self.curve = cached_latency(target, widths=widths, cache=cache)
+            self.curve = tuned_latency(target, cache=cache)
         else:
             self.curve = spec.latency
         self.spec = spec

@@ -126,8 +126,8 @@ class AutoShape:
     """Optimism of the shape choice, in posterior standard deviations of each acceptance estimate
     (`specdec.core.policy`); 0: choose on the plain estimates. >= 0."""
     latency: Any = field(default=None, compare=False)
-    """A `specdec.measure.latency.LatencyCurve` to use (tests, offline curves); None = the target's cached
-    measured curve (`specdec.measure.latency.cached_latency`). Not settable from a string."""
+    """A `specdec.measure.latency.LatencyCurve` to use (tests, offline curves); None = the curve tuned for
+    this machine, else the untuned default (`specdec.measure.latency.tuned_latency`). Not settable from a string."""
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_width", "max_nodes", "probe"):

@@ -22,27 +22,27 @@ chosen columns back to token ids (`SubVocab`); no full-vocabulary tensor is buil
 about verification; the target's lm_head and embedding are shared, never copied or trained (the rows
 a draft scores are copied only when the head runs in another dtype than the target).
 
-Head dtype: `head_dtype="auto"` (the default) runs the head of a float32 CPU target in bfloat16 where
-that drafts faster on this machine, measured once (`choose_head_dtype`); a depth reads its weights from
-memory after every target forward, so halving their bytes can pay, but not on every CPU.
+Head dtype: `head_dtype="auto"` (the default) runs the head in the dtype `python -m specdec.tune`
+stored for this machine x target x kernel x head geometry (`measure_head_dtypes` times both), else
+in the target's dtype; a depth reads its weights from memory after every target forward, so
+halving their bytes can pay, but not on every CPU.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 from pathlib import Path
 
 import torch
 
+from specdec import machine
 from specdec.target import kernels
 from specdec.target.cache import KVCache
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.registry import register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.common import BlockSlots
-from specdec.measure.latency import machine_name
 from specdec.target.loading import parse_dtype
 from specdec.target.model import Target, tree_attention
 from specdec.core.shapes import SubVocab, grow_tree
@@ -192,37 +192,29 @@ def random_head(target: Target, seed: int = 0) -> EagleHead:
     return head
 
 
-HEAD_DTYPE_SCHEMA = "specdec.eagle-head-dtype/1"
 HEAD_DTYPES = (torch.float32, torch.bfloat16)
-"""What `head_dtype="auto"` chooses among for a float32 target on a CPU."""
+"""What `head_dtype="auto"` chooses among for a float32 target on a CPU (`specdec.tune` measures them)."""
 
 
-def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) -> torch.dtype:
-    """`head_dtype="auto"`: the target's dtype, except for a float32 target on a CPU, where the faster of
-    HEAD_DTYPES is measured once per machine x target x kernel x threads (`measure_head_dtypes`, a couple
-    of seconds) and kept under $SPECDEC_CACHE/kernels. Measured because it differs by CPU: with oneDNN's
-    bf16 products a draft depth of the embedded target's head cost less in bf16 on an AMD EPYC (Zen 5),
-    where an earlier bf16 head ran slower on an Intel Xeon; on an AVX2-only CPU oneDNN refuses bf16 and
-    the bf16 head runs F.linear, which is measured the same way (README, "Decoding speed")."""
-    if target.device.type != "cpu" or target.dtype != torch.float32:
-        return target.dtype
-    geometry = f"h{target.hidden_size}-v{draft_vocab or target.vocab_size}-a{len(head.config.aux_layers)}"
-    key = kernels.choice_key(f"eagle-head-{target.label}-{target.kernel}-{geometry}", target.device, target.dtype,
-                             machine_name(target.device))
-    path = kernels.cache_dir() / f"{key}.json"
+def head_geometry(target: Target, head: EagleHead, draft_vocab: int | None) -> str:
+    """The key of a head-dtype choice in the target's tune record: what changes its timing."""
+    return f"{target.kernel}-h{target.hidden_size}-v{draft_vocab or target.vocab_size}-a{len(head.config.aux_layers)}"
+
+
+def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) -> tuple[torch.dtype, bool]:
+    """`head_dtype="auto"`: (dtype, tuned). The dtype stored for this head geometry in the machine's
+    tune record (`python -m specdec.tune TARGET --drafter eagle`), else the target's dtype (not tuned).
+    Looks up only; a stored dtype that is not one of HEAD_DTYPES is a TuneError naming the record."""
+    tuned = (machine.load_record(target.label, target.device, target.dtype) or {}).get("head_dtype", {})
+    entry = tuned.get(head_geometry(target, head, draft_vocab))
+    if entry is None:
+        return target.dtype, False
     names = {str(dtype).removeprefix("torch."): dtype for dtype in HEAD_DTYPES}
-    if path.exists():
-        data = json.loads(path.read_text())
-        if data.get("schema") != HEAD_DTYPE_SCHEMA or data.get("dtype") not in names:
-            raise ValueError(f"{path} is not a {HEAD_DTYPE_SCHEMA} file; delete it to measure again")
-        return names[data["dtype"]]
-    seconds = measure_head_dtypes(target, head, draft_vocab)
-    best = min(seconds, key=seconds.get)
-    kernels.save_choice(key, {"dtype": str(best).removeprefix("torch."),
-                              "seconds_per_step": {str(d).removeprefix("torch."): t for d, t in seconds.items()},
-                              "machine": machine_name(target.device), "threads": torch.get_num_threads()},
-                        schema=HEAD_DTYPE_SCHEMA)
-    return best
+    if entry.get("dtype") not in names:
+        path = machine.record_path(target.label, target.device, target.dtype)
+        raise machine.TuneError(f"tune record {path} stores head dtype {entry.get('dtype')!r}, expected one of "
+                                f"{', '.join(names)}; run `python -m specdec.tune {target.name} --drafter eagle` again")
+    return names[entry["dtype"]], True
 
 
 def measure_head_dtypes(target: Target, head: EagleHead, draft_vocab: int | None, repeats: int = 3,
@@ -247,8 +239,8 @@ def measure_head_dtypes(target: Target, head: EagleHead, draft_vocab: int | None
 
 DEFAULT_DRAFT_VOCAB = 4096
 """`draft_vocab="auto"` uses this many tokens when the head ranks at least that many (else the full
-vocabulary). Measured on the embedded target (scripts/bench_eagle.py): 3-4x less draft time than the
-full 49,152-token lm_head for at most ~0.07 less MAL."""
+vocabulary): scoring 4,096 rows instead of the whole lm_head cuts draft time several-fold for a small
+loss of acceptance (`scripts/bench_eagle.py` measures both)."""
 
 
 @register("eagle")
@@ -259,8 +251,8 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
     head (with its `.json`), 'random' = untrained, or an EagleHead. draft_vocab: score only the N
     most frequent training tokens (None = full vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head
     ranks that many). refresh: see the module docstring. head_dtype: the dtype the head and the
-    lm_head rows it scores run in: "auto" (the faster of float32 and bfloat16 for a float32 target on a
-    CPU, measured once per machine: `choose_head_dtype`; else the target's), None = the target's, or a
+    lm_head rows it scores run in: "auto" (the one `python -m specdec.tune` stored for this machine,
+    else the target's: `choose_head_dtype`; `drafter.head_dtype_tuned` says which), None = the target's, or a
     dtype ('bfloat16' halves the bytes a draft depth reads). Drafts only: exactness does not depend on it."""
     auto_dtype = isinstance(head_dtype, str) and head_dtype == "auto"
     head_dtype = None if auto_dtype else parse_dtype(head_dtype)
@@ -274,9 +266,12 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
         raise TypeError(f"head must be None, a path, 'random' or an EagleHead, got {type(head).__name__}")
     if draft_vocab == "auto":
         draft_vocab = DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= DEFAULT_DRAFT_VOCAB else None
+    tuned = None
     if auto_dtype:
-        head_dtype = choose_head_dtype(target, head, draft_vocab)
-    return EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype)
+        head_dtype, tuned = choose_head_dtype(target, head, draft_vocab)
+    drafter = EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype)
+    drafter.head_dtype_tuned = tuned
+    return drafter
 
 
 build_eagle.test_options = {"head": "random"}

@@ -1,10 +1,11 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
 Owns `LatencyCurve` (the measurement, as data, with interpolation and JSON round-trip),
-`measure_latency` (times `Target.forward` of w tokens after c cached ones, widths interleaved) and
-`cached_latency` (measure once per target x device x dtype x quantization x linear kernel x
-attention x machine x threads, keep it under the specdec cache). The curve is what turns acceptance
-into speed: the `auto` draft shape and the grid's cost model both read it. Knows nothing about drafters or shapes.
+`measure_latency` (times `Target.forward` of w tokens after c cached ones, widths interleaved),
+`cached_latency` (measure once per target x kernel x attention x threads x grid and keep it in the
+machine's tune record, `specdec.machine`) and `tuned_latency` (look a curve up, never measure: what
+`shape="auto"` plans with). The curve is what turns acceptance into speed: the `auto` draft shape and
+the grid's cost model both read it. Knows nothing about drafters or shapes.
 
 Width w is a tree block of w tokens (all children of the cached prefix): the same attention work
 as any tree of w nodes, so one curve serves chains and trees.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -22,24 +22,11 @@ from pathlib import Path
 
 import torch
 
+from specdec import machine
 from specdec.target.forwards import CACHES, resolve_cache, verification_width
 from specdec.target.model import Target
 
 SCHEMA = "specdec.measure.latency/1"
-
-
-def machine_name(device: torch.device | str = "cpu") -> str:
-    """The processor a timing ran on: `lscpu`'s model name, or the CUDA device name."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @dataclass(frozen=True)
@@ -169,34 +156,50 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
                 kv.truncate(context)
         table.append([statistics.median(times[w]) for w in widths])
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
-                        machine=machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
+                        machine=machine.machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
                         contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table))
 
 
-def cache_root() -> Path:
-    """specdec's cache folder: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
-
-
-def cache_dir() -> Path:
-    """Where measured curves are kept: `cache_root()`/latency."""
-    return cache_root() / "latency"
+def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str) -> str:
+    """A curve's name inside the target's tune record: what else changes its times (the kernel, the
+    attention, the threads, the grid and the cache kind; machine, target and dtype name the record)."""
+    return "_".join([cache, target.kernel, target.attention, f"t{torch.get_num_threads()}",
+                     "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"])
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                    contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic") -> LatencyCurve:
-    """`measure_latency` once per target x device x dtype x kernel x attention x machine x threads x
-    grid x cache kind; later calls read the saved curve."""
+    """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
+    store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
+    `tuned_latency`, which never measures."""
     kind = resolve_cache(cache, target)
-    key = "_".join([target.label, str(target.device), str(target.dtype).replace("torch.", ""), target.kernel,
-                    target.attention, machine_name(target.device), f"t{torch.get_num_threads()}",
-                    "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
-                   + ([] if kind == "dynamic" else [kind]))
-    path = cache_dir() / ("".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key) + ".json")
-    if path.exists():
-        return LatencyCurve.load(path)
+    key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind)
+    record = machine.load_record(target.label, target.device, target.dtype) or {}
+    if key in record.get("curves", {}):
+        return LatencyCurve.from_json(record["curves"][key], f"tune record curve {key}")
     curve = measure_latency(target, widths, contexts, repeats, cache=kind)
-    curve.save(path)
+    machine.update_record(target.label, target.device, target.dtype, curves={key: curve.to_json()})
     return curve
+
+
+DEFAULT_WIDTH_COST = 1 / 24
+"""The untuned curve's cost of each token past the first, in units of a one-token forward."""
+
+
+def tuned_latency(target: Target, cache: str = "dynamic") -> LatencyCurve:
+    """The latency curve `shape="auto"` plans with, looked up and never measured: the widest curve
+    stored for this target, kernel, attention, threads and cache kind in the machine's tune record
+    (`python -m specdec.tune`), else the untuned default, t(w) = 1 + (w - 1) * DEFAULT_WIDTH_COST
+    one-token forwards, whose `machine` field says "not tuned" (the policy's scale factor absorbs the
+    absolute time; only the curve's shape matters)."""
+    kind = resolve_cache(cache, target)
+    prefix = f"{kind}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_w"
+    record = machine.load_record(target.label, target.device, target.dtype) or {}
+    stored = sorted((k for k in record.get("curves", {}) if k.startswith(prefix)),
+                    key=lambda k: (len(k.split("_w")[1].split("_")[0].split("-")), k))
+    if stored:
+        return LatencyCurve.from_json(record["curves"][stored[-1]], f"tune record curve {stored[-1]}")
+    widths = (1, 2, 4, 8, 16, 32, 64, 128)
+    return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
+                        machine="not tuned", threads=torch.get_num_threads(), widths=widths, contexts=(0,),
+                        seconds=((tuple(1 + (w - 1) * DEFAULT_WIDTH_COST for w in widths)),))

@@ -4,14 +4,15 @@ Owns the linear-kernel registry (`torch`: the modules as loaded, `F.linear`; `on
 prepacked once into oneDNN's blocked layout and run by `torch.ops.mkldnn._linear_pointwise`, the op
 that torch.compile's CPU freezing pass emits for a linear; `hybrid`: `onednn`, except that a
 one-row product, a plain decoding step's, runs `F.linear` on the weight as loaded), the module
-swap and its inverse (`apply_kernel`, `plain_linears`), and `use_kernel`, which sets a Target's
-kernel: `auto` times the target's own forward at a plain-decoding width and a verification width
-under every kernel that can run it (`measure_choice`), once per machine x target x dtype x threads x
-kernel set, and keeps the answer under $SPECDEC_CACHE/kernels.
+swap and its inverse (`apply_kernel`, `plain_linears`), `measure_choice` (times the target's own
+forward at a plain-decoding width and a verification width under every kernel that can run it; run
+by `python -m specdec.tune`) and `use_kernel`, which sets a Target's kernel: `auto` looks the choice
+up in the machine's tune record (`specdec.machine`) and, with none stored, runs
+`specdec.machine.DEFAULT_KERNEL`. It never measures.
 
 Why it exists: the same fp32 weights cost very different time per forward depending on which
 library multiplies them, and the difference is largest at the small widths speculative decoding
-verifies (README, "Linear kernels", has the measured curves and the command). A kernel changes
+verifies (`scripts/bench_kernels.py` measures the curves). A kernel changes
 rounding in the last bits, never the weights: it is not a quantization.
 
 Touches only modules whose type is exactly `nn.Linear` with a dense float32 or bfloat16 weight that
@@ -25,23 +26,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from specdec.target.cache import KVCache
-from specdec.measure.latency import cache_root, machine_name
+from specdec import machine
 from specdec.target.model import Target
 
-KERNEL_SCHEMA = "specdec.kernel-choice/1"
 
 
 class OneDNNLinear(nn.Module):
@@ -236,11 +234,6 @@ CHOICE_WIDTHS = (1, 8)
 """Widths `auto` times: one plain decoding step and a typical verification (a chain(7) or small tree)."""
 
 
-def cache_dir() -> Path:
-    """Where measured choices are kept: $SPECDEC_CACHE/kernels (`latency.cache_root()`)."""
-    return cache_root() / "kernels"
-
-
 def candidates(device: torch.device | str, dtype: torch.dtype) -> list[str]:
     """Kernels that can run `dtype` linears on `device` here, `torch` first."""
     return [name for name in KERNELS if why_not(name, device, dtype) is None]
@@ -260,34 +253,6 @@ def resolve(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str 
     return names[0] if len(names) == 1 else None
 
 
-def choice_key(label: str, device: torch.device | str, dtype: torch.dtype, machine: str,
-               names: list[str] | None = None) -> str:
-    """The stored choice's name; `names` (the kernels it chose among) are part of it, so a choice
-    made before a kernel was added is measured again rather than reused."""
-    key = "_".join([label, str(device), str(dtype).replace("torch.", ""), machine, f"t{torch.get_num_threads()}"]
-                   + (["k-" + "-".join(names)] if names else []))
-    return "".join(ch if ch.isalnum() or ch in "-_.@" else "-" for ch in key)
-
-
-def load_choice(key: str) -> dict | None:
-    path = cache_dir() / f"{key}.json"
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    if data.get("schema") != KERNEL_SCHEMA or data.get("kernel") not in KERNELS:
-        raise ValueError(f"{path} is not a {KERNEL_SCHEMA} file with a known kernel; delete it to measure again")
-    return data
-
-
-def save_choice(key: str, data: dict, schema: str = KERNEL_SCHEMA) -> None:
-    """Write a measured choice under `cache_dir()` atomically (a reader never sees half a file)."""
-    path = cache_dir() / f"{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"schema": schema, **data}, indent=1))
-    tmp.replace(path)
-
-
 def pick(seconds: dict[str, dict[int, float]]) -> str:
     """The kernel with the least total time over the measured widths (ties: the first listed)."""
     return min(seconds, key=lambda name: sum(seconds[name].values()))
@@ -298,7 +263,7 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
     `names` (at most one that packs: the others are views of the same weights), kernels and widths
     interleaved in every repeat (one warm-up round first), median kept; leaves the model on the
     fastest. The packing kernels (`onednn`, `hybrid`) share one packed copy of the weights. Returns
-    {"kernel", "seconds": {name: {width: s}}, ...} as stored by `save_choice`."""
+    {"kernel", "seconds": {name: {width: s}}, ...}, the `kernel` field of a tune record."""
     packing = [name for name in names if KERNELS[name].pack is not None]
     if packing:
         apply_kernel(target.model, packing[0])
@@ -325,30 +290,34 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
     apply_kernel(target.model, best)
     return {"kernel": best, "seconds": {n: {str(w): s for w, s in t.items()} for n, t in seconds.items()},
             "widths": list(CHOICE_WIDTHS), "context": context, "repeats": repeats,
-            "machine": machine_name(target.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "machine": machine.machine_name(target.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def use_kernel(target: Target, kernel: str = "auto") -> Target:
     """`target` with its plain linears run by `kernel` (in place: the returned Target wraps the same
     model; do not use the given one afterwards).
 
-    `auto` takes the only kernel that can run here, else the measured choice for this machine x
-    target x device x dtype x threads from $SPECDEC_CACHE/kernels, measuring it once
-    (`measure_choice`: a few seconds for the embedded model) when none is stored. An explicit kernel that
-    cannot run here (wrong device or dtype, missing oneDNN) is a ValueError naming it and why.
-    The choice and its timings go to `info["kernel"]`.
+    `auto` takes the only kernel that can run here, else the kernel stored for this machine x target
+    x device x dtype by `python -m specdec.tune` (`specdec.machine.load_record`), else
+    `specdec.machine.DEFAULT_KERNEL`, recorded as not tuned. It measures nothing. An explicit kernel
+    that cannot run here (wrong device or dtype, missing oneDNN), or a stored one that cannot, is a
+    ValueError naming it and why. The choice and where it came from go to `info["kernel"]`.
     """
     chosen = resolve(kernel, target.device, target.dtype)
     record: dict = {"requested": kernel}
     if chosen is None:
-        names = candidates(target.device, target.dtype)
-        key = choice_key(target.label, target.device, target.dtype, machine_name(target.device), names)
-        data = load_choice(key)
-        if data is None:
-            data = measure_choice(target, names)
-            save_choice(key, data)
-        chosen = data["kernel"]
-        record.update(seconds=data["seconds"], measured_on=data["machine"])
+        tuned = (machine.load_record(target.label, target.device, target.dtype) or {}).get("kernel")
+        if tuned is None:
+            chosen = machine.DEFAULT_KERNEL
+            record.update(tuned=False, note=f"not tuned: `python -m specdec.tune {target.name}` measures the choice")
+        else:
+            chosen = tuned.get("kernel")
+            reason = why_not(chosen, target.device, target.dtype) if chosen in KERNELS else "unknown kernel"
+            if reason:
+                path = machine.record_path(target.label, target.device, target.dtype)
+                raise machine.TuneError(f"tune record {path} names kernel {chosen!r}, which cannot run here "
+                                        f"({reason}); run `python -m specdec.tune {target.name}` again")
+            record.update(tuned=True, seconds=tuned.get("seconds"), threads=tuned.get("threads"))
     apply_kernel(target.model, chosen)
     record.update(kernel=chosen, description=KERNELS[chosen].description)
     return dataclasses.replace(target, kernel=chosen, info={**target.info, "kernel": record})

@@ -8,6 +8,7 @@ user's cache directory, tiny randomly initialised models built from a config (fo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from specdec.target import attention, kernels
-from specdec.measure.latency import cache_root
+from specdec import machine
 from specdec.target.model import Target
 from specdec.quiet import no_progress_bars
 
@@ -40,11 +41,6 @@ def builtin_targets() -> list[str]:
     return sorted(_BUILTINS)
 
 
-def cache_dir() -> Path:
-    """$SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec (`latency.cache_root()`)."""
-    return cache_root()
-
-
 def load_target(
     name_or_path: str = "smollm2-135m",
     *,
@@ -52,6 +48,7 @@ def load_target(
     dtype: torch.dtype | str | None = None,
     quant: str | None = None,
     kernel: str = "auto",
+    threads: int | str | None = "auto",
     attn_implementation: str | None = None,
 ) -> Target:
     """Load a target model by built-in name, local directory or Hugging Face hub id.
@@ -63,9 +60,13 @@ def load_target(
         dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
             checkpoint's own dtype for others.
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
-        kernel: what runs the plain linear layers (`specdec.target.kernels`): `auto` (the faster of the
-            kernels that can run here, measured once per machine x target and cached), `torch`
-            (the modules as loaded), `onednn` (weights prepacked for oneDNN; CPU, fp32/bf16).
+        kernel: what runs the plain linear layers (`specdec.target.kernels`): `auto` (the kernel
+            `python -m specdec.tune` stored for this machine x target, else
+            `specdec.machine.DEFAULT_KERNEL`), `torch` (the modules as loaded), `onednn` (weights
+            prepacked for oneDNN; CPU, fp32/bf16).
+        threads: torch intra-op threads, set here for the whole process (`torch.set_num_threads`):
+            an int, or `auto` (the count `specdec.tune` stored for this machine x target, else
+            `specdec.machine.DEFAULT_THREADS`). Never left to torch's default.
         attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None (default):
             transformers' choice, and where that is `sdpa`, specdec's `specdec_sdpa`, which is
             the same except that a masked forward on CPU reads grouped K/V heads without copying
@@ -75,6 +76,11 @@ def load_target(
     if kernel not in kernels.CHOICES:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(kernels.CHOICES)}")
     dtype = parse_dtype(dtype)
+    if device.type == "cpu":
+        base = machine.load_record(name_or_path, device, dtype or torch.float32) if threads in (None, "auto") else None
+        count = machine.resolve_threads(threads, base)
+        torch.set_num_threads(count)
+        source = "argument" if threads not in (None, "auto") else "tuned" if base and "threads" in base else "default"
     if name_or_path in _BUILTINS:
         target = _BUILTINS[name_or_path](device=device, dtype=dtype, attn_implementation=attn_implementation)
     else:
@@ -85,7 +91,10 @@ def load_target(
         from specdec import quant as quant_lib
 
         target = quant_lib.quantize_target(target, quant)
-    return kernels.use_kernel(target, kernel)
+    target = kernels.use_kernel(target, kernel)
+    if device.type == "cpu":
+        target = dataclasses.replace(target, info={**target.info, "threads": {"threads": count, "from": source}})
+    return target
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -163,7 +172,7 @@ def embedded_gguf_path() -> Path:
 def embedded_model_dir() -> Path:
     """A safetensors copy of the embedded model, converted from the GGUF file on first use
     (~40 s, written atomically), then reused."""
-    out = cache_dir() / "smollm2-135m-instruct"
+    out = machine.cache_root() / "smollm2-135m-instruct"
     if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,0 +1,173 @@
+"""`python -m specdec.tune TARGET`: measure this machine's choices once and store them as data.
+
+    python -m specdec.tune smollm2-135m                       # threads, kernel, eagle head dtype, curve
+    python -m specdec.tune smollm2-135m --threads 1 --quant torchao_int4 --drafter none
+
+Owns the measuring that constructors used to do on first use: the torch thread count that decodes
+fastest (plain decoding, counts 1 .. cores, interleaved), the linear kernel
+(`specdec.target.kernels.measure_choice`), the EAGLE head dtype (`specdec.drafters.eagle.
+measure_head_dtypes`, when `--drafter eagle` and a shipped head exists) and the latency curve that
+`shape="auto"` plans with (`specdec.measure.latency.measure_latency`). Each run writes one fresh
+record per target (and per `--quant` target) in the machine's store (`specdec.machine`), prints a
+short card, and ends with one JSON line naming what it chose and where it wrote it. `load_target`,
+`build("eagle")` and `generate(shape="auto")` then look these up; they never measure.
+Knows nothing about drafting or acceptance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+import specdec
+from specdec import machine
+from specdec.target import kernels
+from specdec.target.forwards import resolve_cache
+from specdec.measure.latency import curve_key, measure_latency
+
+CURVE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+CURVE_CONTEXTS = (256,)
+DECODE_TOKENS = 16
+
+
+def decode_seconds(target: specdec.Target, counts: Sequence[int], repeats: int = 3) -> dict[int, float]:
+    """Median seconds per token of plain decoding (`DECODE_TOKENS` from a fixed 64-token prompt) at
+    each torch thread count, counts interleaved within each repeat after one warm-up round."""
+    prompt = torch.randint(0, target.vocab_size, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for rep in range(repeats + 1):
+        for n in counts:
+            torch.set_num_threads(n)
+            out = specdec.generate(target, None, prompt, max_new_tokens=DECODE_TOKENS, stop_on_eos=False)
+            if rep:
+                times[n].append(sum(s.target_time_s for s in out.stats.steps) / len(out.stats.steps))
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Remove the target's old record before measuring anew; say so when it could not be read."""
+    path = machine.record_path(label, device, dtype)
+    note = None
+    try:
+        machine.load_record(label, device, dtype)
+    except machine.TuneError as err:
+        note = f"replacing a record that could not be used: {err}"
+    path.unlink(missing_ok=True)
+    return note
+
+
+def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
+                device: str = "cpu") -> dict:
+    """Measure and store one target's choices; returns the record written (plus `notes`)."""
+    notes: list[str] = []
+    probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
+    label, dtype, dev = probe.label, probe.dtype, probe.device
+    if note := _fresh(label, dev, dtype):
+        notes.append(note)
+    cores = os.cpu_count() or 1
+    if dev.type == "cpu" and quant in (None, "none"):
+        counts = [threads] if threads else list(range(1, cores + 1))
+        seconds = decode_seconds(probe, counts) if len(counts) > 1 else {}
+        count = min(seconds, key=seconds.get) if seconds else counts[0]
+        machine.update_record(label, dev, dtype, threads=count,
+                              threads_seconds_per_token={str(n): s for n, s in seconds.items()})
+    else:
+        count = machine.resolve_threads(threads, machine.load_record(name, dev, dtype))
+    torch.set_num_threads(count)
+    target = probe
+    names = kernels.candidates(dev, dtype)
+    if len(names) > 1:
+        choice = kernels.measure_choice(target, names)  # leaves the model on the faster kernel
+        machine.update_record(label, dev, dtype, kernel={**choice, "among": names})
+    target = specdec.load_target(name, device=device, quant=quant, threads=count)  # as users will get it
+    if "eagle" in drafters and dev.type == "cpu" and dtype == torch.float32:
+        from specdec.drafters import eagle
+
+        try:
+            head = eagle.EagleHead.load(eagle.shipped_head_path(target))
+        except FileNotFoundError as err:
+            notes.append(f"head dtype not tuned: {err}")
+        else:
+            vocab = eagle.DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= eagle.DEFAULT_DRAFT_VOCAB else None
+            per_step = eagle.measure_head_dtypes(target, head, vocab)
+            best = min(per_step, key=per_step.get)
+            machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
+                "dtype": str(best).removeprefix("torch."),
+                "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
+    kind = resolve_cache("auto", target)
+    curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind)
+    key = curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind)
+    record = machine.update_record(label, dev, dtype, threads=count, curves={key: curve.to_json()})
+    return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
+
+
+def card(record: dict) -> list[str]:
+    """The human-readable lines for one tuned record."""
+    lines = [f"{record['target']} ({record['dtype']}, {record['device']}) on {record['machine']['name']} "
+             f"[{record['machine_key']}]"]
+    per = record.get("threads_seconds_per_token") or {}
+    timed = ", ".join(f"{n}: {1 / s:.1f} tok/s" for n, s in per.items())
+    lines.append(f"  threads  {record['threads']}" + (f"   (plain decoding {timed})" if timed else " (given)"))
+    kernel = record.get("kernel")
+    if kernel:
+        widths = kernel["widths"]
+        ms = ", ".join(f"{n} " + "/".join(f"{1e3 * t[str(w)]:.0f}" for w in widths) for n, t in kernel["seconds"].items())
+        lines.append(f"  kernel   {kernel['kernel']}   (ms at widths {'/'.join(map(str, widths))}: {ms})")
+    else:
+        lines.append("  kernel   only one can run here")
+    for geometry, choice in (record.get("head_dtype") or {}).items():
+        ms = ", ".join(f"{d} {1e3 * s:.2f}" for d, s in choice["seconds_per_step"].items())
+        lines.append(f"  eagle    {choice['dtype']} head   (ms per draft step: {ms}; {geometry})")
+    for key, curve in (record.get("curves") or {}).items():
+        row = curve["seconds"][0]
+        ratios = " ".join(f"{t / row[0]:.2f}" for t in row)
+        lines.append(f"  curve    widths {'/'.join(map(str, curve['widths']))}: {ratios} x a 1-token forward "
+                     f"({1e3 * row[0]:.0f} ms; {key})")
+    lines += [f"  note     {n}" for n in record.get("notes", [])]
+    lines.append(f"  record   {record['path']}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.tune", description=__doc__.split("\n")[0])
+    parser.add_argument("target", help="a load_target name or path, e.g. smollm2-135m")
+    parser.add_argument("--quant", default="", help="also tune these quantized targets (comma-separated specs)")
+    parser.add_argument("--threads", type=int, default=None, help="use this many threads instead of measuring")
+    parser.add_argument("--drafter", default="eagle", help="drafters whose choices to tune (comma-separated; "
+                        "'none' for none); only eagle has one (its head dtype)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    drafters = [d for d in args.drafter.split(",") if d and d != "none"]
+    try:
+        if args.threads is not None:
+            machine.resolve_threads(args.threads, None)
+        unknown = [d for d in drafters if d not in specdec.drafters.names()]
+        if unknown:
+            raise ValueError(f"unknown drafter {unknown[0]!r}; registered: {', '.join(specdec.drafters.names())}")
+        records = [tune_target(args.target, None, args.threads, drafters, args.device)]
+        for spec in filter(None, (q.strip() for q in args.quant.split(","))):
+            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device))
+    except (ValueError, OSError, KeyError) as err:
+        print(f"specdec.tune: error: {err}", file=sys.stderr)
+        return 2
+    for record in records:
+        print("\n".join(card(record)))
+    summary = {"tune": args.target, "machine": records[0]["machine"]["name"], "machine_key": records[0]["machine_key"],
+               "threads": records[0]["threads"], "seconds": round(time.perf_counter() - started, 1),
+               "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
+                                         "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
+                                         "curves": list(r.get("curves", {})), "record": r["path"]} for r in records}}
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Measured choices as data: constructors only look up, `python -m specdec.tune` measures and stores,
+and a record that cannot be trusted is an error naming it, never a silent change of what runs."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import specdec
+from specdec import machine, tune
+from specdec.core.policy import shape_policy
+from specdec.core.shapes import parse_shape
+from specdec.drafters import build
+from specdec.measure.latency import tuned_latency
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    yield tmp_path
+    torch.set_num_threads(1)
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_with_nothing_stored_constructors_measure_and_write_nothing(empty_cache):
+    target = specdec.load_target("tiny-llama", dtype=torch.float32)  # three kernels could run: a choice
+    assert len(specdec.target.kernels.candidates(target.device, target.dtype)) > 1
+    assert target.kernel == machine.DEFAULT_KERNEL and target.info["kernel"]["tuned"] is False
+    assert target.info["threads"] == {"threads": machine.DEFAULT_THREADS, "from": "default"}
+    drafter = build("eagle", target=target, head="random")
+    assert drafter.head_dtype_tuned is False and next(drafter.head.parameters()).dtype == target.dtype
+    specdec.generate(target, drafter, [1, 2, 3, 4], shape="auto", max_new_tokens=6)
+    policy = shape_policy(parse_shape("auto"), target, drafter)
+    assert policy.curve.machine == "not tuned"
+    assert _files(empty_cache) == []
+
+
+def test_tune_writes_one_record_that_constructors_then_use(empty_cache, capsys):
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    record_file = machine.record_path("tiny-llama", "cpu", torch.float32)
+    assert _files(empty_cache) == [str(record_file.relative_to(empty_cache))]
+    chosen = summary["targets"]["tiny-llama"]
+    assert summary["threads"] == 1 and chosen["record"] == str(record_file)
+    target = specdec.load_target("tiny-llama", dtype=torch.float32)
+    assert target.kernel == chosen["kernel"] and target.info["kernel"]["tuned"] is True
+    assert target.info["threads"] == {"threads": 1, "from": "tuned"}
+    curve = tuned_latency(target)
+    assert curve.machine == machine.machine_name() and [curve.target] == list(summary["targets"])
+    before = _files(empty_cache)
+    specdec.generate(target, None, [1, 2, 3], max_new_tokens=3)
+    assert _files(empty_cache) == before
+
+
+def test_a_tuned_head_dtype_is_what_eagle_builds(empty_cache):
+    from specdec.drafters import eagle
+
+    target = specdec.load_target("tiny-llama", dtype=torch.float32, kernel="torch")
+    head = eagle.random_head(target)
+    machine.update_record(target.label, target.device, target.dtype, head_dtype={
+        eagle.head_geometry(target, head, None): {"dtype": "bfloat16", "seconds_per_step": {}}})
+    drafter = build("eagle", target=target, head=head, draft_vocab=None)
+    assert drafter.head_dtype_tuned is True and next(drafter.head.parameters()).dtype == torch.bfloat16
+    machine.update_record(target.label, target.device, target.dtype, head_dtype={
+        eagle.head_geometry(target, head, None): {"dtype": "float8"}})
+    with pytest.raises(machine.TuneError, match="float8"):
+        build("eagle", target=target, head=head, draft_vocab=None)
+
+
+def test_the_machine_key_names_family_model_and_isa():
+    facts = machine.machine_facts()
+    key = machine.machine_key()
+    assert f"-f{facts['family']}-m{facts['model']}" in key and all(flag in key for flag in facts["isa"])
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "unreadable"),
+    (json.dumps({"schema": "specdec.tune/0"}), "schema 'specdec.tune/0'"),
+    (json.dumps({"schema": machine.SCHEMA, "machine_key": "cpu-Other-f6-m85-avx2"}), "cpu-Other-f6-m85-avx2"),
+    (json.dumps({"schema": machine.SCHEMA, "machine_key": machine.machine_key(), "kernel": {"kernel": "nosuch"}}),
+     "'nosuch'"),
+])
+def test_an_untrustworthy_record_is_an_error_naming_the_file(empty_cache, content, message):
+    path = machine.record_path("tiny-llama", "cpu", torch.float32)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(machine.TuneError, match=message) as err:
+        specdec.load_target("tiny-llama", dtype=torch.float32)
+    assert str(path) in str(err.value)
+
+
+def test_tune_replaces_an_unreadable_record_and_says_so(empty_cache, capsys):
+    path = machine.record_path("tiny-llama", "cpu", torch.float32)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none"]) == 0
+    assert "replacing a record that could not be used" in capsys.readouterr().out
+    assert machine.load_record("tiny-llama", "cpu", torch.float32)["threads"] == 1
+
+
+def test_bad_input(empty_cache, capsys):
+    too_many = (os.cpu_count() or 1) + 1
+    with pytest.raises(ValueError, match=f"threads={too_many} is more than"):
+        specdec.load_target("tiny-llama", threads=too_many)
+    with pytest.raises(ValueError, match="threads must be an integer"):
+        specdec.load_target("tiny-llama", threads=0)
+    assert tune.main(["tiny-llama", "--threads", str(too_many)]) == 2
+    assert f"threads={too_many}" in capsys.readouterr().err
+    assert tune.main(["no-such-model-dir", "--threads", "1"]) == 2
+    assert "no-such-model-dir" in capsys.readouterr().err
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "nosuch"]) == 2
+    assert "unknown drafter 'nosuch'" in capsys.readouterr().err
