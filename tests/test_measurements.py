@@ -107,10 +107,6 @@ def test_readme_is_a_front_door():
                      "bash scripts/install.sh && python -m pytest -q"]
 
 
-PENDING = {"specdec.tune", "specdec.machine"}
-"""Modules the README describes that issue 30 is building now; the check skips them until they land."""
-
-
 def _names_a_module_or_attribute(name: str) -> bool:
     parts = name.split(".")
     for n in range(len(parts), 0, -1):
@@ -131,7 +127,7 @@ def test_docs_name_only_modules_and_paths_that_exist():
     """Every `specdec.x.y` / `experiments.x` name and every repository path or link the READMEs give exists."""
     for doc in ["README.md", "experiments/README.md", "docs/library.md", "docs/measurements/README.md"]:
         text = (REPO / doc).read_text()
-        for name in sorted(set(re.findall(r"\b((?:specdec|experiments)(?:\.[A-Za-z_]+)+)", text)) - PENDING):
+        for name in sorted(set(re.findall(r"\b((?:specdec|experiments)(?:\.[A-Za-z_]+)+)", text))):
             assert _names_a_module_or_attribute(name), f"{doc} names {name}, which is no module or attribute"
         paths = set(re.findall(r"`((?:specdec|experiments|scripts|docs|tests)/[\w./-]+)`", text))
         paths |= set(re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", text))
