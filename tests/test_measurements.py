@@ -133,3 +133,8 @@ def test_docs_name_only_modules_and_paths_that_exist():
         paths |= set(re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", text))
         for path in sorted(paths):
             assert (REPO / path).exists() or (REPO / doc).parent.joinpath(path).exists(), f"{doc} names {path}"
+
+
+def test_the_checked_in_measurement_pages_are_generated_from_their_records(capsys):
+    """docs/measurements/<machine>.md equal what the generator makes of docs/measurements/results/ (no hand edits)."""
+    assert _generator().main(["--check"]) == 0, capsys.readouterr().out
