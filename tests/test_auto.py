@@ -8,7 +8,8 @@ import torch
 
 import specdec
 import specdec.core.policy
-from specdec.core.policy import AutoPolicy, candidate_widths, shape_policy
+from specdec.core.auto_policy import AutoPolicy, candidate_widths
+from specdec.core.policy import shape_policy
 from specdec.drafters import build_for_tests
 from specdec.measure.latency import LatencyCurve
 from specdec.core.reference import reference_generate

@@ -102,14 +102,9 @@ def generate(
     `specdec.target.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
     prompt_ids = target.encode_prompt(prompt, chat=chat)
-    kind = resolve_cache(cache, target)
-    max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
-    width, buckets = verification_width(kind, max_nodes + 1, buckets)
-    needed = _check_lengths(target, len(prompt_ids), max_new_tokens, kind, width, cache_capacity)
-    policy = FixedShape(None) if drafter is None else shape if spec is None else shape_policy(
-        spec, target, drafter, cache=kind)
+    policy, kind, needed, buckets = _plan(target, drafter, shape, len(prompt_ids), max_new_tokens, cache,
+                                          cache_capacity, buckets)
     hear = drafter.commit if drafter is not None else _no_commit
     eos = target.eos_token_ids if stop_on_eos else set()
     generator = torch.Generator(device=target.device).manual_seed(seed)
@@ -185,19 +180,22 @@ def generate(
         if eos and eos.intersection(new):
             break
 
-    new_ids = committed[len(prompt_ids):][:max_new_tokens]
-    stop = next((i for i, t in enumerate(new_ids) if t in eos), None)
-    if stop is not None:
-        new_ids = new_ids[: stop + 1]
+    new_ids = _cut_at_eos(committed[len(prompt_ids):][:max_new_tokens], eos)
     stats.new_tokens = len(new_ids)
     stats.wall_time_s = time.perf_counter() - start
     return GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=prompt_ids, stats=stats)
 
 
-def _check_lengths(target: Target, prompt_len: int, max_new_tokens: int, kind: str, width: int,
-                   cache_capacity: int | None) -> int:
-    """ValueError for a bad `max_new_tokens`, a prompt + generation past the context or a too short
-    `cache_capacity`; returns the cache capacity the generation needs (`width` = verification width)."""
+def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | ShapePolicy, prompt_len: int,
+          max_new_tokens: int, cache: str, cache_capacity: int | None, buckets: Sequence[int] | None,
+          ) -> tuple[ShapePolicy, str, int, tuple[int, ...] | None]:
+    """Check the inputs before any work and size the cache: (the shape policy, the cache kind, the
+    capacity the generation needs, the width buckets). ValueError for a bad shape or `max_new_tokens`,
+    a prompt + generation past the context, or a too short `cache_capacity`."""
+    spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
+    kind = resolve_cache(cache, target)
+    max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
+    width, buckets = verification_width(kind, max_nodes + 1, buckets)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if prompt_len + max_new_tokens > target.context_length:
@@ -211,7 +209,15 @@ def _check_lengths(target: Target, prompt_len: int, max_new_tokens: int, kind: s
         padded = f", padded to bucket {width}" if kind == "graphs" else ""
         raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({prompt_len}) + "
                          f"max_new_tokens ({max_new_tokens}) + draft nodes ({width - 1}{padded}) = {needed}")
-    return needed
+    policy = FixedShape(None) if drafter is None else shape if spec is None else shape_policy(
+        spec, target, drafter, cache=kind)
+    return policy, kind, needed, buckets
+
+
+def _cut_at_eos(new_ids: list[int], eos: set[int]) -> list[int]:
+    """The generated tokens up to and including the first EOS (all of them if none)."""
+    stop = next((i for i, t in enumerate(new_ids) if t in eos), None)
+    return new_ids if stop is None else new_ids[: stop + 1]
 
 
 def _no_commit(step: Step) -> None:

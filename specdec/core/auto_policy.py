@@ -1,0 +1,425 @@
+"""`shape="auto"`: the estimator that picks the draft shape with the best expected tokens per second.
+
+Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.core.policy`) by structure.
+Knows nothing about how drafts are grown or verified.
+
+`AutoPolicy`, the estimator. Each step it maximizes expected committed tokens per second over a
+fixed menu of static shapes, all width vectors (w_1, ..., w_D) with w_1 >= w_2 >= ... (each node at
+depth d gets its w_d best children), D <= max_depth, w_1 <= max_width, at most max_nodes nodes,
+plus "no draft":
+
+    value(shape) = (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) + commit + other)
+    value(none)  = 1 / (scale * latency(1, context) + commit + other)
+    E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s+[i, r])
+
+- s[d, r]: probability that the sibling of rank r (r-th best) at depth d is accepted, given that
+  its parent was accepted and ranks < r were not; a Beta(1, 3) prior at depth 1 (mean 0.25: a
+  drafter earns its width), and at each deeper depth a prior of the same weight (4) centred on the
+  depth above's estimate (a depth never drafted is believed as good as the one above it), updated
+  after every step from
+  the verified draft: walking down the accepted path, each tried sibling at depth d adds one trial
+  to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
+  conditions on depth and rank only).
+- s+[d, r] = min(1, s[d, r] + explore * sqrt(s (1 - s) / (n + 5))), n = trials[d, r]: the shape
+  choice is optimistic by `explore` (default 1) posterior standard deviations (the Beta posterior's,
+  n + 4 prior weight). Without it the choice can lock itself in: a chain(1) picked on early, noisy estimates
+  gives depth 2 no trials, so a pessimistic depth-2 estimate is never corrected (tests/test_auto.py
+  has such a case). The bonus
+  shrinks as a cell's trials grow, so the choice converges to the plain estimate.
+- latency(w, c): the target's `LatencyCurve` as `python -m specdec.tune` stored it for this machine
+  (`specdec.measure.latency.tuned_latency`: measured through the loop's own forward; with
+  `cache="graphs"` a padded, bucketed one, whose curve steps at the buckets), or with none stored
+  the documented untuned default; read as non-decreasing in w (a running maximum: a dip measured
+  at one width would make trimming cut nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
+  observed forward time / curve time, which absorbs machine load without re-measuring.
+- propose(D): the drafter's measured `propose` time as an EMA (weight 0.3) per draft depth; a depth
+  not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
+  the prompt through a model drafter) is not counted. commit: EMA (weight 0.3) of the drafter's
+  `commit` time over every step, drafted or not (the drafter hears every commit, so "no draft" pays
+  it too). Kept apart because a commit costs about the same at any depth: folded into a cost per
+  depth, a drafter with a costly commit (one that runs a model over the accepted tokens) would make
+  deep shapes look dearer than they are and "no draft" cheaper.
+- other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
+Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
+log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
+is asked for the chosen shape, and then only part of the draft is verified. Only point-mass drafts
+are trimmed (greedy drafts, trees, n-gram lookup): their tokens are fixed by the context, so which
+of them are verified changes nothing in the law of the output. A *sampled* draft (`draft_probs`,
+chains at T > 0) is verified whole: dropping a sampled node because of its own token's confidence
+would bias the output (tests/test_auto.py shows it with the exact law of one step).
+
+    p_i    = c[bucket(depth_i), bin(exp(score_i - score_parent(i)))]   calibrated P(node i accepted
+             | its parent accepted): depth buckets 1, 2, 3+, ten confidence bins on [0, 1]
+    P_i    = prod of p along the path to node i (E[node i accepted])
+    verify the k best nodes by P (ancestor-closed), k = argmax (1 + sum of their P) /
+           (scale * latency(1 + k, context) + other), k = 0 allowed (a plain step)
+
+- c: Beta posterior means, the prior centred on the bin's own confidence with weight 2 (a drafter
+  is believed calibrated until shown otherwise), updated after every step: each verified node
+  whose parent was accepted (or is the root) is one trial, a success if it was accepted; so is
+  each *trimmed* child of the last accepted node when the step ended on a bonus token (the target
+  drew it from its own distribution there: success if the child's token is that token, exact at
+  T = 0), so that confidences trimming rejects still get trials. Probes are verified whole.
+- The shape choice above then uses s learned on the verified nodes and the survival of trimming,
+  per depth and sibling rank like s: v[d, r] = P(the rank-r child at depth d is verified | its
+  parent is), counted over the children the chosen shape asks of each verified node (one the
+  drafter did not propose counts as dropped; prior: 4 of 4 kept). Per rank, because trimming eats
+  low-ranked siblings first: one survival per depth would charge a chain for its siblings' losses.
+  u[d, r] is the same survival counted only over the children of accepted parents (and the root's;
+  prior: v[d, r] with weight 4): acceptance only ever reaches those, and trimming keeps the children
+  of likely nodes. Counted over every verified parent instead, a tree(3,1) whose rank-1 and rank-2
+  nodes lose their children to trimming made depth 2 look dropped two times in three (v[2, 0] ~ 0.4
+  on the embedded target in bf16, while accepted nodes' children survive far more often: u ~ 0.8
+  against v ~ 0.5 in one dump), so deeper shapes were never tried.
+  So q_d = 1 - prod_{r < w_d} (1 - u[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
+  the verification width is 1 + sum_d prod_{i<=d} (sum_{r < w_i} v[i, r]).
+  A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
+  probes included, so a slow spike is forgotten; n-gram lookup) is asked every step for the
+  deepest shape of the menu with the most expected acceptances, even when "no draft"
+  has the best value: trimming can still verify nothing, so asking costs at most the drafting, and
+  only nodes whose calibrated confidence pays for their width are verified. An expensive drafter
+  drafts only as deep as what survives trimming pays for.
+The estimates belong to the drafter object: later generations with the same drafter (and the same
+auto config and target) start from what earlier ones learned; a new drafter starts from the prior.
+Greedy output never depends on it; at temperature > 0 the shapes chosen, and so which random numbers
+are drawn, depend on that history (a fixed shape reproduces a seed on its own).
+When "no draft" wins for `probe` steps in a row, chain(1) is drafted once so that the estimates can
+change; the interval doubles after each rejected probe and resets after an accepted one. Choosing
+"no draft" costs nothing else: the drafter is not asked, and still hears every `commit`.
+Steep curves (CPU, where 2 tokens cost ~1.4 one) give short chains or none; flat curves (GPU,
+where 64 tokens cost about one) give wide trees.
+"""
+
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specdec.core import tree as tree_ops
+from specdec.core.draft import Acceptance, Draft
+from specdec.core.shapes import AutoShape, ChainShape, Shape, TreeShape
+
+if TYPE_CHECKING:
+    from specdec.core.metrics import StepRecord
+    from specdec.target.model import Target
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    """Exponential moving average: `new` on the first observation (old is None)."""
+    return new if old is None else old + weight * (new - old)
+
+
+def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tuple[int, ...]]:
+    """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most
+    max_nodes nodes, by depth and then widest first. Example (2, 2, 1): 2 + 4 + 4 = 10 nodes.
+    Grown depth by depth from the vectors that still fit, so a wide `max_width` costs only the
+    vectors within `max_nodes` (enumerating every combination first would not finish)."""
+    out: list[tuple[int, ...]] = []
+    level = [((), 1, 0)]  # (widths, nodes at the deepest level, nodes in all)
+    for _ in range(max_depth):
+        grown = []
+        for widths, last, nodes in level:
+            for w in range(min(widths[-1] if widths else max_width, max_width), 0, -1):
+                if nodes + last * w <= max_nodes:
+                    grown.append((widths + (w,), last * w, nodes + last * w))
+        out.extend(widths for widths, _, _ in grown)
+        level = grown
+    return out
+
+
+class AutoPolicy:
+    """`shape="auto"`: the shape with the best expected tokens per second (module docstring)."""
+
+    TARGET_WEIGHT, DRAFT_WEIGHT, OTHER_WEIGHT = 0.2, 0.3, 0.2
+
+    def __init__(self, spec: AutoShape, target: Target | None = None, cache: str = "dynamic") -> None:
+        if spec.latency is None:
+            if target is None:
+                raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
+            from specdec.measure.latency import tuned_latency
+
+            self.curve = tuned_latency(target, cache=cache)
+        else:
+            self.curve = spec.latency
+        self.spec = spec
+        self.max_nodes = spec.max_nodes
+        self.widths = candidate_widths(spec.max_depth, spec.max_width, spec.max_nodes)
+        depth = spec.max_depth
+        # Column index per candidate and depth into s[d, :]; width 0 past a candidate's depth.
+        self.width_table = np.zeros((len(self.widths), depth), dtype=np.int64)  # [C, D]
+        for c, widths in enumerate(self.widths):
+            self.width_table[c, : len(widths)] = widths
+        self.nodes = np.array([sum(np.cumprod(w)) for w in self.widths], dtype=np.float64)  # [C]
+        self.depths = np.array([len(w) for w in self.widths], dtype=np.int64)  # [C]
+        self.trials = np.zeros((depth, spec.max_width))  # [D, W] per depth and sibling rank
+        self.successes = np.zeros((depth, spec.max_width))
+        self.scale = 1.0
+        self.other = 0.0
+        self.draft_cost: dict[int, float] = {}  # depth -> EMA seconds of propose
+        self.cost_per_depth: float | None = None  # EMA of propose seconds / depth
+        self.commit_cost = 0.0  # EMA seconds of the drafter's commit, every step
+        self.recent_draft_cost: float | None = None  # EMA of every drafted step's cost, probes included
+        self.drafted_steps = 0
+        self.idle_steps = 0
+        self.probe_interval = spec.probe
+        self.probing = False
+        # Trimming (module docstring): calibration cells [depth bucket, confidence bin], survival per
+        # depth and sibling rank.
+        centers = (np.arange(self.BINS) + 0.5) / self.BINS
+        self.calib_prior = np.stack([self.CALIB_WEIGHT * centers, self.CALIB_WEIGHT * (1 - centers)])  # [2, bins]
+        self.calib_trials = np.zeros((3, self.BINS))
+        self.calib_successes = np.zeros((3, self.BINS))
+        self.asked = np.zeros((depth, spec.max_width))  # [D, W] children asked of verified parents
+        self.kept = np.zeros((depth, spec.max_width))  # [D, W] of those, verified (after trimming)
+        self.asked_path = np.zeros((depth, spec.max_width))  # [D, W] the same, of accepted parents (and the root)
+        self.kept_path = np.zeros((depth, spec.max_width))
+        self.trims = False  # True once a drafter has handed in scored drafts
+        self._proposed_depth = 0
+        self._proposed: Draft | None = None  # this step's draft before trimming
+        self._features: tuple[np.ndarray, np.ndarray] | None = None  # its (confidence, depth) per node
+        self._keep: np.ndarray | None = None  # the proposal's nodes that were verified (None = all)
+        self._chosen: tuple[int, ...] = ()  # widths of the shape chosen for this step
+        self._deepest: int | None = None  # the cheap path's candidate (see choose)
+        self._latency_rows: dict[int, np.ndarray] = {}
+
+    # ---- estimates -------------------------------------------------------------------------------
+    PRIOR_SUCCESSES, PRIOR_FAILURES = 1.0, 3.0
+    BINS, CALIB_WEIGHT, CHEAP = 10, 2.0, 0.03
+
+    def start(self) -> None:
+        """A new generation: keep the estimates, restart the probing schedule."""
+        self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
+
+    def acceptance(self, optimistic: bool = False) -> np.ndarray:
+        """s[d, r] (module docstring): posterior means; depth 1 under the Beta(1, 3) prior, each
+        deeper depth under a prior of the same weight centred on the depth above. `optimistic`:
+        s+[d, r], the mean plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
+        weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
+        prior = np.full(self.trials.shape[1], self.PRIOR_SUCCESSES / weight)
+        out = np.empty_like(self.trials)
+        for d in range(self.trials.shape[0]):
+            out[d] = prior = (self.successes[d] + weight * prior) / (self.trials[d] + weight)
+        if optimistic:
+            out = np.minimum(1.0, out + self.spec.explore * np.sqrt(out * (1 - out) / (self.trials + weight + 1)))
+        return out
+
+    def survival(self, on_path: bool = False) -> np.ndarray:
+        """v[d, r]: P(the rank-r child at depth d is verified | its parent is) under trimming (1
+        without it); `on_path`: u[d, r], the same given that its parent was accepted. [D, W]"""
+        if not self.trims:
+            return np.ones_like(self.kept)
+        weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES  # prior: `weight` of `weight` children kept
+        v = (self.kept + weight) / (self.asked + weight)
+        return (self.kept_path + weight * v) / (self.asked_path + weight) if on_path else v
+
+    def _per_depth(self, per_rank: np.ndarray) -> np.ndarray:
+        """[D, W] per depth and rank -> [C, D]: each candidate's sum over its ranks r < w_d."""
+        summed = np.concatenate([np.zeros((per_rank.shape[0], 1)), np.cumsum(per_rank, axis=1)], axis=1)  # [D, 1 + W]
+        return summed[np.arange(self.width_table.shape[1])[None], self.width_table]
+
+    def expected_accepted(self, optimistic: bool = False) -> np.ndarray:
+        """E[accepted draft tokens] per candidate (`optimistic`: under s+ rather than s). [C]"""
+        # [D, W] P(rank r verified and accepted | parent accepted, earlier ranks not)
+        tried = self.acceptance(optimistic) * self.survival(on_path=True)
+        miss = np.cumprod(1.0 - tried, axis=1)  # [D, W]: P(ranks 0..r all not accepted)
+        q = np.concatenate([np.zeros((miss.shape[0], 1)), 1.0 - miss], axis=1)  # [D, 1 + W], q[:, 0] = 0
+        per_depth = q[np.arange(self.width_table.shape[1])[None], self.width_table]  # [C, D]
+        return np.cumprod(per_depth, axis=1).sum(1)
+
+    def expected_verified(self) -> np.ndarray:
+        """Draft nodes each candidate is expected to verify after trimming. [C]"""
+        if not self.trims:
+            return self.nodes
+        return np.cumprod(self._per_depth(self.survival()), axis=1).sum(1)
+
+    def calibrated(self, conf: np.ndarray, depth: np.ndarray) -> np.ndarray:
+        """c[bucket, bin]: calibrated P(accepted | parent accepted) for confidences in [0, 1]. [N]"""
+        cell = self._cells(conf, depth)
+        a = self.calib_successes[cell] + self.calib_prior[0][cell[1]]
+        return a / (self.calib_trials[cell] + self.CALIB_WEIGHT)
+
+    def _latency_row(self, context: int, width: int) -> np.ndarray:
+        """latency(1 + k, context) for k = 0..width, cached per 16 tokens of context. [width + 1]"""
+        key = context // 16
+        row = self._latency_rows.get(key)
+        if row is None or len(row) <= width:
+            row = np.array([self.curve.at(1 + k, key * 16) for k in range(max(width, self.spec.max_nodes) + 1)])
+            row = np.maximum.accumulate(row)  # more tokens never cost less: a measured dip is noise
+            self._latency_rows[key] = row
+        return row[: width + 1]
+
+    def _draft_seconds(self, depth: int) -> float:
+        if depth in self.draft_cost:
+            return self.draft_cost[depth]
+        return (self.cost_per_depth or 0.0) * depth
+
+    def values(self, context: int) -> tuple[np.ndarray, float]:
+        """(expected tokens per second of each candidate [C], of drafting nothing)."""
+        row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
+        latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
+        draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
+        step = self.scale * latency + np.array([draft[int(d)] for d in self.depths]) + self.commit_cost + self.other
+        none = 1.0 / max(1e-12, self.scale * row[0] + self.commit_cost + self.other)
+        return (1.0 + self.expected_accepted(optimistic=True)) / np.maximum(step, 1e-12), none
+
+    # ---- policy ----------------------------------------------------------------------------------
+    def choose(self, context: int) -> Shape | None:
+        self.probing = False
+        # With trimming, a proposal costs at most its drafting (trim may verify nothing), so a drafter
+        # whose drafted steps cost under CHEAP of a one-token step is always asked: for the deepest
+        # shape with the most expected acceptances (re-ranked every 8 drafted steps).
+        one_token = self.scale * self._latency_row(context, 0)[0] + self.other
+        cheap = self.trims and self.recent_draft_cost is not None and self.recent_draft_cost <= self.CHEAP * one_token
+        if cheap:
+            if self._deepest is None or self.drafted_steps % 8 == 0:
+                deepest = np.flatnonzero(self.depths == self.depths.max())
+                self._deepest = int(deepest[self.expected_accepted()[deepest].argmax()])
+            best = self._deepest
+        else:
+            values, none = self.values(context)
+            best = int(values.argmax())
+        if not cheap and values[best] <= none:
+            self.idle_steps += 1
+            if self.idle_steps < self.probe_interval:
+                return None
+            self.probing = True
+            self._chosen = (1,)
+            return ChainShape(1)
+        widths = self.widths[best]
+        self._chosen = widths
+        return ChainShape(len(widths)) if max(widths) == 1 else TreeShape(widths)
+
+    def trim(self, draft: Draft, context: int) -> Draft:
+        """The part of `draft` worth verifying (module docstring, "Trimming"); `draft` itself when
+        trimming is off or the drafter gave no scores."""
+        self._proposed, self._features, self._keep = draft, None, None
+        if not draft.num_nodes:
+            self._proposed_depth = 0
+            return draft
+        parents, depth = draft.parents.tolist(), tree_ops.depths(draft.parents).numpy()
+        self._proposed_depth = int(depth.max())
+        if not self.spec.trim or draft.scores is None or draft.draft_probs is not None:
+            return draft  # sampled drafts are never trimmed: see the module docstring
+        self.trims = True
+        scores = draft.scores.tolist()
+        own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
+        self._features = conf, depth = np.minimum(np.exp(own), 1.0), depth  # [N], [N]
+        if self.probing:
+            return draft  # a probe is verified whole: it exists to give the estimates data
+        path = self.calibrated(conf, depth).tolist()
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                path[i] *= path[parent]
+        order = sorted(range(len(path)), key=lambda i: (-path[i], i))  # best first; parents before children
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum([path[i] for i in order])])  # [N + 1]
+        value = gain / (self.scale * self._latency_row(context, len(path)) + self.other)
+        k = int(value.argmax())
+        if k == len(path):
+            return draft
+        self._keep = np.array(sorted(order[:k]), dtype=np.int64)
+        return draft.subtree(torch.from_numpy(self._keep))
+
+    def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
+        predicted = self.curve.at(record.drafted + 1, context)
+        if predicted > 0:
+            ratio = record.target_time_s / predicted
+            self.scale += self.TARGET_WEIGHT * (ratio - self.scale)
+        self.other += self.OTHER_WEIGHT * (record.other_time_s - self.other)
+        self.commit_cost += self.DRAFT_WEIGHT * (record.commit_time_s - self.commit_cost)
+        if not record.shape:  # nothing was asked of the drafter
+            return
+        self.idle_steps = 0
+        if self.probing:
+            self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
+        self.drafted_steps += 1
+        if self.trims:
+            self._count_survivors(draft, self._chosen, acceptance.path)
+            if self._features is not None and draft.num_nodes:
+                self._calibrate(draft, acceptance)
+            if self._features is not None and self._keep is not None and acceptance.bonus:
+                self._calibrate_trimmed(draft, acceptance)
+        if self.drafted_steps > 1 and self._proposed_depth:
+            d, t = self._proposed_depth, record.draft_time_s - record.commit_time_s
+            self.draft_cost[d] = _ema(self.draft_cost.get(d), t, self.DRAFT_WEIGHT)
+            self.recent_draft_cost = _ema(self.recent_draft_cost, record.draft_time_s, self.DRAFT_WEIGHT)
+            self.cost_per_depth = _ema(self.cost_per_depth, t / d, self.DRAFT_WEIGHT)
+        self._count_siblings(draft, acceptance)
+
+    def _verified_features(self) -> tuple[np.ndarray, np.ndarray]:
+        """(confidence, depth) of the verified nodes, from what `trim` computed for the proposal."""
+        conf, depth = self._features
+        return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
+
+    def _count_survivors(self, draft: Draft, widths: tuple[int, ...], path: list[int]) -> None:
+        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
+        widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
+        the root and the accepted nodes (`path`, indices into the verified `draft`) add the same
+        trials to u. Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a
+        and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept, dropped) of v and u;
+        a's rank 0 -> (kept) of v and u; b was not verified."""
+        proposal = self._proposed if self._proposed is not None else draft
+        count = proposal.num_nodes
+        verified = np.ones(count, dtype=bool) if self._keep is None else np.isin(np.arange(count), self._keep)
+        accepted = {-1, *(path if self._keep is None else self._keep[list(path)].tolist())}  # proposal indices
+        kids = tree_ops.children(proposal.parents)  # kids[-1]: the root's
+        depth = np.append(tree_ops.depths(proposal.parents).numpy(), 0)  # depth[-1] = 0: the root
+        for node in [-1, *np.flatnonzero(verified).tolist()]:
+            d = int(depth[node])
+            if d >= min(len(widths), self.asked.shape[0]):
+                continue
+            children = kids[node]
+            for rank in range(min(widths[d], self.asked.shape[1])):
+                kept = rank < len(children) and bool(verified[children[rank]])
+                self.asked[d, rank] += 1
+                self.kept[d, rank] += kept
+                if node in accepted:
+                    self.asked_path[d, rank] += 1
+                    self.kept_path[d, rank] += kept
+
+    def _cells(self, conf: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Calibration cells (depth bucket, confidence bin) of nodes."""
+        return np.minimum(depth, 3) - 1, np.minimum((conf * self.BINS).astype(np.int64), self.BINS - 1)
+
+    def _calibrate(self, draft: Draft, acceptance: Acceptance) -> None:
+        """Each verified node whose parent was accepted (or is the root): one trial of its cell."""
+        conf, depth = self._verified_features()
+        accepted = np.zeros(draft.num_nodes, dtype=bool)
+        accepted[acceptance.path] = True
+        parents = draft.parents.numpy()
+        tried = np.where(parents >= 0, accepted[np.maximum(parents, 0)], True)
+        cell = self._cells(conf[tried], depth[tried])
+        np.add.at(self.calib_trials, cell, 1.0)
+        np.add.at(self.calib_successes, cell, accepted[tried].astype(np.float64))
+
+    def _calibrate_trimmed(self, verified: Draft, acceptance: Acceptance) -> None:
+        """Trimmed children of the last accepted node (or of the root): when the step ended on a
+        bonus token, the target drew it from its own distribution after that node, so "child ==
+        next token" is a fair trial of the child (exact at T = 0), though it was never verified."""
+        last = int(self._keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
+        proposed = self._proposed
+        kids = np.flatnonzero(proposed.parents.numpy() == last)
+        kids = kids[~np.isin(kids, self._keep)]
+        if not len(kids):
+            return
+        conf, depth = self._features
+        cell = self._cells(conf[kids], depth[kids])
+        np.add.at(self.calib_trials, cell, 1.0)
+        np.add.at(self.calib_successes, cell, (proposed.tokens[0, kids].cpu().numpy() == acceptance.next_token).astype(np.float64))
+
+    def _count_siblings(self, draft: Draft, acceptance: Acceptance) -> None:
+        """Walk the accepted path: at each depth the children tried (by rank) and the one accepted."""
+        kids = tree_ops.children(draft.parents)
+        node = -1
+        for depth in range(min(self.trials.shape[0], draft.depth)):
+            accepted = acceptance.path[depth] if depth < len(acceptance.path) else None
+            for rank, child in enumerate(kids[node][: self.trials.shape[1]]):
+                self.trials[depth, rank] += 1
+                if child == accepted:
+                    self.successes[depth, rank] += 1
+                    break
+            if accepted is None:
+                return
+            node = accepted
