@@ -16,7 +16,6 @@ must not overlap with other heavy work on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -25,6 +24,7 @@ import time
 import torch
 
 import specdec
+from specdec.measure import records
 from specdec.target.attention import NAME
 from specdec.target.cache import KVCache
 from specdec.target.forwards import CACHES, verification_width
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target = specdec.load_target(args.target, dtype=args.dtype)
+    target = specdec.load_target(args.target, dtype=args.dtype, threads=args.threads)
     results = []
     for cache in (c for c in args.caches.split(",") if c):
         for context in args.contexts:
@@ -100,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"cache": cache, "context": context, "seconds": seconds})
     identical = same_logits(target, max(args.widths))
     print(f"same logits on a {max(args.widths)}-node tree: {identical}")
-    print(json.dumps({"bench": "attention", "target": args.target, "dtype": str(target.dtype),
+    records.emit("attention", {"bench": "attention", "target": args.target, "dtype": str(target.dtype),
                       "kernel": target.kernel, "machine": machine_name(target.device), "arch": platform.machine(),
                       "threads": torch.get_num_threads(), "torch": torch.__version__, "widths": list(args.widths),
-                      "repeats": args.repeats, "same_logits": identical, "results": results}))
+                      "repeats": args.repeats, "same_logits": identical, "results": results}, device=str(target.device))
     return 0 if identical else 1
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec.measure import records
 from specdec.target import kernels
 from specdec.drafters import build
 from specdec.drafters.registry import parse_specs
@@ -47,6 +48,7 @@ from specdec.measure.latency import measure_latency
 from specdec.target.loading import check_device
 from specdec.core.metrics import GenerationStats
 from specdec.core.shapes import parse_shape
+from specdec.tune import ensure_tuned
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SETS = {"chat_heldout": ROOT / "experiments" / "prompts" / "chat_heldout.jsonl"}
@@ -88,8 +90,8 @@ def print_latency(target: specdec.Target, widths: tuple[int, ...], cache: str) -
     print("   " + f"{'width':>6s}" + "".join(f"{kind:>10s}" for kind in kinds))
     for w in widths:
         print("   " + f"{w:6d}" + "".join(f"{curves[kind].at(w) * 1e3:10.2f}" for kind in kinds))
-    print(json.dumps({"bench": "latency", "model": target.label, "device": str(target.device), "widths": list(widths),
-                      "ms": {kind: [curves[kind].at(w) * 1e3 for w in widths] for kind in kinds}}))
+    records.emit("latency", {"bench": "latency", "model": target.label, "device": str(target.device), "widths": list(widths),
+                      "ms": {kind: [curves[kind].at(w) * 1e3 for w in widths] for kind in kinds}}, device=str(target.device))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -133,9 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name, _ in drafter_specs if name not in specdec.drafters.names()]
     if unknown:
         raise SystemExit(f"error: unknown drafters {unknown}; registered: {', '.join(specdec.drafters.names())}")
-    torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, args.num_prompts)
-    target = specdec.load_target(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel)
+    if args.device == "cpu" and args.dtype in (None, "float32") and args.kernel == "auto":
+        ensure_tuned(args.model, args.threads)
+    target = specdec.load_target(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel,
+                                 threads=args.threads)
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     n = args.new_tokens
     try:
@@ -221,11 +225,11 @@ def main(argv: list[str] | None = None) -> None:
         parts = f" (first differs at token {', '.join(map(str, sorted(parted[name])))})" if parted[name] else ""
         print(text + f" {same[name]:>3d}/{len(prompts)}{parts}")
         rows.append(row)
-    print(json.dumps({"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
+    records.emit("decode", {"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
                       "cache": cache,
                       "dtype": str(target.dtype), "machine": machine_name(target.device), "prompts": args.prompts,
                       "num_prompts": len(prompts), "new_tokens": n, "threads": torch.get_num_threads(),
-                      "configs": rows}))
+                      "configs": rows}, device=str(target.device))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec.measure import records
 from specdec.machine import machine_name
+from specdec.tune import ensure_tuned
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
 SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]
@@ -131,7 +133,7 @@ def main() -> None:
     parser.add_argument("--vocabs", nargs="+", default=["full", "4096"],
                         help="draft vocabularies: 'full' and/or sizes of the reduced one")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the tuned count)")
     parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
                         help="instead: measure training-rollout tokens/s at these batch sizes")
     parser.add_argument("--rollout-attentions", nargs="+", default=None,
@@ -140,10 +142,8 @@ def main() -> None:
     parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
                         help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    target = specdec.load_target(args.target)
+    ensure_tuned(args.target, args.threads)
+    target = specdec.load_target(args.target, threads=args.threads or "auto")
     prompts = load_prompts(args.suite, args.prompts, args.stride)
     machine = machine_name(target.device)
     if args.rollout_batches:
@@ -158,9 +158,9 @@ def main() -> None:
         for name, row in rows.items():
             print(f"{row['attention']:13s} batch {row['batch']:4d}: {row['generated_tokens']:6d} tokens in "
                   f"{row['seconds']:7.1f} s = {row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x {first})")
-        print(json.dumps({"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
+        records.emit("eagle-rollouts", {"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
                           "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-                          "machine": machine, "results": rows}))
+                          "machine": machine, "results": rows}, device=str(target.device))
         return
 
     if args.teacher_forced:
@@ -174,9 +174,9 @@ def main() -> None:
             accs = " ".join(f"{row[f'acc@{s}']:.3f}" for s in range(1, args.teacher_forced + 1))
             print(f"{label:20s} acc@1..{args.teacher_forced} {accs}  chain({args.teacher_forced}) MAL "
                   f"{row['chain_mal']:.3f}  ({row['positions']} positions)")
-        print(json.dumps({"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
+        records.emit("eagle-teacher-forced", {"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
                           "source": str(args.suite), "stride": args.stride, "max_new_tokens": args.max_new_tokens,
-                          "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}))
+                          "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}, device=str(target.device))
         return
 
     methods: dict[str, tuple[object, str]] = {"plain": (None, "chain(1)")}
@@ -218,10 +218,10 @@ def main() -> None:
               f"{row['decode_tokens_per_s']:7.1f} {row['speedup_vs_plain']:7.2f}x "
               f"{row['draft_ms_per_step']:8.1f} {row['verify_ms_per_step']:9.1f}")
     print("MAL = mean acceptance length (bonus/recovered token included); tok/s = decode tokens/s (prefill excluded).")
-    print(json.dumps({"bench": "eagle", "target": target.name, "prompts": len(prompts),
+    records.emit("eagle", {"bench": "eagle", "target": target.name, "prompts": len(prompts),
                       "source": str(args.suite), "stride": args.stride,
                       "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                      "threads": torch.get_num_threads(), "machine": machine, "results": rows}))
+                      "threads": torch.get_num_threads(), "machine": machine, "results": rows}, device=str(target.device))
 
 
 if __name__ == "__main__":

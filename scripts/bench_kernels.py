@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import statistics
 import sys
@@ -26,6 +25,7 @@ import sys
 import torch
 
 import specdec
+from specdec.measure import records
 from specdec.target import kernels
 from specdec.machine import machine_name
 from specdec.measure.latency import measure_latency
@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"spec": spec, "label": target.label, "dtype": str(target.dtype), "context": context,
                             "auto": auto, "seconds": seconds, "skipped": skipped})
         del target
-    print(json.dumps({"bench": "kernels", "target": args.target, "machine": machine_name("cpu"),
+    records.emit("kernels", {"bench": "kernels", "target": args.target, "machine": machine_name("cpu"),
                       "arch": platform.machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                      "widths": list(args.widths), "repeats": args.repeats, "results": results}))
+                      "widths": list(args.widths), "repeats": args.repeats, "results": results})
     return 0
 
 

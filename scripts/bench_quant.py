@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import json
 import platform
 import sys
 import time
@@ -24,6 +23,7 @@ import time
 import torch
 
 import specdec
+from specdec.measure import records
 from specdec import quant
 
 DEFAULT_SPECS = (
@@ -114,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         for context, row in zip(config.contexts, ms):
             print(f"Unquantized forward ms after {context} cached tokens (last spec's run): "
                   + ", ".join(f"@{w} {t:.1f}" for w, t in zip(config.widths, row)))
-    print(json.dumps({
+    records.emit("quant", {
         "target": args.target, "threads": args.threads, "config": {**vars(args), "widths": list(args.widths),
                                                                   "contexts": list(args.contexts)},
         "versions": {name: _version(name) for name in LIBRARIES}, "wall_s": round(time.time() - start, 1),
         "results": results,
-    }))
+    })
     return 0
 
 

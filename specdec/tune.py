@@ -108,6 +108,24 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 
 
+def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
+                 device: str = "cpu") -> dict:
+    """What a benchmark or the main job calls first: the stored record for `name` on this machine
+    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says
+    which on stdout, so the choices a run used are visible; returns the record."""
+    probe_dtype = torch.float32
+    record = machine.load_record(name, device, probe_dtype)
+    if record is not None and threads in (None, record.get("threads")):
+        print(f"specdec.tune: using the record of {record['updated']} "
+              f"({machine.record_path(name, device, probe_dtype)})", flush=True)
+        return record
+    print(f"specdec.tune: tuning {name} first (python -m specdec.tune {name}"
+          f"{f' --threads {threads}' if threads else ''})", flush=True)
+    record = tune_target(name, None, threads, drafters, device)
+    print("\n".join(card(record)), flush=True)
+    return record
+
+
 def card(record: dict) -> list[str]:
     """The human-readable lines for one tuned record."""
     lines = [f"{record['target']} ({record['dtype']}, {record['device']}) on {record['machine']['name']} "

@@ -7,10 +7,10 @@ name, vendor, family, model and the ISA flags that change which kernels run, or 
 measured). Knows nothing about what a benchmark measures or how
 records are rendered: `scripts/measurements.py` turns the files into `docs/measurements/<key>.md`.
 
-A benchmark records its final JSON result with two lines:
+A benchmark records its final JSON result and prints it with one call:
 
     from specdec.measure import records
-    records.append("decode", result)          # result: the dict the script prints as its JSON line
+    records.emit("decode", result)            # result: the dict the script prints as its JSON line
 
 The root is `root=` if given, else `$SPECDEC_RECORDS`, else `docs/measurements/results/` of the
 source checkout. Under pytest the root must be given (`root=` or `$SPECDEC_RECORDS`): a test never
@@ -129,6 +129,12 @@ def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str 
         f.flush()
         os.fsync(f.fileno())
     return path
+
+
+def emit(kind: str, result: dict, *, device: str = "cpu") -> None:
+    """A benchmark's last step: record `result` (`append`) and print it as the run's JSON line."""
+    append(kind, result, device=device)
+    print(json.dumps(result), flush=True)
 
 
 def validate(record: object, where: str) -> dict:
