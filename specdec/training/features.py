@@ -1,0 +1,125 @@
+"""The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
+
+Owns `token_sequences` (every sequence of some rollout sets, with its prompt id and source),
+`recompute` (the target's final hidden state, and the hidden states of aux layers, at every token of
+a sequence: one causal prefill per sequence, the states a rollout's KV-cached steps computed, up to
+rounding) and `token_rollouts` (sets -> `Rollouts`, checked against the target, optionally cached
+per shard). Knows nothing about how sets are written (specdec/training/tokens.py) or trained on.
+
+The feature cache is disposable (never committed): `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
+-<layers>.safetensors`, keyed by the target's weights and the shard's checksum, so a changed shard or
+target can never be paired with stale features. A cache file that cannot be read is computed again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specdec.training.shards import Rollouts, ShardError
+from specdec.training.tokens import MANIFEST, TokenSet, target_identity
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    """One rolled-out sequence of a set."""
+
+    tokens: torch.Tensor
+    """[L] long: chat-formatted prompt + the target's continuation."""
+    prompt_len: int
+    """Prompt tokens at the start."""
+    prompt_id: str
+    """specdec.training.tokens.prompt_id of its prompt."""
+    source: str
+    """Prompt source name."""
+    temperature: float
+    """0 = greedy continuation."""
+
+
+def token_sequences(sets: list[TokenSet]) -> list[TokenSequence]:
+    """Every sequence of `sets`, set by set, shard by shard (each shard verified as it is read)."""
+    out = []
+    for s in sets:
+        for info in s.shards:
+            for tokens, n, pid, src in zip(s.read(info), info.prompt_len, info.prompt_ids, info.sources):
+                out.append(TokenSequence(tokens, n, pid, src, s.rollout["temperature"]))
+    return out
+
+
+@torch.inference_mode()
+def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(final hidden states [L, H] float32, aux-layer states [L, kH] bf16 or None) of `tokens` [L]: the
+    features rollout_batch records (`last_hidden_state`; aux = HF `hidden_states` at `layers`)."""
+    out = target.base(input_ids=tokens[None].to(target.device), output_hidden_states=bool(layers))
+    hidden = out.last_hidden_state[0].float().cpu()
+    aux = torch.cat([out.hidden_states[k] for k in layers], -1)[0].to(torch.bfloat16).cpu() if layers else None
+    return hidden, aux
+
+
+def check_target(sets: list[TokenSet], identity: dict) -> None:
+    """ShardError naming the manifest of a set rolled out by another target than `identity`."""
+    for s in sets:
+        diff = {k: (s.target.get(k), identity.get(k)) for k in sorted(set(s.target) | set(identity))
+                if s.target.get(k) != identity.get(k)}
+        if diff:
+            raise ShardError(f"{s.root / MANIFEST} names another target than the one given "
+                             f"({{field: (manifest, given)}}: {diff}); its features cannot be recomputed with it")
+
+
+def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...], cache: Path | None,
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    info = tset.shards[index]
+    path = cache / f"{info.sha256}-{'-'.join(map(str, layers)) or 'final'}.safetensors" if cache else None
+    if path is not None and path.exists():
+        try:
+            t = load_file(str(path))
+            hidden = t["hidden"].float()
+            if hidden.shape[0] == info.num_tokens:
+                aux = t.get("aux")
+                return list(hidden.split(info.length)), list(aux.split(info.length)) if aux is not None else []
+        except (SafetensorError, KeyError):
+            pass  # an unreadable cache file is computed again below
+    hidden, aux = [], []
+    for tokens in tset.read(info):
+        h, a = recompute(target, tokens, layers)
+        hidden.append(h)
+        if a is not None:
+            aux.append(a)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {"hidden": torch.cat(hidden).to(torch.bfloat16)}
+        if aux:
+            tensors["aux"] = torch.cat(aux)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+        hidden = [h.to(torch.bfloat16).float() for h in hidden]  # as a cached read returns them
+    return hidden, aux
+
+
+def token_rollouts(target, sets: list[TokenSet], layers: tuple[int, ...] = (), cache_dir: str | Path | None = None,
+                   identity: dict | None = None) -> Rollouts:
+    """The sequences of `sets` with the target's features recomputed (see `recompute`), as `Rollouts`
+    (prompt_index = the sequence's position in `token_sequences(sets)`). Every set must name this
+    target (`identity`, default target_identity(target)). With `cache_dir`, features are kept per
+    shard (bf16) and reused."""
+    identity = identity or target_identity(target)
+    check_target(sets, identity)
+    cache = Path(cache_dir) / identity["weights_sha256"][:16] if cache_dir else None
+    parts = []
+    for s in sets:
+        temperature = s.rollout["temperature"]
+        for index, info in enumerate(s.shards):
+            hidden, aux = _shard_features(target, s, index, tuple(layers), cache)
+            parts.append(Rollouts(sequences=s.read(info), hidden=hidden, prompt_len=list(info.prompt_len),
+                                  temperature=[temperature] * len(info.length), aux=aux))
+    if not parts:
+        raise ShardError(f"no recorded shards in {[str(s.root) for s in sets]}: roll out prompts first")
+    data = Rollouts.concat(parts)
+    data.prompt_index = list(range(len(data.sequences)))
+    return data
