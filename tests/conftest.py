@@ -26,9 +26,9 @@ import specdec  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "mistral"]
 
-# One intra-op thread: tiny models spend their time in thread hand-offs (1 thread is ~10x faster
-# for them), and on a 2-core machine with anything else running, 2 threads make even the embedded
-# model's decode >10x slower (OpenMP barriers), while 1 thread decodes it at ~80 ms/token.
+# One intra-op thread: tiny models spend their time in thread hand-offs, and on a small machine with
+# anything else running, 2 threads make even the embedded model's decode several times slower
+# (OpenMP barriers).
 torch.set_num_threads(1)
 
 

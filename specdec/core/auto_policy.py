@@ -68,9 +68,8 @@ would bias the output (tests/test_auto.py shows it with the exact law of one ste
   u[d, r] is the same survival counted only over the children of accepted parents (and the root's;
   prior: v[d, r] with weight 4): acceptance only ever reaches those, and trimming keeps the children
   of likely nodes. Counted over every verified parent instead, a tree(3,1) whose rank-1 and rank-2
-  nodes lose their children to trimming made depth 2 look dropped two times in three (v[2, 0] ~ 0.4
-  on the embedded target in bf16, while accepted nodes' children survive far more often: u ~ 0.8
-  against v ~ 0.5 in one dump), so deeper shapes were never tried.
+  nodes lose their children to trimming makes depth 2 look dropped most of the time, while the
+  children of accepted nodes survive far more often, so deeper shapes would never be tried.
   So q_d = 1 - prod_{r < w_d} (1 - u[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
   the verification width is 1 + sum_d prod_{i<=d} (sum_{r < w_i} v[i, r]).
   A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
@@ -86,8 +85,8 @@ are drawn, depend on that history (a fixed shape reproduces a seed on its own).
 When "no draft" wins for `probe` steps in a row, chain(1) is drafted once so that the estimates can
 change; the interval doubles after each rejected probe and resets after an accepted one. Choosing
 "no draft" costs nothing else: the drafter is not asked, and still hears every `commit`.
-Steep curves (CPU, where 2 tokens cost ~1.4 one) give short chains or none; flat curves (GPU,
-where 64 tokens cost about one) give wide trees.
+Steep curves (a wide forward costs several narrow ones) give short chains or none; flat curves
+(a wide forward costs about one narrow one, as on a large GPU) give wide trees.
 """
 
 

@@ -5,8 +5,7 @@ Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV): 
 stays exact w.r.t. the unquantized target; the draft reads the target's exact K/V for committed
 tokens (see `self_draft`). Knows nothing about quantization beyond the spec string it passes on.
 
-Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations), chosen by measurement
-on the project's CPU (see `DEFAULT_QUANT`). Tiny test models use `rtn8_pc`, which needs no
+Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations; see `DEFAULT_QUANT`). Tiny test models use `rtn8_pc`, which needs no
 optional library and fits any layer width.
 """
 
@@ -17,9 +16,9 @@ from specdec.drafters.self_draft import SelfDrafter, build_self_draft
 from specdec.target.model import Target
 
 DEFAULT_QUANT = "torchao_int4"
-"""Chosen by measurement on the project's CPU machine (the command and figures: README, "As a library"):
-the fastest 1-4 token forward of the low-bit copies tried, with high top-1 agreement. Needs the
-`torchao` extra."""
+"""The low-bit copy whose 1-4 token forward was the fastest of those tried on CPUs, with high top-1
+agreement (`scripts/bench_quant.py` measures them; earlier figures: docs/measurements/archive.md).
+Needs the `torchao` extra."""
 
 
 @register("lowbit")

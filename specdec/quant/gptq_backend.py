@@ -4,8 +4,8 @@ Owns the mapping from a spec to gptqmodel's `QuantizeConfig` (`gptq_config`), th
 examples handed to it (`gptq_calibration`, from `specdec.quant.texts`), and the round trip that
 quantizes a loaded model: save it to a temporary directory, `GPTQModel.load` + `quantize` on the
 calibration set, save, and load the packed model back on the target's device. A GPU path: gptqmodel
-needs torch >= 2.14 with CUDA, and its CPU path did not run on the project's 2-core CPU machine
-(see the notes), so this backend declares CUDA only. The kernel-free parts are tested everywhere;
+needs torch >= 2.14 with CUDA and its CPU path is not supported here, so this backend declares
+CUDA only. The kernel-free parts are tested everywhere;
 the round trip itself runs only where gptqmodel and a GPU are present.
 """
 

@@ -9,8 +9,8 @@ key/value head for several query heads. transformers' SDPA path lets the kernel 
 (`enable_gqa`) only when the forward carries no mask, since CUDA's fused kernels need that; with
 a mask it first copies every layer's cached keys and values once per query head (`repeat_kv`).
 (A single query under a mask, a padded batch's decoding step, it avoids the copy by folding the
-query heads instead.) Every tree verification carries a mask, so on a CPU that copy was ~10% of
-a verification of the embedded target (README, "Attention under a mask"). torch's CPU SDPA reads
+query heads instead.) Every tree verification carries a mask, so on a CPU that copy is a visible
+share of a verification (`scripts/bench_attention.py` measures it). torch's CPU SDPA reads
 grouped heads under a mask as well, so here the masked multi-query CPU case passes the mask and
 `enable_gqa` straight to `F.scaled_dot_product_attention`: the same logits bit for bit in our
 tests (`tests/test_attention.py`). Everything else (no mask, one query, CUDA or another device,

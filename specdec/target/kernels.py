@@ -51,7 +51,7 @@ class OneDNNLinear(nn.Module):
     changing `weight` in place, build a new module. Holds the packed copy beside the weight, so the
     layer's memory doubles. With `plain_one_row` (the `hybrid` kernel) a one-row product runs
     `F.linear` on `weight` instead: on some CPUs MKL's one-row product is the faster one while oneDNN
-    wins from a few rows on (README, "Linear kernels").
+    wins from a few rows on (`scripts/bench_kernels.py` measures both).
     """
 
     def __init__(self, linear: nn.Linear, plain_one_row: bool = False) -> None:

@@ -171,7 +171,7 @@ def embedded_gguf_path() -> Path:
 
 def embedded_model_dir() -> Path:
     """A safetensors copy of the embedded model, converted from the GGUF file on first use
-    (~40 s, written atomically), then reused."""
+    (written atomically), then reused."""
     out = machine.cache_root() / "smollm2-135m-instruct"
     if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
         return out

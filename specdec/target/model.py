@@ -249,8 +249,8 @@ class Target:
         """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V].
 
         A plain bias-free `nn.Linear` head is computed as W @ rows^T: on one CPU thread MKL runs a
-        [V, H] x [H, n] product 1.5-3x faster than the [n, H] x [H, V] one `F.linear` issues for
-        n = 2..16 (the widths of a verification); same product, rounding may differ in the last bit."""
+        [V, H] x [H, n] product faster than the [n, H] x [H, V] one `F.linear` issues at the small n
+        of a verification; same product, rounding may differ in the last bit."""
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]
