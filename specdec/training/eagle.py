@@ -316,14 +316,20 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 
 
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
-                 ce_weight: float, depth_decay: float = 1.0, truncate: bool = False
+                 ce_weight: float, depth_decay: float = 1.0, truncate: bool = False, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
     true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
     `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
     number of depth-1 positions, so depths are weighted by how often they are reached. truncate: a
-    position counts at depth s only if the head's top token was right at depths 1..s-1 (Spec-AUF)."""
+    position counts at depth s only if the head's top token was right at depths 1..s-1 (Spec-AUF).
+    generated_only: pair j counts at depth s only if the token its prediction is scored against,
+    t_{j+s+1} (the lm_head argmax of h_{j+s}), is the target's continuation, as validation and
+    drafting count (prompt tokens are never drafted)."""
     targets = depth_targets(batch, len(predicted))
+    if generated_only:  # e.g. prompt_len 3: depth 1 keeps pairs j >= 1 (t_{j+2} at index >= 3)
+        targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
+                   for s, (true, valid) in enumerate(targets, start=1)]
     count = targets[0][1].sum().clamp(min=1)
     reached = targets[0][1]  # [B, n]
     total = predicted[0].new_zeros(())

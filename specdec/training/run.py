@@ -1,0 +1,244 @@
+"""One EAGLE training run, cut and resumed across machines and days, never restarted.
+
+Owns `RunConfig` (the run's fixed settings), `lr_factor` (linear warm-up, a constant rate, then a
+cosine anneal to `final_lr_fraction` between `anneal_start` and `max_steps`: the rate at a step
+depends on the step alone, so the constant phase can be extended on resume without changing its past),
+`validation_prompts` (validation chosen by prompt id, fixed for the run's life), and `Run`: head +
+AdamW + step + batch order + generator + the shard set's checksum, saved as one checkpoint file
+(written atomically) from which `Run.resume` continues exactly where `Run.save` stopped, and the
+validation curve appended as JSON lines. Knows nothing about how data is made or read: it trains on
+`Rollouts` (specdec/training/features.py makes them from token shards) and `TrainBatch`es.
+
+Resuming refuses, naming the checkpoint: another head geometry, other training settings (only the
+schedule's length may change, and only while the run has not reached the old or new `anneal_start`),
+and a shard set whose checksum differs from the one the run trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from specdec.drafters.eagle_head import EagleHead, HeadConfig
+from specdec.training.eagle import acceptance_per_depth, depth_losses, make_batch, unroll
+from specdec.training.shards import Rollouts, ShardError
+
+CHECKPOINT_FORMAT = "specdec-eagle-run-v1"
+SCHEDULE_FIELDS = ("anneal_start", "max_steps")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The settings one run keeps from its first step to its last."""
+
+    lr: float = 3e-4
+    """Peak (constant-phase) AdamW learning rate."""
+    warmup_steps: int = 100
+    """Linear warm-up from lr / warmup_steps to lr."""
+    anneal_start: int = 10_000
+    """Step where the constant phase ends and the cosine anneal begins (may grow on resume before it)."""
+    max_steps: int = 12_000
+    """Step where the anneal reaches final_lr_fraction x lr and the run ends."""
+    final_lr_fraction: float = 0.0
+    """Learning rate at max_steps, as a fraction of lr."""
+    batch_size: int = 8
+    """Sequences per optimiser step."""
+    max_len: int = 384
+    """Training rows are cropped to this many tokens."""
+    ttt_depth: int = 6
+    """Training-time test depth (drafting's dynamic(8,6,32) drafts to depth 6)."""
+    depth_decay: float = 1.0
+    """Weight of depth s is depth_decay ** (s - 1)."""
+    ce_weight: float = 0.1
+    """Weight of the cross-entropy term (regression has weight 1)."""
+    ce_vocab: int = 4096
+    """The cross-entropy runs over the head's first ce_vocab draft-vocabulary tokens."""
+    feature_noise: float = 0.2
+    """Width of the uniform noise on the depth-1 input features."""
+    generated_only: bool = True
+    """Loss only where the scored token is the target's continuation (as validation counts)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 0.5
+    """Gradient-norm clip."""
+    val_depth: int = 6
+    """Depths validation reports (chain(val_depth) MAL)."""
+    eval_vocab: int = 4096
+    """Validation drafts over the head's first eval_vocab draft-vocabulary tokens."""
+    seed: int = 0
+    """Seed of the batch order and the feature noise."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_steps <= self.anneal_start <= self.max_steps:
+            raise ValueError(f"need 0 <= warmup_steps <= anneal_start <= max_steps, got {self.warmup_steps}, "
+                             f"{self.anneal_start}, {self.max_steps}")
+        if self.ttt_depth < 1 or self.batch_size < 1:
+            raise ValueError(f"ttt_depth and batch_size must be >= 1, got {self.ttt_depth}, {self.batch_size}")
+
+
+def lr_factor(step: int, cfg: RunConfig) -> float:
+    """Learning rate of optimiser step `step` (0-based) as a fraction of cfg.lr. Example with
+    warmup 10, anneal_start 100, max_steps 200, final 0: step 4 -> 0.5, steps 9..99 -> 1, step 150 -> 0.5."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    if step < cfg.anneal_start:
+        return warm
+    span = max(cfg.max_steps - cfg.anneal_start, 1)
+    t = min(step - cfg.anneal_start, span) / span
+    return warm * (cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def validation_prompts(prompt_ids: list[str], temperatures: list[float], n: int, seed: int = 0) -> list[str]:
+    """The `n` prompt ids (among those with a greedy sequence) whose SHA-256 under `seed` is smallest:
+    a choice that does not depend on the order or size of the data at hand."""
+    greedy = sorted({p for p, t in zip(prompt_ids, temperatures) if t == 0})
+    if len(greedy) < n:
+        raise ValueError(f"validation needs {n} prompts with a greedy sequence, the data has {len(greedy)}")
+    return sorted(greedy, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).hexdigest())[:n]
+
+
+class Run:
+    """A head being trained, with everything its next step depends on."""
+
+    def __init__(self, cfg: RunConfig, head: EagleHead, target, data_checksum: str, val_ids: list[str]) -> None:
+        self.cfg, self.head, self.target = cfg, head.float().train(), target
+        self.data_checksum, self.val_ids = data_checksum, list(val_ids)
+        self.embed = target.base.get_input_embeddings()
+        lm_weight = target.lm_head.weight.detach().float()  # [V, H]
+        self.ce_rows = lm_weight[head.draft_vocab[: cfg.ce_vocab]]  # [N, H]
+        self.eval_vocab = head.draft_vocab[: cfg.eval_vocab]
+        self.eval_rows = lm_weight[self.eval_vocab]
+        self.opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr * lr_factor(0, cfg), betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.step, self.order, self.best = 0, [], None
+        self.window: dict[str, float] = {}  # sums of loss and train top-1 since the last curve point
+
+    def train_step(self, data: Rollouts, rows: list[int]) -> dict[str, float]:
+        """One optimiser step on the next batch of `rows` (indices of `data`; a fresh permutation of
+        them, drawn from the run's generator, whenever the last one is used up)."""
+        cfg = self.cfg
+        if not self.order:
+            self.order = [rows[i] for i in torch.randperm(len(rows), generator=self.generator).tolist()]
+        batch_rows, self.order = self.order[: cfg.batch_size], self.order[cfg.batch_size:]
+        batch = make_batch(data, batch_rows, cfg.max_len)
+        for group in self.opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(self.step, cfg)
+        predicted = unroll(self.head, self.embed, batch, cfg.ttt_depth, cfg.feature_noise, self.generator)
+        loss, parts = depth_losses(predicted, batch, self.ce_rows, ce_weight=cfg.ce_weight, depth_decay=cfg.depth_decay,
+                                   generated_only=cfg.generated_only)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        record = {"loss": loss.item(), **parts}
+        for k, v in record.items():
+            self.window[k] = self.window.get(k, 0.0) + v
+        self.window["steps"] = self.window.get("steps", 0) + 1
+        return record
+
+    @torch.no_grad()
+    def validate(self, batches) -> dict[str, float]:
+        """Greedy chain acceptance per depth on validation batches (specdec.training.eagle.acceptance_per_depth)."""
+        self.head.eval()
+        stats = acceptance_per_depth(self.head, self.embed, self.eval_rows, self.eval_vocab, batches, self.cfg.val_depth)
+        self.head.train()
+        return stats
+
+    def curve_point(self, val: dict | None) -> dict:
+        """The curve's record for this step (train means since the last point, validation, lr), resetting the window."""
+        steps = self.window.pop("steps", 0)
+        point = {"step": self.step, "lr": self.cfg.lr * lr_factor(max(self.step - 1, 0), self.cfg),
+                 "train": {k: v / steps for k, v in self.window.items()} if steps else {},
+                 "val": val, "data_checksum": self.data_checksum[:16], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.window = {}
+        if val is not None and (self.best is None or val["chain_mal"] > self.best["chain_mal"]):
+            self.best = {"step": self.step, **val}
+        return point
+
+    def state(self) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "head_config": asdict(self.head.config),
+                "head": self.head.state_dict(), "draft_vocab": self.head.draft_vocab.clone(),
+                "opt": self.opt.state_dict(), "generator": self.generator.get_state(), "step": self.step,
+                "order": list(self.order), "best": self.best, "window": dict(self.window),
+                "data_checksum": self.data_checksum, "val_ids": list(self.val_ids)}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the run's whole state to `path` (atomically: a cut mid-write leaves the previous one)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state(), tmp)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig) -> Run:
+        """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
+        (ShardError / ValueError naming `path`)."""
+        path = Path(path)
+        state = torch.load(path, weights_only=False)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not an EAGLE run checkpoint (format {state.get('format')!r})")
+        head_config = HeadConfig(**{**state["head_config"], "aux_layers": tuple(state["head_config"]["aux_layers"])})
+        head_config.check_same_geometry(expected, path)
+        saved = RunConfig(**state["config"])
+        changed = {f.name: (getattr(saved, f.name), getattr(cfg, f.name)) for f in fields(RunConfig)
+                   if getattr(saved, f.name) != getattr(cfg, f.name)}
+        other = {k: v for k, v in changed.items() if k not in SCHEDULE_FIELDS}
+        if other:
+            raise ValueError(f"{path} was trained with other settings ({{field: (saved, now)}}: {other}); "
+                             "only anneal_start and max_steps may change on resume")
+        if changed and state["step"] > min(saved.anneal_start, cfg.anneal_start):
+            raise ValueError(f"{path} is at step {state['step']}, past anneal_start ({saved.anneal_start} saved, "
+                             f"{cfg.anneal_start} now): the schedule's length can no longer change")
+        if state["data_checksum"] != data_checksum:
+            raise ShardError(f"{path} trained on shard set {state['data_checksum'][:16]}, the data now has checksum "
+                             f"{data_checksum[:16]}: the shard set changed underneath the run; resume on the same "
+                             "shards or start a new run")
+        head = EagleHead(head_config, draft_vocab=state["draft_vocab"])
+        head.load_state_dict(state["head"])
+        run = cls(replace(cfg), head, target, data_checksum, state["val_ids"])
+        run.opt.load_state_dict(state["opt"])
+        run.generator.set_state(state["generator"])
+        run.step, run.order, run.best, run.window = state["step"], state["order"], state["best"], state["window"]
+        return run
+
+
+def append_curve(path: str | Path, point: dict) -> None:
+    """Append one curve point (a JSON line) to `path`."""
+    with open(path, "a") as f:
+        f.write(json.dumps(point) + "\n")
+
+
+def trim_curve(path: str | Path, step: int) -> None:
+    """Drop the points of `path` past `step` (written after the checkpoint a resumed run starts from)."""
+    path = Path(path)
+    if path.exists():
+        kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        path.write_text("".join(ln + "\n" for ln in kept))
+
+
+def advance(run: Run, data: Rollouts, rows: list[int], val_batches, *, until: int, val_every: int,
+            checkpoint: str | Path, curve: str | Path, deadline: float = float("inf")) -> bool:
+    """Train `run` on `rows` of `data` up to step `until`. At every multiple of `val_every` and at
+    max_steps: validate, append the curve point, then save the checkpoint (a cut between the two leaves
+    a point that `trim_curve` drops on resume). At `until` or past `deadline` (time.time()): save and
+    stop without validating, so where a session stops never changes the curve. Returns whether
+    `until` was reached."""
+    while run.step < until:
+        run.train_step(data, rows)
+        if run.step % val_every == 0 or run.step == run.cfg.max_steps:
+            append_curve(curve, run.curve_point(run.validate(val_batches)))
+            run.save(checkpoint)
+        elif run.step == until or time.time() > deadline:
+            run.save(checkpoint)
+        if run.step < until and time.time() > deadline:
+            return False
+    return True

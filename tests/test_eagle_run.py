@@ -1,0 +1,127 @@
+"""One resumable EAGLE training run (specdec/training/run.py): a run cut anywhere and resumed from its
+checkpoint ends in exactly the state and curve of an uncut run; the schedule is warm-up, constant,
+anneal; the loss can be masked to generated positions; validation is chosen by prompt id; resuming
+with other settings, another head geometry or another shard set is an error naming the checkpoint.
+Tiny fp32 models, a few steps.
+"""
+
+import json
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters.eagle import random_head
+from specdec.drafters.eagle_head import HeadConfig
+from specdec.training.eagle import depth_losses, make_batch, rollout_batch, unroll
+from specdec.training.run import Run, RunConfig, advance, lr_factor, trim_curve, validation_prompts
+from specdec.training.shards import ShardError
+
+CFG = RunConfig(lr=1e-3, warmup_steps=2, anneal_start=5, max_steps=8, batch_size=2, max_len=24, ttt_depth=3,
+                ce_vocab=64, eval_vocab=64, val_depth=3, feature_noise=0.1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return specdec.tiny_target("llama", vocab_size=64, dtype=torch.float32, seed=0, logit_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    prompts = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [2, 9, 4, 4], [7, 1], [1, 1, 2, 3, 5, 8], [13, 2], [6, 6, 6]]
+    return rollout_batch(tiny, prompts, max_new_tokens=10, temperature=0.0)
+
+
+def fresh(tiny, cfg=CFG):
+    return Run(cfg, random_head(tiny, seed=3), tiny, "sum-a", ["p0", "p1"])
+
+
+def train(run, data, tmp, until, deadline=float("inf")):
+    val = [make_batch(data, [6, 7], 24)]
+    return advance(run, data, list(range(6)), val, until=until, val_every=3, checkpoint=tmp / "run.pt",
+                   curve=tmp / "curve.jsonl", deadline=deadline)
+
+
+def points(path):
+    return [{k: v for k, v in json.loads(ln).items() if k != "time"} for ln in path.read_text().splitlines()]
+
+
+def test_a_run_cut_and_resumed_equals_an_uncut_run(tiny, data, tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    uncut = fresh(tiny)
+    assert train(uncut, data, tmp_path / "a", CFG.max_steps)
+    cut = fresh(tiny)
+    assert not train(cut, data, tmp_path / "b", CFG.max_steps, deadline=0.0)  # stops after one step
+    assert cut.step == 1
+    for _ in range(2):  # resumed twice: once mid-way between curve points, once after a point
+        run = Run.resume(tmp_path / "b" / "run.pt", tiny, CFG, "sum-a", HeadConfig.for_target(tiny))
+        trim_curve(tmp_path / "b" / "curve.jsonl", run.step)
+        train(run, data, tmp_path / "b", 4)
+    run = Run.resume(tmp_path / "b" / "run.pt", tiny, CFG, "sum-a", HeadConfig.for_target(tiny))
+    with open(tmp_path / "b" / "curve.jsonl", "a") as f:  # a point written just before a cut, never saved
+        f.write(json.dumps({"step": 7}) + "\n")
+    trim_curve(tmp_path / "b" / "curve.jsonl", run.step)
+    assert train(run, data, tmp_path / "b", CFG.max_steps)
+    assert run.step == uncut.step == CFG.max_steps
+    for (name, a), b in zip(uncut.head.state_dict().items(), run.head.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(uncut.opt.state_dict()["state"][0]["exp_avg_sq"], run.opt.state_dict()["state"][0]["exp_avg_sq"])
+    assert points(tmp_path / "a" / "curve.jsonl") == points(tmp_path / "b" / "curve.jsonl")
+    assert [p["step"] for p in points(tmp_path / "a" / "curve.jsonl")] == [3, 6, 8]
+    assert uncut.best == run.best and uncut.best["step"] in (3, 6, 8)
+    assert fresh(tiny).head.state_dict()["fc.weight"].ne(run.head.state_dict()["fc.weight"]).any()
+
+
+def test_resuming_with_other_settings_head_or_data_is_an_error_naming_the_checkpoint(tiny, data, tmp_path):
+    run = fresh(tiny)
+    train(run, data, tmp_path, 3)
+    path = tmp_path / "run.pt"
+    expected = HeadConfig.for_target(tiny)
+    with pytest.raises(ShardError, match=rf"{path} trained on shard set .* changed underneath"):
+        Run.resume(path, tiny, CFG, "sum-b", expected)
+    with pytest.raises(ValueError, match=rf"{path} was trained with other settings.*'lr'"):
+        Run.resume(path, tiny, RunConfig(**{**CFG.__dict__, "lr": 2e-3}), "sum-a", expected)
+    with pytest.raises(ValueError, match=rf"{path} holds a head for another target or head configuration"):
+        Run.resume(path, tiny, CFG, "sum-a", HeadConfig.for_target(tiny, aux_layers=(1,)))
+    longer = RunConfig(**{**CFG.__dict__, "anneal_start": 20, "max_steps": 30})  # still in the constant phase
+    assert Run.resume(path, tiny, longer, "sum-a", expected).step == 3
+    train(Run.resume(path, tiny, CFG, "sum-a", expected), data, tmp_path, 6)  # now past anneal_start = 5
+    with pytest.raises(ValueError, match=rf"{path} is at step 6, past anneal_start"):
+        Run.resume(path, tiny, longer, "sum-a", expected)
+
+
+def test_the_schedule_warms_up_holds_then_anneals():
+    cfg = RunConfig(warmup_steps=10, anneal_start=100, max_steps=200)
+    assert lr_factor(4, cfg) == pytest.approx(0.5) and lr_factor(9, cfg) == lr_factor(99, cfg) == 1.0
+    assert lr_factor(150, cfg) == pytest.approx(0.5) and lr_factor(200, cfg) == pytest.approx(0.0)
+    longer = RunConfig(warmup_steps=10, anneal_start=300, max_steps=400)
+    assert all(lr_factor(s, cfg) == lr_factor(s, longer) for s in range(100))  # extending keeps the past
+    with pytest.raises(ValueError, match="anneal_start <= max_steps"):
+        RunConfig(anneal_start=10, max_steps=5)
+
+
+def test_the_generated_only_loss_never_scores_prompt_positions(tiny, data):
+    """Targets h_i with i < prompt_len - 1 predict a prompt token: moving them changes the full loss
+    and leaves the generated-only loss as it was (the head's predictions held fixed)."""
+    head = random_head(tiny, seed=1)
+    batch = make_batch(data, [0, 5], 24)  # prompts of 5 and 6 tokens
+    rows = tiny.lm_head.weight.detach()
+    predicted = [p.detach() for p in unroll(head, tiny.base.get_input_embeddings(), batch, 3)]
+    full, _ = depth_losses(predicted, batch, rows, ce_weight=0.1)
+    masked, _ = depth_losses(predicted, batch, rows, ce_weight=0.1, generated_only=True)
+    batch.hidden[:, :4] += 5.0
+    moved_full, _ = depth_losses(predicted, batch, rows, ce_weight=0.1)
+    moved_masked, _ = depth_losses(predicted, batch, rows, ce_weight=0.1, generated_only=True)
+    assert moved_full.item() != pytest.approx(full.item())
+    assert moved_masked.item() == pytest.approx(masked.item(), rel=1e-6)
+    assert masked.item() != pytest.approx(full.item())
+
+
+def test_validation_prompts_are_chosen_by_id_whatever_the_order_or_growth():
+    ids = [f"p{i}" for i in range(40)]
+    chosen = validation_prompts(ids, [0.0] * 40, 24)
+    assert len(chosen) == 24 and validation_prompts(ids[::-1], [0.0] * 40, 24) == chosen
+    assert validation_prompts(ids + ids[:5], [0.0] * 40 + [0.7] * 5, 24) == chosen
+    assert not set(validation_prompts(ids, [0.7] * 20 + [0.0] * 20, 20)) & set(ids[:20])
+    with pytest.raises(ValueError, match="needs 24 prompts with a greedy sequence, the data has 20"):
+        validation_prompts(ids, [0.7] * 20 + [0.0] * 20, 24)
