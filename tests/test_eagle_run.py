@@ -125,3 +125,40 @@ def test_validation_prompts_are_chosen_by_id_whatever_the_order_or_growth():
     assert not set(validation_prompts(ids, [0.7] * 20 + [0.0] * 20, 20)) & set(ids[:20])
     with pytest.raises(ValueError, match="needs 24 prompts with a greedy sequence, the data has 20"):
         validation_prompts(ids, [0.7] * 20 + [0.0] * 20, 24)
+
+
+def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monkeypatch):
+    """scripts/eagle_rollouts.py then scripts/train_eagle_run.py on tiny-llama: the run starts with a
+    step-0 point, resumes only when asked, continues its curve, and refuses a grown shard set."""
+    import importlib.util
+    from pathlib import Path
+
+    def script(name):
+        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    from specdec.training.prompts import SOURCES, user
+
+    # the tiny tokenizer has no chat template, so single-turn prompts only
+    monkeypatch.setitem(SOURCES, "test-single", lambda n, seed: [user(f"zq{i} xv{i * 7} kw") for i in range(60)][:n])
+    rollouts, trainer = script("eagle_rollouts"), script("train_eagle_run")
+    data = str(tmp_path / "set")
+    roll = ["--target", "tiny-llama", "--sources", "test-single", "--out", data, "--shard-prompts", "16",
+            "--batch-size", "8", "--max-new-tokens", "8", "--max-shards", "2"]
+    assert rollouts.main(roll)["prompts_done"] == 32
+    train = ["--target", "tiny-llama", "--sets", data, "--out", str(tmp_path / "run"), "--curve",
+             str(tmp_path / "curve.jsonl"), "--feature-cache", str(tmp_path / "features"), "--num-validation", "24",
+             "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2", "--warmup-steps", "1",
+             "--anneal-start", "4", "--max-steps", "6"]
+    first = trainer.main(train + ["--steps", "3"])
+    assert first["step"] == 3 and first["val_sequences"] == 24 and first["train_sequences"] == 8
+    with pytest.raises(SystemExit, match="run.pt exists: pass --resume"):
+        trainer.main(train)
+    assert trainer.main(train + ["--steps", "5", "--resume"])["step"] == 6
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "curve.jsonl").read_text().splitlines()] == [0, 2, 4, 6]
+    rollouts.main(roll[:-1] + ["1"])  # the set grows by a shard
+    with pytest.raises(ShardError, match=r"run.pt trained on shard set .* changed underneath"):
+        trainer.main(train + ["--resume"])

@@ -226,16 +226,18 @@ def trim_curve(path: str | Path, step: int) -> None:
 
 
 def advance(run: Run, data: Rollouts, rows: list[int], val_batches, *, until: int, val_every: int,
-            checkpoint: str | Path, curve: str | Path, deadline: float = float("inf")) -> bool:
+            checkpoint: str | Path, curve: str | Path, deadline: float = float("inf"), on_best=None) -> bool:
     """Train `run` on `rows` of `data` up to step `until`. At every multiple of `val_every` and at
     max_steps: validate, append the curve point, then save the checkpoint (a cut between the two leaves
     a point that `trim_curve` drops on resume). At `until` or past `deadline` (time.time()): save and
-    stop without validating, so where a session stops never changes the curve. Returns whether
-    `until` was reached."""
+    stop without validating, so where a session stops never changes the curve. `on_best(run)` is
+    called when a validation sets a new best. Returns whether `until` was reached."""
     while run.step < until:
         run.train_step(data, rows)
         if run.step % val_every == 0 or run.step == run.cfg.max_steps:
             append_curve(curve, run.curve_point(run.validate(val_batches)))
+            if on_best is not None and run.best["step"] == run.step:
+                on_best(run)
             run.save(checkpoint)
         elif run.step == until or time.time() > deadline:
             run.save(checkpoint)
