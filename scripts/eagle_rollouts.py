@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import specdec  # noqa: E402
-from specdec.training.prompts import SOURCES, check_disjoint, collect, prompt_text  # noqa: E402
-from specdec.training.tokens import TokenSet, fill_token_set, rollout_settings, target_identity  # noqa: E402
+from specdec.training.prompts import SOURCES, check_disjoint  # noqa: E402
+from specdec.training.tokens import (TokenSet, fill_token_set, rollout_settings, source_prompts,  # noqa: E402
+                                     target_identity)
 
 NATURAL = sorted(name for name in SOURCES if name.startswith("natural-"))
 
@@ -44,15 +45,10 @@ def eval_texts() -> list[str]:
 
 
 def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:
-    """(source name, prompt) for every prompt of `sources` (all of each), in collect's order."""
-    counts = {name: 10**6 for name in sources}
-    owner = {}
-    for name in sources:
-        for p in SOURCES[name](10**6, seed):
-            owner.setdefault(prompt_text(p), name)
-    prompts = collect(counts, seed)
-    check_disjoint(prompts, [({"content": t},) for t in eval_texts()], what="evaluation suites")
-    return [(owner[prompt_text(p)], p) for p in prompts]
+    """(source name, prompt) for every prompt of `sources`, checked against the evaluation suites."""
+    prompts = source_prompts(sources, seed)
+    check_disjoint([p for _, p in prompts], [({"content": t},) for t in eval_texts()], what="evaluation suites")
+    return prompts
 
 
 def cpu_name() -> str:

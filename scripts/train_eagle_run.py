@@ -31,14 +31,15 @@ from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, 
 from specdec.training.eagle import make_batch  # noqa: E402
 from specdec.training.features import token_rollouts, token_sequences  # noqa: E402
 from specdec.training.run import Run, RunConfig, advance, append_curve, trim_curve, validation_prompts  # noqa: E402
-from specdec.training.tokens import TokenSet, set_checksum, target_identity  # noqa: E402
+from specdec.training.prompts import prompt_text, shared_ngrams, user  # noqa: E402
+from specdec.training.tokens import TokenSet, prompt_id, set_checksum, source_prompts, target_identity  # noqa: E402
 
 
 def run_config(args) -> RunConfig:
     return RunConfig(lr=args.lr, warmup_steps=args.warmup_steps, anneal_start=args.anneal_start,
                      max_steps=args.max_steps, batch_size=args.batch_size, max_len=args.max_len,
                      ttt_depth=args.ttt_depth, ce_vocab=args.ce_vocab, eval_vocab=args.eval_vocab,
-                     val_depth=args.val_depth, seed=args.seed)
+                     val_depth=args.val_depth, seed=args.seed, val_dtype=args.val_dtype)
 
 
 def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleHead:
@@ -53,6 +54,23 @@ def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleH
     head.config.check_same_geometry(expected, args.init_head)
     head.draft_vocab = torch.cat([vocab, head.draft_vocab[~torch.isin(head.draft_vocab, vocab)]])[: args.draft_vocab_size]
     return head
+
+
+def overlapping(seqs, held: set[str], sets: list[TokenSet]) -> set[str]:
+    """Ids of training prompts that share an 8-word run with a validation prompt (dropped, as
+    specdec.training.prompts.split drops them), the texts found again from the sets' prompt sources;
+    SystemExit naming the set when a prompt id is not among them (its source changed)."""
+    texts = {}
+    for s in sets:
+        sources = sorted({src for info in s.shards for src in info.sources})
+        texts.update((prompt_id(p), prompt_text(p)) for _, p in source_prompts(sources, s.manifest["prompts"].get("seed", 0)))
+    lost = sorted({q.prompt_id for q in seqs} - set(texts))
+    if lost:
+        raise SystemExit(f"{len(lost)} prompt ids of {[str(s.root) for s in sets]} (e.g. {lost[0]}) are not in their "
+                         "sources now: the prompt sources changed, the overlap with validation cannot be checked")
+    train = sorted({q.prompt_id for q in seqs} - held)
+    close = set(shared_ngrams([user(texts[i]) for i in train], [texts[i] for i in sorted(held)]))
+    return {i for i in train if texts[i] in close}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     defaults = RunConfig()
     for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
-                 "ce_vocab", "eval_vocab", "val_depth", "seed"):
+                 "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype"):
         ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)), default=getattr(defaults, name))
     args = ap.parse_args(argv)
     started = time.time()
@@ -103,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
         run = Run(cfg, head, target, checksum, val_ids)
     data = token_rollouts(target, sets, tuple(args.aux_layers), args.feature_cache, identity)
     held = set(run.val_ids)
-    train_rows = [i for i, s in enumerate(seqs) if s.prompt_id not in held]
+    near = overlapping(seqs, held, sets)
+    train_rows = [i for i, s in enumerate(seqs) if s.prompt_id not in held and s.prompt_id not in near]
     val_rows = [i for i, s in enumerate(seqs) if s.prompt_id in held and s.temperature == 0]
     val_batches = [make_batch(data, val_rows[i:i + cfg.batch_size], cfg.max_len)
                    for i in range(0, len(val_rows), cfg.batch_size)]
@@ -120,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
                    deadline=started + 60 * args.minutes,
                    on_best=lambda r: r.head.save(out / "head-best", dtype=torch.float32))
     summary = {"step": run.step, "reached": done, "best": run.best, "previous_best_step": best_step,
-               "train_sequences": len(train_rows), "val_sequences": len(val_rows), "data_checksum": checksum[:16],
+               "train_sequences": len(train_rows), "val_sequences": len(val_rows), "dropped_near_val": len(near), "data_checksum": checksum[:16],
                "minutes": round((time.time() - started) / 60, 1)}
     print(json.dumps(summary), flush=True)
     return summary

@@ -143,7 +143,9 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
     from specdec.training.prompts import SOURCES, user
 
     # the tiny tokenizer has no chat template, so single-turn prompts only
-    monkeypatch.setitem(SOURCES, "test-single", lambda n, seed: [user(f"zq{i} xv{i * 7} kw") for i in range(60)][:n])
+    texts = [f"please tell me about the quick brown fox number {i}" if i % 4 == 0 else f"zq{i} xv{i * 7} kw"
+             for i in range(60)]  # every 4th shares an 8-word run with the others of its kind
+    monkeypatch.setitem(SOURCES, "test-single", lambda n, seed: [user(t) for t in texts][:n])
     rollouts, trainer = script("eagle_rollouts"), script("train_eagle_run")
     data = str(tmp_path / "set")
     roll = ["--target", "tiny-llama", "--sources", "test-single", "--out", data, "--shard-prompts", "16",
@@ -154,7 +156,8 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
              "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2", "--warmup-steps", "1",
              "--anneal-start", "4", "--max-steps", "6"]
     first = trainer.main(train + ["--steps", "3"])
-    assert first["step"] == 3 and first["val_sequences"] == 24 and first["train_sequences"] == 8
+    assert first["step"] == 3 and first["val_sequences"] == 24
+    assert first["dropped_near_val"] > 0 and first["train_sequences"] + first["dropped_near_val"] == 8
     with pytest.raises(SystemExit, match="run.pt exists: pass --resume"):
         trainer.main(train)
     assert trainer.main(train + ["--steps", "5", "--resume"])["step"] == 6
@@ -162,3 +165,18 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
     rollouts.main(roll[:-1] + ["1"])  # the set grows by a shard
     with pytest.raises(ShardError, match=r"run.pt trained on shard set .* changed underneath"):
         trainer.main(train + ["--resume"])
+
+
+def test_validation_in_bf16_scores_a_bf16_copy_and_leaves_the_trained_head_fp32(tiny, data):
+    bf16 = Run(RunConfig(**{**CFG.__dict__, "val_dtype": "bfloat16"}), random_head(tiny, seed=3), tiny, "s", [])
+    fp32 = fresh(tiny)
+    val = [make_batch(data, [5, 6, 7], 24)]
+    a, b = bf16.validate(val), fp32.validate(val)
+    assert a["positions"] == b["positions"] > 0 and 1.0 <= a["chain_mal"] <= 1 + CFG.val_depth
+    assert all(p.dtype == torch.float32 for p in bf16.head.parameters())
+    from specdec.training.eagle import acceptance_per_depth
+    import copy
+    cast = copy.deepcopy(bf16.head).to(torch.bfloat16).eval()
+    assert acceptance_per_depth(cast, bf16.embed, bf16.eval_rows, bf16.eval_vocab, val, CFG.val_depth) == a
+    with pytest.raises(ValueError, match="val_dtype must be"):
+        RunConfig(val_dtype="int8")

@@ -16,6 +16,7 @@ and a shard set whose checksum differs from the one the run trained on.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -74,11 +75,16 @@ class RunConfig:
     """Validation drafts over the head's first eval_vocab draft-vocabulary tokens."""
     seed: int = 0
     """Seed of the batch order and the feature noise."""
+    val_dtype: str = "float32"
+    """Dtype of the head copy validation drafts with: 'bfloat16' scores what head_dtype='auto' drafts
+    with where it picks bf16 (the trained weights stay float32)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.warmup_steps <= self.anneal_start <= self.max_steps:
             raise ValueError(f"need 0 <= warmup_steps <= anneal_start <= max_steps, got {self.warmup_steps}, "
                              f"{self.anneal_start}, {self.max_steps}")
+        if self.val_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"val_dtype must be float32, bfloat16 or float16, got {self.val_dtype!r}")
         if self.ttt_depth < 1 or self.batch_size < 1:
             raise ValueError(f"ttt_depth and batch_size must be >= 1, got {self.ttt_depth}, {self.batch_size}")
 
@@ -147,8 +153,10 @@ class Run:
     @torch.no_grad()
     def validate(self, batches) -> dict[str, float]:
         """Greedy chain acceptance per depth on validation batches (specdec.training.eagle.acceptance_per_depth)."""
-        self.head.eval()
-        stats = acceptance_per_depth(self.head, self.embed, self.eval_rows, self.eval_vocab, batches, self.cfg.val_depth)
+        dtype = getattr(torch, self.cfg.val_dtype)
+        head = self.head if dtype == torch.float32 else copy.deepcopy(self.head).to(dtype)
+        head.eval()
+        stats = acceptance_per_depth(head, self.embed, self.eval_rows, self.eval_vocab, batches, self.cfg.val_depth)
         self.head.train()
         return stats
 

@@ -1,6 +1,7 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
-Owns `TokenSet` (open / verify / append / read a set), `target_identity` (what names a target: its
+Owns `TokenSet` (open / verify / append / read a set), `source_prompts` (a source list's prompts in
+a fixed order), `target_identity` (what names a target: its
 name, quantization, dtype and the SHA-256 of its weights and tokenizer), `prompt_id` (a prompt's
 content hash, the unit of resumption), `fill_token_set` (roll out every prompt the set lacks, in the
 given order, a shard at a time) and `set_checksum` (one hash of the shard set, for a training run's
@@ -74,6 +75,18 @@ def prompt_id(prompt: Prompt | str) -> str:
     any source, order or run has the same id."""
     turns = [prompt] if isinstance(prompt, str) else [dict(m) for m in prompt]
     return hashlib.sha256(json.dumps(turns, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def source_prompts(sources: Sequence[str], seed: int = 0) -> list[tuple[str, Prompt]]:
+    """(source name, prompt) for every prompt of each named source (all of it), in
+    specdec.training.prompts.collect's interleaved, deduplicated order."""
+    from specdec.training.prompts import SOURCES, collect, prompt_text
+
+    owner: dict[str, str] = {}
+    for name in sources:
+        for p in SOURCES[name](10**6, seed):
+            owner.setdefault(prompt_text(p), name)
+    return [(owner[prompt_text(p)], p) for p in collect({name: 10**6 for name in sources}, seed)]
 
 
 def target_identity(target) -> dict:
