@@ -141,6 +141,9 @@ def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_ba
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     hidden, _ = recompute(tiny, data.sequences[0])
     assert hidden.shape == (data.sequences[0].numel(), tiny.hidden_size)
+    weight = torch.ones(tiny.hidden_size, requires_grad=True)
+    (hidden * weight).sum().backward()  # usable as a training input (not an inference-mode tensor)
+    assert weight.grad is not None
     batch = make_batch(data, [0, 1, 2], max_len=64)
     assert batch.aux is not None and int(batch.generated.sum()) == sum(
         data.sequences[r].numel() - data.prompt_len[r] for r in range(3))
@@ -151,3 +154,15 @@ def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_ba
     for a, b, c in zip(cached.hidden, again.hidden, data.hidden):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)
+
+
+def test_a_sampled_set_cut_and_resumed_equals_an_uncut_one(tiny, identity, tmp_path):
+    sampled = rollout_settings(temperature=1.0, seed=5, max_new_tokens=6)
+    whole = fill(tiny, tmp_path / "whole", identity, settings=sampled)
+    fill(tiny, tmp_path / "cut", identity, settings=sampled, max_shards=1)
+    resumed = fill(tiny, tmp_path / "cut", identity, settings=sampled)
+    assert contents(resumed) == contents(whole) and whole.rollout["mode"] == "sampled"
+    other_seed = fill(tiny, tmp_path / "seed6", identity, settings=rollout_settings(temperature=1.0, seed=6,
+                                                                                      max_new_tokens=6))
+    assert contents(other_seed) != contents(whole)
+    assert all(s.temperature == 1.0 for s in token_sequences([whole]))

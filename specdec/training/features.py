@@ -51,7 +51,7 @@ def token_sequences(sets: list[TokenSet]) -> list[TokenSequence]:
     return out
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: the features become training inputs
 def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(final hidden states [L, H] float32, aux-layer states [L, kH] bf16 or None) of `tokens` [L]: the
     features rollout_batch records (`last_hidden_state`; aux = HF `hidden_states` at `layers`)."""
