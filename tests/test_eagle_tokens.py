@@ -136,11 +136,13 @@ def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_ba
     data = token_rollouts(tiny, [tset], layers=(1,), identity=identity)
     assert [s.tolist() for s in data.sequences] == [s.tolist() for s in direct.sequences]
     for got, want in zip(data.hidden, direct.hidden):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
     for got, want in zip(data.aux, direct.aux):
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     hidden, _ = recompute(tiny, data.sequences[0])
     assert hidden.shape == (data.sequences[0].numel(), tiny.hidden_size)
+    torch.testing.assert_close(hidden, direct.hidden[0], atol=1e-4, rtol=1e-4)  # the prefill = the KV-cached steps
     weight = torch.ones(tiny.hidden_size, requires_grad=True)
     (hidden * weight).sum().backward()  # usable as a training input (not an inference-mode tensor)
     assert weight.grad is not None
@@ -152,8 +154,7 @@ def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_ba
     assert len(files) == len(tset.shards)
     again = token_rollouts(tiny, [tset], layers=(1,), cache_dir=tmp_path / "cache", identity=identity)
     for a, b, c in zip(cached.hidden, again.hidden, data.hidden):
-        assert torch.equal(a, b)
-        torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_a_sampled_set_cut_and_resumed_equals_an_uncut_one(tiny, identity, tmp_path):

@@ -78,8 +78,8 @@ def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...],
     if path is not None and path.exists():
         try:
             t = load_file(str(path))
-            hidden = t["hidden"].float()
-            if hidden.shape[0] == info.num_tokens:
+            hidden = t["hidden"]
+            if hidden.shape[0] == info.num_tokens and hidden.dtype == torch.bfloat16:
                 aux = t.get("aux")
                 return list(hidden.split(info.length)), list(aux.split(info.length)) if aux is not None else []
         except (SafetensorError, KeyError):
@@ -87,18 +87,17 @@ def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...],
     hidden, aux = [], []
     for tokens in tset.read(info):
         h, a = recompute(target, tokens, layers)
-        hidden.append(h)
+        hidden.append(h.to(torch.bfloat16))
         if a is not None:
             aux.append(a)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {"hidden": torch.cat(hidden).to(torch.bfloat16)}
+        tensors = {"hidden": torch.cat(hidden)}
         if aux:
             tensors["aux"] = torch.cat(aux)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         save_file(tensors, str(tmp))
         os.replace(tmp, path)
-        hidden = [h.to(torch.bfloat16).float() for h in hidden]  # as a cached read returns them
     return hidden, aux
 
 
@@ -106,8 +105,8 @@ def token_rollouts(target, sets: list[TokenSet], layers: tuple[int, ...] = (), c
                    identity: dict | None = None) -> Rollouts:
     """The sequences of `sets` with the target's features recomputed (see `recompute`), as `Rollouts`
     (prompt_index = the sequence's position in `token_sequences(sets)`). Every set must name this
-    target (`identity`, default target_identity(target)). With `cache_dir`, features are kept per
-    shard (bf16) and reused."""
+    target (`identity`, default target_identity(target)). Features are held in bf16 (2 bytes per
+    number: make_batch casts each batch to float32); with `cache_dir` they are kept per shard and reused."""
     identity = identity or target_identity(target)
     check_target(sets, identity)
     cache = Path(cache_dir) / identity["weights_sha256"][:16] if cache_dir else None
