@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--minutes", type=float, default=55.0)
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:n]: the run state moves between them")
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     defaults = RunConfig()
     for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     started = time.time()
     torch.set_num_threads(args.threads)
-    target = specdec.load_target(args.target, kernel="torch", threads=args.threads)
+    target = specdec.load_target(args.target, device=args.device, kernel="torch", threads=args.threads)
     for p in target.model.parameters():
         p.requires_grad_(False)
     identity = target_identity(target)
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     near = overlapping(seqs, held, sets)
     train_rows = [i for i, s in enumerate(seqs) if s.prompt_id not in held and s.prompt_id not in near]
     val_rows = [i for i, s in enumerate(seqs) if s.prompt_id in held and s.temperature == 0]
-    val_batches = [make_batch(data, val_rows[i:i + cfg.batch_size], cfg.max_len)
+    val_batches = [make_batch(data, val_rows[i:i + cfg.batch_size], cfg.max_len, target.device)
                    for i in range(0, len(val_rows), cfg.batch_size)]
     if not args.resume:
         if Path(args.curve).exists() and Path(args.curve).stat().st_size:

@@ -113,12 +113,13 @@ class Run:
     """A head being trained, with everything its next step depends on."""
 
     def __init__(self, cfg: RunConfig, head: EagleHead, target, data_checksum: str, val_ids: list[str]) -> None:
-        self.cfg, self.head, self.target = cfg, head.float().train(), target
+        self.device = target.device  # the head trains where the target runs (a CPU or a GPU; one state file)
+        self.cfg, self.head, self.target = cfg, head.float().to(self.device).train(), target
         self.data_checksum, self.val_ids = data_checksum, list(val_ids)
         self.embed = target.base.get_input_embeddings()
         lm_weight = target.lm_head.weight.detach().float()  # [V, H]
-        self.ce_rows = lm_weight[head.draft_vocab[: cfg.ce_vocab]]  # [N, H]
-        self.eval_vocab = head.draft_vocab[: cfg.eval_vocab]
+        self.ce_rows = lm_weight[head.draft_vocab[: cfg.ce_vocab].to(self.device)]  # [N, H]
+        self.eval_vocab = head.draft_vocab[: cfg.eval_vocab].to(self.device)
         self.eval_rows = lm_weight[self.eval_vocab]
         self.opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr * lr_factor(0, cfg), betas=(0.9, 0.95),
                                      weight_decay=cfg.weight_decay)
@@ -133,7 +134,7 @@ class Run:
         if not self.order:
             self.order = [rows[i] for i in torch.randperm(len(rows), generator=self.generator).tolist()]
         batch_rows, self.order = self.order[: cfg.batch_size], self.order[cfg.batch_size:]
-        batch = make_batch(data, batch_rows, cfg.max_len)
+        batch = make_batch(data, batch_rows, cfg.max_len, self.device)
         for group in self.opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(self.step, cfg)
         predicted = unroll(self.head, self.embed, batch, cfg.ttt_depth, cfg.feature_noise, self.generator)
@@ -191,7 +192,7 @@ class Run:
         """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
         (ShardError / ValueError naming `path`)."""
         path = Path(path)
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path} is not an EAGLE run checkpoint (format {state.get('format')!r})")
         head_config = HeadConfig(**{**state["head_config"], "aux_layers": tuple(state["head_config"]["aux_layers"])})
@@ -210,7 +211,7 @@ class Run:
             raise ShardError(f"{path} trained on shard set {state['data_checksum'][:16]}, the data now has checksum "
                              f"{data_checksum[:16]}: the shard set changed underneath the run; resume on the same "
                              "shards or start a new run")
-        head = EagleHead(head_config, draft_vocab=state["draft_vocab"])
+        head = EagleHead(head_config, draft_vocab=state["draft_vocab"].cpu())
         head.load_state_dict(state["head"])
         run = cls(replace(cfg), head, target, data_checksum, state["val_ids"])
         run.opt.load_state_dict(state["opt"])
