@@ -23,6 +23,11 @@ objective), optionally truncated after the first wrong depth (`truncate`); valid
 depth every `val_every` steps (in the progress bar and `train_log.jsonl`); the best head by validation
 chain MAL is `out_dir/head-best`, the latest state `out_dir/last` (+ `last.state.pt`), from which
 `resume=true` continues. The resolved config is saved beside the results.
+
+This is the older pipeline (rounds 2-10: shards with hidden states outside the repository, a fresh
+schedule per round). The one run that accumulates data and is never restarted uses token-shard
+rollout sets in the repository (scripts/eagle_rollouts.py, data/eagle/) and
+scripts/train_eagle_run.py (specdec/training/run.py).
 """
 
 from __future__ import annotations
