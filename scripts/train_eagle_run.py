@@ -5,7 +5,8 @@
         --init-head specdec/drafters/heads/smollm2-135m.safetensors --aux-layers 3 15 \\
         --out outputs/eagle-run --curve data/eagle/curve.jsonl --steps 500 --minutes 55 [--resume]
 
-The target's features are recomputed from the tokens (cached per shard under --feature-cache). The
+The target's features are recomputed from the tokens once per machine into --feature-cache (one file
+per shard, bf16), and read from there with --resident-shards shards in memory at a time. The
 validation prompts (`--num-validation`, by prompt id) are chosen when the run starts and kept in its
 checkpoint; their sequences never enter training. `--out/run.pt` holds the whole run state (head,
 AdamW, step, batch order, generator, the shard set's checksum); `--out/head-best.safetensors` the best
@@ -29,7 +30,7 @@ import torch  # noqa: E402
 import specdec  # noqa: E402
 from specdec.drafters.eagle_head import EagleHead, HeadConfig, rank_vocabulary, widen  # noqa: E402
 from specdec.training.eagle import make_batch  # noqa: E402
-from specdec.training.features import token_rollouts, token_sequences  # noqa: E402
+from specdec.training.features import token_features, token_sequences  # noqa: E402
 from specdec.training.run import Run, RunConfig, advance, append_curve, trim_curve, validation_prompts  # noqa: E402
 from specdec.training.prompts import prompt_text, shared_ngrams, user  # noqa: E402
 from specdec.training.tokens import TokenSet, prompt_id, set_checksum, source_prompts, target_identity  # noqa: E402
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="outputs/eagle-run", help="checkpoint folder (run.pt, head-best)")
     ap.add_argument("--curve", default="data/eagle/curve.jsonl")
     ap.add_argument("--feature-cache", default="outputs/eagle-features")
+    ap.add_argument("--resident-shards", type=int, default=32, help="shards of features held in memory at once")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-head", default="")
     ap.add_argument("--aux-layers", type=int, nargs="*", default=[])
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(args.seed)
         head = new_head(args, target, torch.cat([s.tokens for s in seqs if s.prompt_id not in set(val_ids)]), expected)
         run = Run(cfg, head, target, checksum, val_ids)
-    data = token_rollouts(target, sets, tuple(args.aux_layers), args.feature_cache, identity)
+    data = token_features(target, sets, tuple(args.aux_layers), args.feature_cache, identity, args.resident_shards)
     held = set(run.val_ids)
     near = overlapping(seqs, held, sets)
     train_rows = [i for i, s in enumerate(seqs) if s.prompt_id not in held and s.prompt_id not in near]

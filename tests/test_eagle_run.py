@@ -12,7 +12,7 @@ import torch
 
 import specdec
 from specdec.drafters.eagle import random_head
-from specdec.drafters.eagle_head import HeadConfig
+from specdec.drafters.eagle_head import HeadConfig, widen
 from specdec.training.eagle import depth_losses, make_batch, rollout_batch, unroll
 from specdec.training.run import Run, RunConfig, advance, lr_factor, trim_curve, validation_prompts
 from specdec.training.shards import ShardError
@@ -180,3 +180,36 @@ def test_validation_in_bf16_scores_a_bf16_copy_and_leaves_the_trained_head_fp32(
     assert acceptance_per_depth(cast, bf16.embed, bf16.eval_rows, bf16.eval_vocab, val, CFG.val_depth) == a
     with pytest.raises(ValueError, match="val_dtype must be"):
         RunConfig(val_dtype="int8")
+
+
+def test_training_on_features_left_on_disk_equals_training_in_memory(tmp_path):
+    """token_features (a shard resident at a time) and token_rollouts give the same batches, so the
+    same run state after the same steps."""
+    from specdec.training.features import token_features, token_rollouts
+    from specdec.training.prompts import user
+    from specdec.training.tokens import TokenSet, fill_token_set, rollout_settings, target_identity
+
+    tiny = specdec.tiny_target("llama", dtype=torch.float32, seed=0, logit_scale=4.0)
+    identity = target_identity(tiny)
+    tset = TokenSet(tmp_path / "set", identity, rollout_settings(temperature=0.0, seed=0, max_new_tokens=6))
+    fill_token_set(tiny, tset, [("s", user(f"q{i} about w{i}")) for i in range(12)], shard_prompts=3, batch_size=3,
+                   log=lambda s: None)
+    memory = token_rollouts(tiny, [tset], (1,), tmp_path / "cache", identity)
+    disk = token_features(tiny, [tset], (1,), tmp_path / "cache", identity, resident=1)
+    for rows in ([0, 11, 4], [7, 1]):
+        a, b = make_batch(memory, rows, 24), make_batch(disk, rows, 24)
+        assert torch.equal(a.hidden, b.hidden) and torch.equal(a.aux, b.aux) and torch.equal(a.tokens, b.tokens)
+    assert len(disk._loaded) == 1
+    cfg = RunConfig(**{**CFG.__dict__, "ce_vocab": 258, "eval_vocab": 258})
+    runs = []
+    for data in (memory, disk):
+        run = Run(cfg, widen(random_head(tiny, seed=3), (1,)), tiny, "s", [])
+        for _ in range(4):
+            run.train_step(data, list(range(10)))
+        runs.append(run)
+    for a, b in zip(runs[0].head.state_dict().values(), runs[1].head.state_dict().values()):
+        assert torch.equal(a, b)
+    disk.files[0][0].write_bytes(b"not a safetensors file")
+    disk._loaded.clear()
+    with pytest.raises(ShardError, match=rf"feature cache file {disk.files[0][0]} cannot be read"):
+        disk.hidden[0]

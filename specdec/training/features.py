@@ -3,8 +3,9 @@
 Owns `token_sequences` (every sequence of some rollout sets, with its prompt id and source),
 `recompute` (the target's final hidden state, and the hidden states of aux layers, at every token of
 a sequence: one causal prefill per sequence, the states a rollout's KV-cached steps computed, up to
-rounding) and `token_rollouts` (sets -> `Rollouts`, checked against the target, optionally cached
-per shard). Knows nothing about how sets are written (specdec/training/tokens.py) or trained on.
+rounding), `token_rollouts` (sets -> `Rollouts` in memory, checked against the target, optionally
+cached per shard) and `token_features` (the same rows as `ShardedRollouts`, whose features stay in
+the cache files with a few shards in memory: data larger than memory). Knows nothing about how sets are written (specdec/training/tokens.py) or trained on.
 
 The feature cache is disposable (never committed): `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
 -<layers>.safetensors`, keyed by the target's weights and the shard's checksum, so a changed shard or
@@ -14,6 +15,7 @@ target can never be paired with stale features. A cache file that cannot be read
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +73,14 @@ def check_target(sets: list[TokenSet], identity: dict) -> None:
                              f"({{field: (manifest, given)}}: {diff}); its features cannot be recomputed with it")
 
 
+def _cache_path(cache: Path, sha256: str, layers: tuple[int, ...]) -> Path:
+    return cache / f"{sha256}-{'-'.join(map(str, layers)) or 'final'}.safetensors"
+
+
 def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...], cache: Path | None,
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     info = tset.shards[index]
-    path = cache / f"{info.sha256}-{'-'.join(map(str, layers)) or 'final'}.safetensors" if cache else None
+    path = _cache_path(cache, info.sha256, layers) if cache else None
     if path is not None and path.exists():
         try:
             t = load_file(str(path))
@@ -122,3 +128,77 @@ def token_rollouts(target, sets: list[TokenSet], layers: tuple[int, ...] = (), c
     data = Rollouts.concat(parts)
     data.prompt_index = list(range(len(data.sequences)))
     return data
+
+
+class _Column:
+    """`hidden` or `aux` of a ShardedRollouts: row r read from its shard's cache file."""
+
+    def __init__(self, owner: ShardedRollouts, key: str) -> None:
+        self.owner, self.key = owner, key
+
+    def __len__(self) -> int:
+        return len(self.owner.sequences)
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        shard, k = self.owner.where[row]
+        return self.owner.shard(shard)[self.key][k]
+
+
+class ShardedRollouts:
+    """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the
+    features left in the per-shard cache files and at most `resident` shards in memory (the least
+    recently used is dropped). The same rows and values as token_rollouts over the same cache."""
+
+    def __init__(self, sequences: list[torch.Tensor], prompt_len: list[int], temperature: list[float],
+                 files: list[tuple[Path, list[int]]], has_aux: bool, resident: int = 16) -> None:
+        self.sequences, self.prompt_len, self.temperature = sequences, prompt_len, temperature
+        self.prompt_index = list(range(len(sequences)))
+        self.files, self.resident = files, max(1, resident)
+        self.where = [(i, k) for i, (_, lengths) in enumerate(files) for k in range(len(lengths))]
+        self.hidden = _Column(self, "hidden")
+        self.aux = _Column(self, "aux") if has_aux else []
+        self._loaded: OrderedDict[int, dict[str, list[torch.Tensor]]] = OrderedDict()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.numel() for s in self.sequences)
+
+    def shard(self, i: int) -> dict[str, list[torch.Tensor]]:
+        """Shard i's features split per sequence (loaded, or moved to most recently used)."""
+        if i in self._loaded:
+            self._loaded.move_to_end(i)
+            return self._loaded[i]
+        path, lengths = self.files[i]
+        try:
+            t = load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise ShardError(f"feature cache file {path} cannot be read ({err}); delete it to compute it again") from err
+        if t["hidden"].shape[0] != sum(lengths):
+            raise ShardError(f"feature cache file {path} has {t['hidden'].shape[0]} rows, its shard {sum(lengths)} "
+                             "tokens; delete it to compute it again")
+        self._loaded[i] = {k: list(v.split(lengths)) for k, v in t.items()}
+        while len(self._loaded) > self.resident:
+            self._loaded.popitem(last=False)
+        return self._loaded[i]
+
+
+def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_dir: str | Path,
+                   identity: dict | None = None, resident: int = 16) -> ShardedRollouts:
+    """The rows of token_rollouts(target, sets, layers, cache_dir) as a ShardedRollouts: every shard's
+    features computed into `cache_dir` first (those already there are kept), then read on demand."""
+    identity = identity or target_identity(target)
+    check_target(sets, identity)
+    cache = Path(cache_dir) / identity["weights_sha256"][:16]
+    sequences, prompt_len, temperature, files = [], [], [], []
+    for s in sets:
+        for index, info in enumerate(s.shards):
+            path = _cache_path(cache, info.sha256, tuple(layers))
+            if not path.exists():
+                _shard_features(target, s, index, tuple(layers), cache)
+            sequences += s.read(info)
+            prompt_len += list(info.prompt_len)
+            temperature += [s.rollout["temperature"]] * len(info.length)
+            files.append((path, list(info.length)))
+    if not files:
+        raise ShardError(f"no recorded shards in {[str(s.root) for s in sets]}: roll out prompts first")
+    return ShardedRollouts(sequences, prompt_len, temperature, files, bool(layers), resident)
