@@ -8,7 +8,8 @@
 The target's features are recomputed from the tokens once per machine into --feature-cache (one file
 per shard, bf16), and read from there with --resident-shards shards in memory at a time. The
 validation prompts (`--num-validation`, by prompt id) are chosen when the run starts and kept in its
-checkpoint; their sequences never enter training. `--out/run.pt` holds the whole run state (head,
+checkpoint; their sequences never enter training. Resuming on sets that gained shards since the
+checkpoint needs --grow (recorded in the run's data_history); any other change is refused. `--out/run.pt` holds the whole run state (head,
 AdamW, step, batch order, generator, the shard set's checksum); `--out/head-best.safetensors` the best
 head by validation chain MAL; the curve is appended to --curve (one JSON line per validation). A
 checkpoint that exists without --resume is an error (a run is continued, never restarted by accident).
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--feature-cache", default="outputs/eagle-features")
     ap.add_argument("--resident-shards", type=int, default=32, help="shards of features held in memory at once")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--grow", action="store_true", help="resume on sets that gained shards since the checkpoint")
     ap.add_argument("--init-head", default="")
     ap.add_argument("--aux-layers", type=int, nargs="*", default=[])
     ap.add_argument("--num-validation", type=int, default=32)
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     identity = target_identity(target)
     sets = [TokenSet(path, identity, TokenSet.open(path).rollout) for path in args.sets]
     checksum = set_checksum(sets)
+    shards = [[info.sha256 for info in s.shards] for s in sets]
     cfg = run_config(args)
     expected = HeadConfig.for_target(target, aux_layers=tuple(args.aux_layers))
     out = Path(args.out)
@@ -114,14 +117,14 @@ def main(argv: list[str] | None = None) -> dict:
     if checkpoint.exists() and not args.resume:
         raise SystemExit(f"{checkpoint} exists: pass --resume to continue that run, or another --out to start one")
     if args.resume:
-        run = Run.resume(checkpoint, target, cfg, checksum, expected)
+        run = Run.resume(checkpoint, target, cfg, checksum, expected, shards, grow=args.grow)
         trim_curve(args.curve, run.step)
     else:
         val_ids = validation_prompts([s.prompt_id for s in seqs], [s.temperature for s in seqs], args.num_validation,
                                      args.seed)
         torch.manual_seed(args.seed)
         head = new_head(args, target, torch.cat([s.tokens for s in seqs if s.prompt_id not in set(val_ids)]), expected)
-        run = Run(cfg, head, target, checksum, val_ids)
+        run = Run(cfg, head, target, checksum, val_ids, shards)
     data = token_features(target, sets, tuple(args.aux_layers), args.feature_cache, identity, args.resident_shards)
     held = set(run.val_ids)
     near = overlapping(seqs, held, sets)

@@ -165,6 +165,8 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
     rollouts.main(roll[:-1] + ["1"])  # the set grows by a shard
     with pytest.raises(ShardError, match=r"run.pt trained on shard set .* changed underneath"):
         trainer.main(train + ["--resume"])
+    grown = trainer.main(train + ["--resume", "--grow"])  # at max_steps already: accepted, nothing to train
+    assert grown["step"] == 6 and grown["train_sequences"] + grown["dropped_near_val"] == 8 + 16
 
 
 def test_validation_in_bf16_scores_a_bf16_copy_and_leaves_the_trained_head_fp32(tiny, data):
@@ -213,3 +215,21 @@ def test_training_on_features_left_on_disk_equals_training_in_memory(tmp_path):
     disk._loaded.clear()
     with pytest.raises(ShardError, match=rf"feature cache file {disk.files[0][0]} cannot be read"):
         disk.hidden[0]
+
+
+def test_a_run_resumes_on_grown_sets_only_when_asked_and_only_if_they_only_grew(tiny, data, tmp_path):
+    run = Run(CFG, random_head(tiny, seed=3), tiny, "A", ["p0"], [["s1", "s2"]])
+    train(run, data, tmp_path, 2)
+    path, expected = tmp_path / "run.pt", HeadConfig.for_target(tiny)
+    with pytest.raises(ShardError, match="changed underneath.*pass grow"):
+        Run.resume(path, tiny, CFG, "B", expected, [["s1", "s2", "s3"]])
+    with pytest.raises(ShardError, match="changed underneath"):
+        Run.resume(path, tiny, CFG, "B", expected, [["s1", "sX", "s3"]], grow=True)
+    with pytest.raises(ShardError, match="changed underneath"):
+        Run.resume(path, tiny, CFG, "B", expected, [["s1", "s2"], ["t1"]], grow=True)
+    grown = Run.resume(path, tiny, CFG, "B", expected, [["s1", "s2", "s3"]], grow=True)
+    assert grown.data_history == [{"step": 2, "from": "A", "to": "B"}] and grown.step == 2
+    order = list(grown.order)
+    train(grown, data, tmp_path, 3)  # the current permutation runs out before the new rows join
+    assert grown.order == order[CFG.batch_size:]
+    assert Run.resume(path, tiny, CFG, "B", expected, [["s1", "s2", "s3"]]).data_history == grown.data_history

@@ -112,10 +112,13 @@ def validation_prompts(prompt_ids: list[str], temperatures: list[float], n: int,
 class Run:
     """A head being trained, with everything its next step depends on."""
 
-    def __init__(self, cfg: RunConfig, head: EagleHead, target, data_checksum: str, val_ids: list[str]) -> None:
+    def __init__(self, cfg: RunConfig, head: EagleHead, target, data_checksum: str, val_ids: list[str],
+                 shards: list[list[str]] | None = None) -> None:
         self.device = target.device  # the head trains where the target runs (a CPU or a GPU; one state file)
         self.cfg, self.head, self.target = cfg, head.float().to(self.device).train(), target
         self.data_checksum, self.val_ids = data_checksum, list(val_ids)
+        self.shards = shards  # per rollout set, its shards' SHA-256 in order (what `grow` compares)
+        self.data_history: list[dict] = []  # {"step", "from", "to"} for every resume on grown sets
         self.embed = target.base.get_input_embeddings()
         lm_weight = target.lm_head.weight.detach().float()  # [V, H]
         self.ce_rows = lm_weight[head.draft_vocab[: cfg.ce_vocab].to(self.device)]  # [N, H]
@@ -177,7 +180,8 @@ class Run:
                 "head": self.head.state_dict(), "draft_vocab": self.head.draft_vocab.clone(),
                 "opt": self.opt.state_dict(), "generator": self.generator.get_state(), "step": self.step,
                 "order": list(self.order), "best": self.best, "window": dict(self.window),
-                "data_checksum": self.data_checksum, "val_ids": list(self.val_ids)}
+                "data_checksum": self.data_checksum, "val_ids": list(self.val_ids), "shards": self.shards,
+                "data_history": list(self.data_history)}
 
     def save(self, path: str | Path) -> Path:
         """Write the run's whole state to `path` (atomically: a cut mid-write leaves the previous one)."""
@@ -188,9 +192,12 @@ class Run:
         return path
 
     @classmethod
-    def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig) -> Run:
+    def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
+               shards: list[list[str]] | None = None, grow: bool = False) -> Run:
         """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
-        (ShardError / ValueError naming `path`)."""
+        (ShardError / ValueError naming `path`). With `grow`, data whose sets only gained shards
+        (`shards`: each set's shard checksums, the saved ones a prefix of each) is accepted: the new
+        rows join at the next permutation and `data_history` records the step."""
         path = Path(path)
         state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -207,17 +214,27 @@ class Run:
         if changed and state["step"] > min(saved.anneal_start, cfg.anneal_start):
             raise ValueError(f"{path} is at step {state['step']}, past anneal_start ({saved.anneal_start} saved, "
                              f"{cfg.anneal_start} now): the schedule's length can no longer change")
-        if state["data_checksum"] != data_checksum:
+        grown = state["data_checksum"] != data_checksum
+        if grown and not (grow and _extends(state.get("shards"), shards)):
             raise ShardError(f"{path} trained on shard set {state['data_checksum'][:16]}, the data now has checksum "
                              f"{data_checksum[:16]}: the shard set changed underneath the run; resume on the same "
-                             "shards or start a new run")
+                             "shards, or pass grow when the sets only gained shards (appended, none changed)")
         head = EagleHead(head_config, draft_vocab=state["draft_vocab"].cpu())
         head.load_state_dict(state["head"])
-        run = cls(replace(cfg), head, target, data_checksum, state["val_ids"])
+        run = cls(replace(cfg), head, target, data_checksum, state["val_ids"], shards)
+        run.data_history = state.get("data_history", [])
+        if grown:
+            run.data_history.append({"step": state["step"], "from": state["data_checksum"], "to": data_checksum})
         run.opt.load_state_dict(state["opt"])
         run.generator.set_state(state["generator"])
         run.step, run.order, run.best, run.window = state["step"], state["order"], state["best"], state["window"]
         return run
+
+
+def _extends(old: list[list[str]] | None, new: list[list[str]] | None) -> bool:
+    """Whether every set of `new` starts with its shards in `old` (same sets, in the same order)."""
+    return (old is not None and new is not None and len(old) == len(new)
+            and all(n[:len(o)] == o for o, n in zip(old, new)))
 
 
 def append_curve(path: str | Path, point: dict) -> None:
