@@ -254,6 +254,8 @@ class TokenSet:
 
 
 class _Lock:
+    """`<set>/write.lock` holding the writer's pid; a lock whose process is gone is taken over."""
+
     def __init__(self, tset: TokenSet) -> None:
         self.tset, self.path = tset, tset.root / LOCK
 
@@ -291,8 +293,8 @@ def _alive(pid: int) -> bool:
 
 
 def set_checksum(sets: Sequence[TokenSet]) -> str:
-    """SHA-256 over the sets' folders, targets and shard checksums, in order: a training run records it
-    and refuses to resume on another shard set."""
+    """SHA-256 over the sets' targets, rollout settings and shard checksums, in order: a training run
+    records it and refuses to resume on another shard set."""
     digest = hashlib.sha256()
     for s in sets:
         digest.update(json.dumps([s.target, s.rollout, [x.sha256 for x in s.shards]], sort_keys=True).encode())
