@@ -1,18 +1,25 @@
-"""One matched cell: a drafter, a shape and a target, against the plain loop on the same target and
-against the plain loop on the unquantized reference target.
+"""One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
-Owns the measuring protocol. For every question and turn, up to three runs decode the same prompt
-with the same seed and the same `max_new_tokens`, one right after the other in this process, their
-order rotating from prompt to prompt so that drift hits each alike:
-- *drafted*: `specdec.generate(target, drafter, ...)`;
-- *plain*: `specdec.generate(target, None, ...)`, the same (possibly quantized) target;
-- *reference*: the plain loop on the unquantized target (`reference`; when the cell's target is the
-  unquantized one, the plain run is the reference and no third run is made).
-So each of the cell's three speedups is a ratio of runs measured side by side: plain / reference
-(quantization alone), drafted / plain (speculation alone), drafted / reference (the compound).
-Turn 1 is the question's text (the target's chat template applied by `generate`); turn i > 1 is the
-chat so far, where the assistant's messages are the plain loop's own earlier answers, so the drafted
-and plain runs see the same tokens (the reference, a different model at T = 0 too, sees them as well).
+Owns the measuring protocol. For every question and turn, four runs decode the same prompt with the
+same seed and the same `max_new_tokens`, back to back in this process, their order rotating from
+prompt to prompt so that drift hits each alike:
+- *drafted*: `specdec.generate(target, drafter, ...)` on the cell's kernel;
+- *plain*: `specdec.generate(target, None, ...)`, the same kernel;
+- *reference*: the plain loop on the unquantized (fp32) target;
+- *reference_drafted*: the drafter (built for the reference) on the fp32 target.
+So speculation on the kernel (drafted / plain), speculation on fp32 (reference_drafted / reference),
+their ratio (the *interaction*), quantization alone (plain / reference) and the compound (drafted /
+reference) are ratios of runs measured side by side, per prompt. When the cell's target is the
+reference itself (`reference=None`) only the first two runs are made and stand in for the other two.
+An A/A control is a cell whose "kernel" is the reference measured again under another label.
+
+Teacher-forced acceptance (T = 0, `teacher_forced=True`): the drafter's drafts along the fp32 plain
+continuation (`specdec.measure.profiles.profile` on the reference, once per prompt and drafter x
+shape in this process) are judged against the kernel's argmax after each prefix of that same text
+(one forward of prompt + text on the kernel), so every kernel is scored on the same text. Where the
+kernel's argmax leaves the fp32 text, deeper nodes are still judged on the fp32 prefix (an
+approximation at those positions only). Turn 1 is the question's text (chat template applied by
+`generate`); turn i > 1 is the chat so far, whose assistant messages are the kernel's plain answers.
 Returns plain dict rows; knows nothing about Hydra or where rows are stored.
 """
 
@@ -20,13 +27,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import torch
+
 import specdec
+from specdec.measure.profiles import AcceptanceProfile, profile
+from specdec.target.forwards import CACHES
 
 from experiments.questions import Question
 
-RUNS = ("drafted", "plain", "reference")
+RUNS = ("drafted", "plain", "reference", "reference_drafted")
+_PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
+"""(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
+the cells of a process (the drafter is kept so its id cannot be reused by another)."""
 
 
 def _ratio(numerator: specdec.GenerationOutput, denominator: specdec.GenerationOutput) -> float:
@@ -35,48 +50,59 @@ def _ratio(numerator: specdec.GenerationOutput, denominator: specdec.GenerationO
     return numerator.stats.tokens_per_s / base if base > 0 else float("nan")
 
 
-def _row(drafted: specdec.GenerationOutput, plain: specdec.GenerationOutput,
-         reference: specdec.GenerationOutput) -> dict[str, Any]:
-    stats, base, ref = drafted.stats, plain.stats, reference.stats
-    reached, accepted = stats.acceptance_counts_by_depth()
+def _run_fields(prefix: str, out: specdec.GenerationOutput) -> dict[str, Any]:
+    """What the cost model and the statistics read from one run, keys prefixed by `prefix`."""
+    stats = out.stats
     widths = Counter(s.drafted + 1 for s in stats.steps)  # verify width = root + draft nodes
+    return {f"{prefix}new_tokens": stats.new_tokens, f"{prefix}steps": stats.num_steps,
+            f"{prefix}accepted_tokens": sum(s.accepted for s in stats.steps),
+            f"{prefix}verify_widths": {str(w): n for w, n in sorted(widths.items())},
+            f"{prefix}draft_time_s": stats.draft_time_s, f"{prefix}verify_time_s": stats.verify_time_s,
+            f"{prefix}prefill_time_s": stats.prefill_time_s, f"{prefix}wall_time_s": stats.wall_time_s,
+            f"{prefix}tokens_per_s": stats.tokens_per_s, f"{prefix}decode_tokens_per_s": stats.decode_tokens_per_s}
+
+
+def _row(out: dict[str, specdec.GenerationOutput]) -> dict[str, Any]:
+    drafted, plain, reference, ref_drafted = (out[r] for r in RUNS)
+    stats = drafted.stats
+    reached, accepted = stats.acceptance_counts_by_depth()
+    speculation, reference_speculation = _ratio(drafted, plain), _ratio(ref_drafted, reference)
     return {
         "prompt_tokens": len(drafted.prompt_ids),
-        "new_tokens": stats.new_tokens,
-        "steps": stats.num_steps,
-        "accepted_tokens": sum(s.accepted for s in stats.steps),
         "mal": stats.mean_acceptance_length,
         "mean_accepted_tokens": stats.mean_accepted_tokens,
         "mean_drafted": stats.mean_drafted,
-        "verify_widths": {str(w): n for w, n in sorted(widths.items())},
         "acceptance_by_depth": stats.acceptance_rate_by_depth(),
         "reached_by_depth": reached,
         "accepted_by_depth": accepted,
-        "draft_time_s": stats.draft_time_s,
-        "verify_time_s": stats.verify_time_s,
-        "prefill_time_s": stats.prefill_time_s,
-        "wall_time_s": stats.wall_time_s,
-        "tokens_per_s": stats.tokens_per_s,
-        "decode_tokens_per_s": stats.decode_tokens_per_s,
-        "baseline_new_tokens": base.new_tokens,
-        "baseline_steps": base.num_steps,
-        "baseline_verify_time_s": base.verify_time_s,
-        "baseline_prefill_time_s": base.prefill_time_s,
-        "baseline_wall_time_s": base.wall_time_s,
-        "baseline_tokens_per_s": base.tokens_per_s,
-        "baseline_decode_tokens_per_s": base.decode_tokens_per_s,
-        "reference_new_tokens": ref.new_tokens,
-        "reference_steps": ref.num_steps,
-        "reference_verify_time_s": ref.verify_time_s,
-        "reference_prefill_time_s": ref.prefill_time_s,
-        "reference_wall_time_s": ref.wall_time_s,
-        "reference_tokens_per_s": ref.tokens_per_s,
-        "speedup": _ratio(drafted, plain),
+        **_run_fields("", drafted),
+        **_run_fields("baseline_", plain),
+        **_run_fields("reference_", reference),
+        **_run_fields("reference_drafted_", ref_drafted),
+        "reference_mal": ref_drafted.stats.mean_acceptance_length,
+        "speedup": speculation,
         "speedup_quant": _ratio(plain, reference),
         "speedup_compound": _ratio(drafted, reference),
+        "speedup_reference": reference_speculation,
+        "interaction": speculation / reference_speculation if reference_speculation > 0 else float("nan"),
+        "paired": True,
         "same_tokens_as_baseline": drafted.token_ids == plain.token_ids,
         "same_tokens_as_reference": plain.token_ids == reference.token_ids,
     }
+
+
+@torch.inference_mode()
+def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) -> dict[str, Any]:
+    """Acceptance of the fp32 profile's drafts against `target`'s argmax after each prefix of the
+    fp32 continuation: the simulated MAL in `shape` and the per-depth counts (see the module docstring)."""
+    ids = [*fp32.prompt_ids, *fp32.greedy]
+    cache, _ = CACHES["dynamic"](target, len(ids), ())
+    logits = target.forward(torch.tensor([ids[:-1]], dtype=torch.long), cache).logits  # [1, P + N - 1, V]
+    argmax = logits[0, len(fp32.prompt_ids) - 1:].argmax(-1).tolist()  # [N]: the token after each prefix
+    forced = replace(fp32, greedy=argmax)
+    counts = forced.counts()
+    return {"tf_mal": forced.simulate(shape), "tf_reached_by_depth": counts.reached,
+            "tf_accepted_by_depth": counts.accepted}
 
 
 def run_cell(
@@ -88,23 +114,32 @@ def run_cell(
     sampling: specdec.SamplingConfig,
     max_new_tokens: int,
     reference: specdec.Target | None = None,
+    reference_drafter: specdec.drafters.Drafter | None = None,
     warmup_tokens: int = 0,
+    teacher_forcing: bool = False,
     on_turn: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure `drafter` against the plain loop on every turn of `questions`; one row per turn.
+    """Measure `drafter` on `target` in the paired 2x2 on every turn of `questions`; one row per turn.
 
-    Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target
-    (None: `target` is the reference itself, and its plain run is reused). `on_turn` is called after
-    each turn (progress reporting).
+    Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
+    `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
+    stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
+    `on_turn` is called after each turn (progress reporting).
     """
+    if (reference is None) != (reference_drafter is None):
+        raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")
+    if teacher_forcing and sampling.temperature > 0:
+        raise ValueError(f"teacher-forced acceptance is defined at T = 0 only, got T = {sampling.temperature}")
     options = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                "max_new_tokens": max_new_tokens}
     runs = RUNS if reference is not None else RUNS[:2]
+    model_of = {"drafted": (target, drafter), "plain": (target, None),
+                "reference": (reference, None), "reference_drafted": (reference, reference_drafter)}
+    fp32, fp32_drafter = (reference, reference_drafter) if reference is not None else (target, drafter)
 
     def decode(run: str, prompt, seed: int, **override) -> specdec.GenerationOutput:
-        model = reference if run == "reference" else target
-        return specdec.generate(model, drafter if run == "drafted" else None, prompt, shape=shape,
-                                seed=seed, **{**options, **override})
+        model, draft = model_of[run]
+        return specdec.generate(model, draft, prompt, shape=shape, seed=seed, **{**options, **override})
 
     if warmup_tokens > 0 and questions:
         for run in runs:
@@ -120,16 +155,18 @@ def run_cell(
             order = runs[shift:] + runs[:shift]
             outputs = {run: decode(run, prompt, seed) for run in order}
             outputs.setdefault("reference", outputs["plain"])
+            outputs.setdefault("reference_drafted", outputs["drafted"])
             history = [*history, {"role": "user", "content": text},
                        {"role": "assistant", "content": outputs["plain"].text}]
-            rows.append({
-                "question_id": question.question_id,
-                "category": question.category,
-                "turn": turn + 1,
-                "question_seed": seed,
-                "order": ",".join(order),
-                **_row(outputs["drafted"], outputs["plain"], outputs["reference"]),
-            })
+            row = {"question_id": question.question_id, "category": question.category, "turn": turn + 1,
+                   "question_seed": seed, "order": ",".join(order), **_row(outputs)}
+            if teacher_forcing:
+                key = (id(fp32_drafter), shape, str(prompt), max_new_tokens)
+                if _PROFILES.get(key, (None,))[0] is not fp32_drafter:
+                    _PROFILES[key] = (fp32_drafter, profile(fp32, fp32_drafter, prompt, shape=shape,
+                                                            max_new_tokens=max_new_tokens))
+                row.update(teacher_forced(_PROFILES[key][1], target, shape))
+            rows.append(row)
             if on_turn is not None:
                 on_turn()
     return rows

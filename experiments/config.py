@@ -66,6 +66,9 @@ class QuantConfig:
 
     spec: str = "none"
     """A quantization spec for `load_target(quant=...)` (`none`, `bf16`, `torchao_int4`, `rtn4_g64`, ...)."""
+    label: str = ""
+    """The kernel's name in the store when it must differ from the spec's (empty = the canonical spec). An
+    A/A control sets it with spec `none`: the fp32 target measured again, paired against itself."""
 
 
 @dataclass
@@ -112,6 +115,9 @@ class RunnerConfig:
     """Context lengths of that curve."""
     latency_repeats: int = 3
     """Timed repeats per point of that curve (median kept)."""
+    teacher_forcing: bool = True
+    """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
+    one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
     threads: int = 1
     """torch intra-op threads (0 = torch's default). 1 by default: on a 2-core machine with anything
     else running, 2 threads made the embedded model's decode >10x slower (OpenMP barriers). It does

@@ -124,6 +124,10 @@ def build_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Dat
     within = table.groupby(["board", "category"])
     table["rank_mal"] = within["mal"].rank(ascending=False, method="min").astype(int)
     table["rank_speedup"] = within["speedup"].rank(ascending=False, method="min").astype(int)
+    # End-to-end speed over fp32 plain ranks real kernels only: a numerics-only row runs at fp32 cost.
+    real = table[~table.numerics_only.astype(bool)]
+    table["rank_compound"] = real.groupby(["board", "category"])["speedup_compound"].rank(
+        ascending=False, method="min").reindex(table.index).fillna(0).astype(int)
     return table
 
 
@@ -147,12 +151,19 @@ def to_markdown(table: pd.DataFrame) -> str:
     for board, part in table.groupby("board", sort=False):
         overall = part[part.category == "overall"]
         lines += [f"## {board}", ""]
-        for title, key in (("by MAL", "rank_mal"), ("by speedup", "rank_speedup")):
+        numerics = overall.numerics_only.astype(bool)
+        for title, key, part_rows in (
+                ("by end-to-end speed over fp32 plain (compound)", "rank_compound", overall[~numerics]),
+                ("by MAL", "rank_mal", overall[~numerics]),
+                ("numerics only (weights stored dequantized: fp32 cost, so only MAL says something), by MAL",
+                 "rank_mal", overall[numerics])):
+            if part_rows.empty:
+                continue
             lines += [f"### Ranked {title}", "",
                       "| rank | drafter | shape | quant | bits | questions | MAL | speculation | quantization | "
                       "compound | tok/s | plain tok/s |",
                       "|---:|---|---|---|---:|---:|---|---|---|---|---:|---:|"]
-            for _, r in overall.sort_values([key, "drafter", "shape", "bits"]).iterrows():
+            for _, r in part_rows.sort_values([key, "drafter", "shape", "bits"]).iterrows():
                 lines.append(f"| {r[key]} | {r.drafter} | `{r['shape']}` | {_quant_label(r)} | {r.bits:g} | "
                              f"{r.questions} | {_ci(r, 'mal', '.2f')} | {_ci(r, 'speedup', '.2f')}x | "
                              f"{_ci(r, 'speedup_quant', '.2f')}x | {_ci(r, 'speedup_compound', '.2f')}x | "
@@ -179,10 +190,13 @@ def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
     drafters = sorted(overall.drafter.unique())
-    quants = overall.sort_values("bits", ascending=False).drop_duplicates("quant")
-    xlabels = [f"{q} ({b:g}b)" for q, b in zip(quants.quant, quants.bits)]
+    quants = overall.assign(_n=overall.numerics_only.astype(bool)).sort_values(
+        ["_n", "bits"], ascending=[True, False]).drop_duplicates("quant")
+    xlabels = [f"{q} ({b:g}b)" + (" *" if n else "") for q, b, n in zip(quants.quant, quants.bits, quants._n)]
     shapes = sorted(overall["shape"].unique())
-    size = (3.7 + 1.15 * len(quants) * len(drafters), 2.4 + 0.9 * len(shapes))
+    longest = max(len(x) for x in xlabels)  # the figure grows with its labels and title: nothing is clipped
+    size = (max(3.7 + 1.15 * len(quants) * len(drafters) + 0.06 * max(map(len, shapes)), 0.075 * len(title)),
+            2.6 + 0.9 * len(shapes) + 0.05 * longest)
     fig, axes = plt.subplots(2, len(drafters), figsize=size, squeeze=False, constrained_layout=True)
     mal_norm = Normalize(1.0, max(2.0, float(np.nanmax(overall.mal))))
     speedups = overall.speedup.to_numpy(dtype=float)
@@ -204,7 +218,7 @@ def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
             ax.set_title(f"{drafter}: {label}", fontsize=10)
             if col == len(drafters) - 1:
                 fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title + ("\n* numerics only: fp32 cost, read MAL only" if quants._n.any() else ""), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -221,16 +235,19 @@ def plot_acceptance(rows: pd.DataFrame, title: str, path: Path) -> None:
     drafters = sorted(rows.drafter.unique())
     shapes = sorted(rows["shape"].unique())
     quants = list(rows.sort_values("bits", ascending=False).drop_duplicates("quant").quant)
-    styles = ["-", "--", ":", "-."]
-    fig, axes = plt.subplots(1, len(drafters), figsize=(4.2 * len(drafters), 3.4), squeeze=False,
+    from experiments.figures import MARKERS, kernel_style
+
+    fig, axes = plt.subplots(1, len(drafters), figsize=(max(4.6 * len(drafters), 0.075 * len(title)), 3.8), squeeze=False,
                              sharey=True, constrained_layout=True)
     for ax, drafter in zip(axes[0], drafters):
         part = rows[rows.drafter == drafter]
         for (shape, quant), entry in part.groupby(["shape", "quant"], sort=True):
             curve = acceptance_curve(entry)
-            if curve:  # colour = shape, line style = quantization
-                ax.plot(range(1, len(curve) + 1), curve, marker="o", color=f"C{shapes.index(shape)}",
-                        linestyle=styles[quants.index(quant) % len(styles)], label=f"{shape} {quant}")
+            if curve:  # colour + line style = kernel, marker = shape
+                numerics = bool(entry.numerics_only.any()) if "numerics_only" in entry else False
+                style = {**kernel_style(quants.index(quant)), "marker": MARKERS[shapes.index(shape) % len(MARKERS)]}
+                ax.plot(range(1, len(curve) + 1), curve, label=f"{shape} {quant}" + (" (numerics only)" if numerics else ""),
+                        alpha=0.6 if numerics else 1.0, **style)
         ax.set_title(drafter, fontsize=10)
         ax.set_xlabel("draft depth")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -4,9 +4,10 @@ findings report, ending with the report's verdict.
     python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
     python -m experiments.main max_new_tokens=24 results.dir=results/quick
     python -m experiments.main --dry-run             # print the commands it runs (paste them as they are)
+    python -m experiments.main size=full             # the publication-size grid (grids/full.yaml)
 
-Owns the default grid: its blocks (each a Hydra multirun, `python -m experiments.run -m ...`, cells one
-at a time in one process), the drafters it names resolved against the registry at start (`others` =
+Owns the grids (`size=NAME` picks grids/NAME.yaml; default `main`): their blocks (each a Hydra
+multirun, `python -m experiments.run -m ...`, cells one at a time in one process), the drafters it names resolved against the registry at start (`others` =
 every registered drafter no block names and `exclude_drafters` does not exclude, so drafters added
 later join with no change here; named drafters that are not registered and quant presets whose
 backend is not registered are dropped with a note), its fixed settings, and command-line overrides
@@ -29,7 +30,8 @@ from omegaconf import OmegaConf
 from experiments.config import CONF_DIR
 from experiments.store import ResultsStore, StoreError
 
-GRID_FILE = Path(__file__).parent / "grids" / "main.yaml"
+GRID_DIR = Path(__file__).parent / "grids"
+GRID_FILE = GRID_DIR / "main.yaml"
 OTHERS = "others"
 """The drafter entry that stands for every registered drafter no block names (and none excluded)."""
 
@@ -91,6 +93,19 @@ def grid_blocks(extra: list[str], grid_file: Path = GRID_FILE) -> tuple[list[lis
     return blocks, list(dict.fromkeys(notes))
 
 
+def pick_grid(overrides: list[str]) -> tuple[Path, list[str]]:
+    """The grid file a `size=NAME` override names (default grids/main.yaml) and the other overrides."""
+    sizes = [o.split("=", 1)[1] for o in overrides if o.startswith("size=")]
+    rest = [o for o in overrides if not o.startswith("size=")]
+    if not sizes:
+        return GRID_FILE, rest
+    path = GRID_DIR / f"{sizes[-1]}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in GRID_DIR.glob("*.yaml")))
+        raise ValueError(f"size={sizes[-1]}: no grid {path.name} (sizes: {known})")
+    return path, rest
+
+
 def commands(blocks: list[list[str]]) -> list[list[str]]:
     """One `python -m experiments.run -m ...` command per block."""
     return [[sys.executable, "-m", "experiments.run", "-m", *block] for block in blocks]
@@ -102,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the board and report")
     args = parser.parse_args(argv)
+    # ---- before the grid (machine set-up commands go here) -------------------------------------------
+
+    # ---- the grid --------------------------------------------------------------------------------------
     try:
-        blocks, notes = grid_blocks(args.overrides)
+        grid_file, overrides = pick_grid(args.overrides)
+        blocks, notes = grid_blocks(overrides, grid_file)
     except ValueError as err:
         print(f"experiments.main: error: {err}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
 Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
-cell id), the per-process cache of loaded targets (and of their latency curves) shared by the cells of
+cell id, with the measuring protocol), the per-process cache of loaded targets (and of their latency curves) shared by the cells of
 one multirun, the cell's labels (the bit-width and "numerics only" derived from the quantization
 registry, never hand-kept), its metadata (resolved config, the latency curves of its target and of the
 unquantized reference, the model's sizes for a roofline, git commit, hardware, library versions), the
@@ -53,6 +53,8 @@ register_configs()
 _TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
 _DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
 _CURVES: dict[tuple, dict] = {}  # (target key, widths, contexts, repeats) -> latency curve JSON
+PROTOCOL = "paired-2x2"
+"""The measuring protocol of `experiments.cell` (in every cell key: cells of an older protocol never match)."""
 REFERENCE_QUANT = "none"
 """The quantization of every cell's reference target (the denominator of its quant and compound speedups)."""
 LIBRARIES = ["specdec", "torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "tqdm"]
@@ -66,8 +68,9 @@ def cell_key(cfg: ExperimentConfig, questions_digest: str) -> dict[str, Any]:
     return {
         "model": {"name": cfg.model.name, "device": cfg.model.device, "dtype": cfg.model.dtype,
                   "kernel": cfg.model.kernel},
-        "quant": quantization.parse_spec(cfg.quant.spec).text,
+        "quant": kernel_label(cfg),
         "reference": REFERENCE_QUANT,
+        "protocol": PROTOCOL,
         "drafter": {"name": cfg.drafter.name, "options": dict(cfg.drafter.options)},
         "shape": str(specdec.parse_shape(cfg.shape.spec)),
         "sampling": {**{k: getattr(cfg.sampling, k) for k in ("temperature", "top_k", "top_p", "seed")},
@@ -142,18 +145,25 @@ def _target_key(cfg: ExperimentConfig, spec: str | None = None) -> tuple:
 
 
 def is_reference(spec: str) -> bool:
-    """True when `spec` quantizes nothing (the cell's target is its own reference)."""
+    """True when `spec` quantizes nothing (the target is the unquantized reference)."""
     return quantization.parse_spec(spec).text == REFERENCE_QUANT
 
 
-def quant_labels(spec: str, target: specdec.Target) -> dict[str, Any]:
-    """The bits label (the spec's bit-width; the weights' dtype width when it has none) and whether the
-    backend only simulates the numerics (weights stored dequantized: acceptance at that bit-width,
-    cost of the unquantized model)."""
+def kernel_label(cfg: ExperimentConfig) -> str:
+    """The cell's kernel name: `quant.label` when set (an A/A control), else the canonical spec."""
+    return cfg.quant.label or quantization.parse_spec(cfg.quant.spec).text
+
+
+def quant_labels(spec: str, target: specdec.Target, label: str = "") -> dict[str, Any]:
+    """The kernel label, the bits label (the spec's bit-width; the weights' dtype width when it has
+    none), whether the backend only simulates the numerics (weights stored dequantized: acceptance at
+    that bit-width, cost of the unquantized model) and whether the cell is an A/A control (the
+    reference measured again under another label)."""
     parsed = quantization.parse_spec(spec)
     bits = parsed.bits if parsed.bits is not None else torch.finfo(target.dtype).bits
     numerics_only = not quantization.get(parsed.backend).packed and not is_reference(spec)
-    return {"quant": parsed.text, "bits": float(bits), "numerics_only": numerics_only}
+    control = bool(label) and label != parsed.text and is_reference(spec)
+    return {"quant": label or parsed.text, "bits": float(bits), "numerics_only": numerics_only, "control": control}
 
 
 def model_sizes(target: specdec.Target) -> dict[str, Any]:
@@ -204,10 +214,12 @@ def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specde
     return _TARGETS[key]
 
 
-def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target) -> specdec.drafters.Drafter:
-    """The cell's drafter for `target`, built once per (target, name, options) per process: cells that
-    differ only in shape or sampling share it (`generate` resets a drafter before every generation)."""
-    key = (_target_key(cfg), cfg.drafter.name, json.dumps(cfg.drafter.options, sort_keys=True, default=str))
+def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target,
+                         spec: str | None = None) -> specdec.drafters.Drafter:
+    """The cell's drafter for `target` (quantized by `spec`, default the cell's), built once per (target,
+    name, options) per process: cells that differ only in shape or sampling share it (`generate`
+    resets a drafter before every generation)."""
+    key = (_target_key(cfg, spec), cfg.drafter.name, json.dumps(cfg.drafter.options, sort_keys=True, default=str))
     if key not in _DRAFTERS:
         _DRAFTERS[key] = specdec.drafters.build(cfg.drafter.name, target=target, **cfg.drafter.options)
     return _DRAFTERS[key]
@@ -234,21 +246,25 @@ def run_experiment(cfg: DictConfig) -> str:
         return cid
 
     started = time.time()
-    reference = None if is_reference(exp.quant.spec) else load_cached_target(exp, REFERENCE_QUANT)
+    own_reference = is_reference(exp.quant.spec) and not exp.quant.label  # the fp32 cell: its own reference
+    reference = None if own_reference else load_cached_target(exp, REFERENCE_QUANT)
     target = load_cached_target(exp)
     drafter = build_cached_drafter(exp, target)
+    reference_drafter = None if own_reference else build_cached_drafter(exp, reference, REFERENCE_QUANT)
     curves = {"target": latency_curve(exp, target, exp.quant.spec)}
     if reference is not None:
         curves["reference"] = latency_curve(exp, reference, REFERENCE_QUANT)
     turns = sum(len(q.turns) for q in questions)
-    with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {exp.quant.spec}", unit="turn",
+    with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {key['quant']}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:
         rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=exp.sampling,
                         max_new_tokens=exp.max_new_tokens, reference=reference,
-                        warmup_tokens=exp.runner.warmup_tokens, on_turn=bar.update)
+                        reference_drafter=reference_drafter, warmup_tokens=exp.runner.warmup_tokens,
+                        teacher_forcing=exp.runner.teacher_forcing and exp.sampling.temperature == 0,
+                        on_turn=bar.update)
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
-        **quant_labels(exp.quant.spec, target), "dataset": exp.dataset.name or exp.dataset.source,
+        **quant_labels(exp.quant.spec, target, exp.quant.label), "dataset": exp.dataset.name or exp.dataset.source,
         "dataset_source": exp.dataset.source, "prompts": key["dataset"]["questions"],
         **key["sampling"],
     }

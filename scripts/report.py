@@ -1,4 +1,4 @@
-"""Findings report of a results store: `python scripts/report.py RESULTS [--project-device H200]`.
+"""Findings report of a results store: `python scripts/report.py RESULTS [--project-device H200=CURVE.json]`.
 
 Writes RESULTS/REPORT.md and its PNGs, prints the verdict (<= 15 lines) and one JSON line last.
 A thin command-line wrapper; the report lives in `experiments.report`.

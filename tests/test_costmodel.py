@@ -1,5 +1,6 @@
 """The cost model: speedups predicted from measured parts and a latency curve, MAL from acceptance per
-depth, roofline curves for known devices, projection. Pure arithmetic on hand-made curves: no model runs."""
+depth, the out-of-sample speculation model and its flat-curve null, roofline curves whose overhead is
+measured, projection. Pure arithmetic on hand-made curves: no model runs."""
 
 from __future__ import annotations
 
@@ -59,13 +60,42 @@ SIZES = {"params": 1.35e8, "weight_bytes": 2.7e8, "layers": 30, "hidden": 576, "
 
 def test_roofline_is_memory_bound_at_width_one_and_compute_bound_when_wide():
     dev = costmodel.device("h200")  # names are case-insensitive
-    curve = costmodel.roofline_curve(dev, SIZES, (1, 2, 4096), (0,))
+    curve = costmodel.roofline_curve(dev, SIZES, (1, 2, 4096), (0,), overhead_s=0.035)
     kv = 2 * 30 * 3 * 64 * 2
-    assert curve.at(1, 0) == pytest.approx(dev.overhead_s + (2.7e8 + kv) / dev.bandwidth)
+    assert curve.at(1, 0) == pytest.approx(0.035 + (2.7e8 + kv) / dev.bandwidth)
     flops = 2 * 1.35e8 * 4096 + 4 * 30 * 576 * 4096 * 4096
-    assert curve.at(4096, 0) == pytest.approx(dev.overhead_s + flops / dev.flops)
-    slower = costmodel.roofline_curve(costmodel.device("RTX3090"), SIZES, (1, 2), (0,))
+    assert curve.at(4096, 0) == pytest.approx(0.035 + flops / dev.flops)
+    slower = costmodel.roofline_curve(costmodel.device("RTX3090"), SIZES, (1, 2), (0,), overhead_s=0.035)
     assert slower.at(1, 0) > curve.at(1, 0)
+
+
+def test_overhead_is_measured_on_the_device_never_assumed():
+    dev = costmodel.device("H200")
+    measured = LatencyCurve(target="m", device="cuda", dtype="float32", machine="NVIDIA H200", threads=0,
+                            widths=(1, 2), contexts=(64,), seconds=((0.035, 0.036),))
+    roofline_1 = costmodel.roofline_curve(dev, SIZES, (1,), (64,), overhead_s=0.0).at(1, 64)
+    assert costmodel.measured_overhead(dev, measured, SIZES) == pytest.approx(0.035 - roofline_1)
+    with pytest.raises(ValueError, match="measured on 'test', not on a H200"):
+        costmodel.measured_overhead(dev, linear_curve(0.1, 0.0), SIZES)
+    with pytest.raises(TypeError):
+        costmodel.roofline_curve(dev, SIZES, (1,), (64,))  # no default overhead
+
+
+def test_held_out_speculation_by_hand():
+    """40 tokens; the profile from elsewhere: 16 forwards of width 5 per 40 tokens, 0.025 s per step
+    outside the forward. The plain run: 0.2 s prefill, 40 one-token forwards of 0.08 s, 3.5 s in all."""
+    draft = costmodel.DraftProfile.from_runs(40, {5: 16}, other_s=0.4)
+    assert draft.forwards_per_token == {5: 0.4} and draft.other_per_step_s == pytest.approx(0.025)
+    plain = costmodel.PlainRun(new_tokens=40, seconds=3.5, prefill_s=0.2, forward_s=0.08, context=100.0)
+    steep = linear_curve(0.05, 0.03)  # R(5) = 0.2 / 0.08 = 2.5
+    t_drafted = 0.2 + 40 * 0.4 * (0.08 * 2.5 + 0.025)
+    assert costmodel.predict_speculation(draft, plain, steep) == pytest.approx(3.5 / t_drafted)
+    flat = 0.2 + 40 * 0.4 * (0.08 + 0.025)  # the null: a wide verification costs one-token forward
+    assert costmodel.predict_speculation(draft, plain, None) == pytest.approx(3.5 / flat)
+    # Only the curve's shape counts: scaling it (a curve taken under other load) changes nothing.
+    assert costmodel.predict_speculation(draft, plain, linear_curve(0.1, 0.06)) == pytest.approx(3.5 / t_drafted)
+    with pytest.raises(ValueError, match="needs tokens and steps"):
+        costmodel.DraftProfile.from_runs(0, {5: 16}, other_s=0.4)
 
 
 def test_unknown_device_lists_the_known_ones():

@@ -36,7 +36,7 @@ def run_grid(results: Path, *overrides: str, extra_conf: Path | None = None) -> 
     command = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"results.dir={results}", *overrides]
     if extra_conf is not None:
         command.append(f"hydra.searchpath=[file://{extra_conf}]")
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400)
 
 
 def snapshot(results: Path) -> dict[str, bytes]:
@@ -78,6 +78,14 @@ def test_grid_fills_the_store(tiny_grid):
     assert (none.speedup_quant == 1.0).all() and (none.speedup_compound == none.speedup).all()
     quantized = rows[rows.quant != "none"]
     assert (quantized.reference_wall_time_s != quantized.baseline_wall_time_s).all()
+    # Paired 2x2: every prompt of a kernel cell also ran fp32 drafted; the interaction is the per-prompt
+    # ratio of the two speculation speedups. On fp32 itself the two drafted runs are one.
+    assert rows.paired.all() and (quantized.reference_drafted_wall_time_s != quantized.wall_time_s).all()
+    assert ((rows.interaction - rows.speedup / rows.speedup_reference).abs() < 1e-9).all()
+    assert (none.interaction == 1.0).all() and (none.reference_drafted_wall_time_s == none.wall_time_s).all()
+    assert (quantized.reference_mal > 1).any() and set(quantized["order"].str.count(",")) == {3}
+    # Teacher-forced acceptance on fp32's own text is the free-running acceptance there.
+    assert ((none.tf_mal - none.mal).abs() < 1e-9).all() and quantized.tf_mal.notna().all()
     assert ((quantized.speedup * quantized.speedup_quant / quantized.speedup_compound - 1).abs() < 1e-9).all()
     # Each cell prints its numbers when it ends.
     summaries = [line for line in first.stdout.splitlines() if line.startswith("cell ")]
@@ -111,7 +119,7 @@ def test_leaderboard_of_the_grid(tiny_grid, tmp_path, capsys):
     assert leaderboard_cli([str(results), "--out", str(tmp_path), "--bootstrap", "200"]) == 0
     stdout = capsys.readouterr().out
     assert "## T=0 seed=0 | tiny-llama | dataset smoke (prompts " in stdout and " | 8 new tokens" in stdout
-    assert "### Ranked by MAL" in stdout and "### Ranked by speedup" in stdout
+    assert "### Ranked by MAL" in stdout and "### Ranked by end-to-end speed over fp32 plain (compound)" in stdout
     assert (tmp_path / "leaderboard.md").read_text().strip() == stdout.strip()
     import pandas as pd
 
@@ -244,18 +252,46 @@ def test_bits_label_and_numerics_only_come_from_the_quant_registry():
     from experiments.run import quant_labels
 
     tiny = specdec.load_target("tiny-llama")
-    assert quant_labels("none", tiny) == {"quant": "none", "bits": 32.0, "numerics_only": False}
-    assert quant_labels("rtn4", tiny) == {"quant": "rtn4_g64", "bits": 4.0, "numerics_only": True}
-    assert quant_labels("torchao_int4", tiny) == {"quant": "torchao_int4_g32", "bits": 4.0, "numerics_only": False}
+    assert quant_labels("none", tiny) == {"quant": "none", "bits": 32.0, "numerics_only": False, "control": False}
+    assert quant_labels("rtn4", tiny) == {"quant": "rtn4_g64", "bits": 4.0, "numerics_only": True, "control": False}
+    assert quant_labels("torchao_int4", tiny) == {"quant": "torchao_int4_g32", "bits": 4.0, "numerics_only": False,
+                                                  "control": False}
     assert quant_labels("bf16", tiny)["bits"] == 16.0
-    for preset in (CONF_DIR / "quant").glob("*.yaml"):  # presets hold a spec only: nothing hand-kept
-        assert set(yaml_keys(preset)) == {"spec"}, preset
+    for preset in (CONF_DIR / "quant").glob("*.yaml"):  # presets hold a spec (and an A/A label): nothing hand-kept
+        assert set(yaml_keys(preset)) <= {"spec", "label"} and "spec" in yaml_keys(preset), preset
+    assert quant_labels("none", tiny, "fp32_again") == {"quant": "fp32_again", "bits": 32.0, "numerics_only": False,
+                                                       "control": True}
 
 
 def yaml_keys(path: Path) -> list[str]:
     from omegaconf import OmegaConf
 
     return list(OmegaConf.load(path).keys())
+
+
+def test_the_aa_control_is_a_paired_cell_of_its_own(tmp_path, tiny_grid, extra_conf):
+    """quant=fp32_again: the fp32 target under another label, paired against fp32 like a kernel."""
+    results = tmp_path / "aa"
+    done = run_grid(results, "drafter=ngram", "shape=chain4", "quant=fp32_again,none", "max_new_tokens=8",
+                    "dataset.question_ids=[smoke-1,smoke-4]")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = load_rows(results)
+    aa, none = rows[rows.quant == "fp32_again"], rows[rows.quant == "none"]
+    assert rows.cell_id.nunique() == 2 and aa.control.all() and not none.control.any()
+    assert (aa.reference_drafted_wall_time_s != aa.wall_time_s).all()  # four runs, not two
+    assert aa.same_tokens_as_reference.all() and (aa.mal.to_numpy() == none.mal.to_numpy()).all()
+
+
+def test_main_sizes(capsys):
+    from experiments.main import main as main_job
+
+    assert main_job(["--dry-run", "size=full"]) == 0
+    full = capsys.readouterr().out
+    assert "results.dir=results/full" in full and "quant=fp32_again,bf16,torchao_int4,rtn4,gptqref4" in full
+    assert main_job(["--dry-run", "size=nope"]) == 2
+    assert "size=nope: no grid nope.yaml (sizes: full, main)" in capsys.readouterr().err
+    assert main_job(["--dry-run"]) == 0
+    assert "quant=torchao_int4,fp32_again" in capsys.readouterr().out
 
 
 def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):

@@ -31,7 +31,8 @@ def make_row(question: str, category: str, steps: int, accepted: int, wall: floa
 
 def labels(drafter: str, shape: str, quant: str, bits: float, temperature: float) -> dict:
     return {"cell_id": f"{drafter}-{shape}-{quant}-{temperature}", "model": "m", "drafter": drafter,
-            "shape": shape, "quant": quant, "bits": bits, "dataset": "suite", "prompts": "abcdef0123",
+            "shape": shape, "quant": quant, "bits": bits, "numerics_only": quant.startswith("rtn"),
+            "dataset": "suite", "prompts": "abcdef0123",
             "temperature": temperature, "seed": 0,
             "top_k": 0, "top_p": 1.0, "max_new_tokens": 32}
 
@@ -90,10 +91,17 @@ def test_acceptance_curve_is_pooled_by_counts():
 
 def test_outputs_and_cli(store, tmp_path):
     markdown, out = write_leaderboard(store, tmp_path / "board", n_boot=100)
-    assert markdown.count("### Ranked by MAL") == 2 and markdown.count("### Ranked by speedup") == 2
+    assert markdown.count("### Ranked by MAL") == 2
+    assert markdown.count("### Ranked by end-to-end speed over fp32 plain (compound)") == 2
+    assert markdown.count("### Ranked numerics only") == 2  # rtn4 rows apart, never ranked by speed
+    board = markdown.split("### Ranked by end-to-end speed")[1].split("### Ranked by MAL")[0]
+    assert "rtn4_g64" not in board and "| 1 | good |" in board
     assert "### Per category: MAL / speculation speedup" in markdown and "| chat | code |" in markdown
     table = pd.read_csv(out / "leaderboard.csv")
     assert len(table) == 2 * 8 * 3  # 2 boards x 8 entries x (overall + 2 categories)
+    assert (table[table.quant == "rtn4_g64"].rank_compound == 0).all()
+    real = table[table.quant == "none"].groupby(["board", "category"]).rank_compound
+    assert (real.min() == 1).all() and (real.max() <= 4).all()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["acceptance_T0.7s0_m_suite-abcdef_32.png", "acceptance_T0s0_m_suite-abcdef_32.png",
                     "heatmap_T0.7s0_m_suite-abcdef_32.png", "heatmap_T0s0_m_suite-abcdef_32.png"]

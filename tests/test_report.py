@@ -1,15 +1,23 @@
-"""The findings report on synthetic stores whose rows agree exactly with their latency curves: the
-verdict labels the intervals support, the cost model's zero error there, determinism, the JSON line,
-projections, and bad input (cells without curves, unknown devices, curve files of the wrong schema)."""
+"""The findings report on synthetic paired stores whose rows agree with their latency curves up to a
+seeded jitter: verdict rules with a known answer (an A/A control reads compound, a steep kernel fights,
+noise is inconclusive with a prompt count), the held-out cost model against both nulls, the JSON line,
+downgrades (unpaired cells), determinism, figures without warnings, projections that need a measured
+overhead, and bad input."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import pandas as pd
+
+from experiments.leaderboard import write_leaderboard
 from experiments.report import ReportError, main as report_cli, write_report
+from experiments.verdict import classify, interaction, prompts_to_settle
 from experiments.store import ResultsStore
 from specdec.measure.latency import LatencyCurve
 
@@ -24,112 +32,184 @@ def curve(label: str, a: float, b: float) -> dict:
                         contexts=(64, 256), seconds=tuple(tuple(a + b * w for w in widths) for _ in range(2))).to_json()
 
 
-KERNELS = {"none": (0.1, 0.005), "bf16": (0.09, 0.004), "torchao_int4_g32": (0.05, 0.03), "rtn4_g64": (0.1, 0.005)}
+KERNELS = {"none": (0.1, 0.005), "fp32_again": (0.1, 0.005), "bf16": (0.09, 0.004),
+           "torchao_int4_g32": (0.05, 0.03), "rtn4_g64": (0.1, 0.005)}
 
 
-def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.01) -> list[dict]:
-    """Rows whose times are exactly the curves': drafted = prefill + draft + steps * L(width)."""
+def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.01, jitter: float = 0.02,
+             paired: bool = True) -> list[dict]:
+    """Paired rows whose times are the curves' (drafted = prefill + draft + steps * L(width), plain =
+    prefill + tokens * L(1)), each run of each question scaled by its own factor in [1 - jitter, 1 + jitter]
+    (seeded), the fp32 runs on the fp32 curve."""
     (a, b), (ra, rb) = KERNELS[quant], KERNELS["none"]
+    rng = np.random.default_rng(len(quant))
     rows = []
     for i, mal in enumerate(mals):
         steps = 16
         tokens = round(steps * mal)
         accepted = tokens - steps
-        verify, base_verify, ref_verify = steps * (a + b * width), tokens * (a + b), tokens * (ra + rb)
-        rows.append({
-            "question_id": f"q{i}", "category": "chat", "turn": 1, "prompt_tokens": 60, "new_tokens": tokens,
-            "steps": steps, "accepted_tokens": accepted, "mal": tokens / steps, "mean_accepted_tokens": accepted / steps,
-            "verify_widths": {str(width): steps}, "reached_by_depth": [steps] * (width - 1),
-            "accepted_by_depth": [min(steps, max(0, accepted - d * steps // 2)) for d in range(width - 1)],
-            "draft_time_s": steps * draft_s, "verify_time_s": verify, "prefill_time_s": 0.2,
-            "wall_time_s": 0.2 + steps * draft_s + verify,
-            "baseline_new_tokens": tokens, "baseline_steps": tokens, "baseline_verify_time_s": base_verify,
-            "baseline_prefill_time_s": 0.2, "baseline_wall_time_s": 0.2 + base_verify,
-            "reference_new_tokens": tokens, "reference_steps": tokens, "reference_verify_time_s": ref_verify,
-            "reference_prefill_time_s": 0.2, "reference_wall_time_s": 0.2 + ref_verify,
-            "same_tokens_as_baseline": True,
-        })
+        f = 1 + rng.uniform(-jitter, jitter, size=4)
+
+        def run(prefix: str, scale: float, forwards: dict, verify: float, other: float) -> dict:
+            n = sum(forwards.values())
+            return {f"{prefix}new_tokens": tokens, f"{prefix}steps": n, f"{prefix}verify_widths": forwards,
+                    f"{prefix}accepted_tokens": tokens - n, f"{prefix}verify_time_s": scale * verify,
+                    f"{prefix}prefill_time_s": scale * 0.2, f"{prefix}wall_time_s": scale * (0.2 + other + verify)}
+
+        row = {"question_id": f"q{i}", "category": "chat", "turn": 1, "prompt_tokens": 60, "mal": tokens / steps,
+               "mean_accepted_tokens": accepted / steps, "reached_by_depth": [steps] * (width - 1),
+               "accepted_by_depth": [min(steps, max(0, accepted - d * steps // 2)) for d in range(width - 1)],
+               "draft_time_s": steps * draft_s, "same_tokens_as_baseline": True,
+               "same_tokens_as_reference": quant in ("none", "fp32_again") or i % 2 == 0, "tf_mal": tokens / steps,
+               **run("", f[0], {str(width): steps}, steps * (a + b * width), steps * draft_s),
+               **run("baseline_", f[1], {"1": tokens}, tokens * (a + b), 0.0),
+               **run("reference_", f[2], {"1": tokens}, tokens * (ra + rb), 0.0)}
+        if paired:
+            row.update(run("reference_drafted_", f[3], {str(width): steps}, steps * (ra + rb * width), steps * draft_s))
+        rows.append(row)
     return rows
 
 
 def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float], with_curves: bool = True,
-               diverged: int = 0) -> str:
+               diverged: int = 0, paired: bool = True, jitter: float = 0.02) -> str:
     """One cell; its first `diverged` turns' drafted output left the plain loop's."""
     cid = f"{drafter}__{quant}"
     labels = {"cell_id": cid, "model": "m", "drafter": drafter, "shape": "chain(4)", "quant": quant,
-              "bits": 4.0 if "4" in quant else 32.0, "numerics_only": quant.startswith("rtn"), "dataset": "main",
+              "bits": 4.0 if "4" in quant else 32.0, "numerics_only": quant.startswith("rtn"),
+              "control": quant == "fp32_again", "dataset": "main",
               "dataset_source": "default", "prompts": "abcdef0123", "temperature": 0.0, "top_k": 0, "top_p": 1.0,
               "seed": 0, "max_new_tokens": 32}
     meta = {"labels": labels, "hardware": {"cpu": "Test CPU", "torch_threads": 1}, "versions": {"torch": "x"}}
+    own = "none" if quant == "fp32_again" else quant
     if with_curves:
-        meta["latency"] = {"target": curve(f"m@{quant}" if quant != "none" else "m", *KERNELS[quant])}
+        meta["latency"] = {"target": curve(f"m@{own}" if own != "none" else "m", *KERNELS[quant])}
         meta["model_sizes"] = {"target": SIZES}
         if quant != "none":
             meta["latency"]["reference"] = curve("m", *KERNELS["none"])
             meta["model_sizes"]["reference"] = SIZES
-    rows = [{**labels, **row, "same_tokens_as_baseline": i >= diverged} for i, row in enumerate(rows_for(quant, mals))]
+    rows = [{**labels, **row, "same_tokens_as_baseline": i >= diverged}
+            for i, row in enumerate(rows_for(quant, mals, paired=paired, jitter=jitter))]
     store.write_cell(cid, meta, rows)
     return cid
 
 
-MALS = [2.5, 2.25, 2.75, 2.5, 2.375]
+MALS = [2.5, 2.25, 2.75, 2.5, 2.375, 2.5, 2.625, 2.25]
 
 
 @pytest.fixture
 def store(tmp_path) -> Path:
     results = tmp_path / "results"
     s = ResultsStore(results)
-    for quant in ("none", "bf16", "torchao_int4_g32", "rtn4_g64"):
+    for quant in ("none", "fp32_again", "bf16", "torchao_int4_g32", "rtn4_g64"):
         write_cell(s, "eagle", quant, MALS)
     return results
 
 
-def test_verdicts_cost_model_and_json_line(store, capsys):
-    assert report_cli([str(store), "--bootstrap", "200"]) == 0
+def test_verdicts_control_cost_model_and_json_line(store, capsys):
+    assert report_cli([str(store), "--bootstrap", "400"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     verdict = out[:-1]
-    assert 1 <= len(verdict) <= 15
-    assert summary["cells"] == 4
-    # A steep curve (int4: a wide verify costs much more than one token) takes speculation's gain away.
-    assert summary["verdict"] == {"eagle chain(4)": {"bf16": "compound", "torchao_int4_g32": "fight"}}
-    # The rows are exactly what the curves predict: the cost model has no error here.
-    assert summary["cost_model"]["within_25pct"] == 1.0 and summary["cost_model"]["median_relative_error"] < 1e-6
+    assert 1 <= len(verdict) <= 15 and verdict[1].startswith("- Limits: a 135M model") and "Q4_1" in verdict[1]
+    assert summary["cells"] == 5
+    # fp32 measured again under another label: no interaction, within the margin.
+    assert summary["control"] == "compound"
+    assert any(v.startswith("- A/A control (eagle chain(4) on fp32_again") for v in verdict)
+    # A steep curve (int4: a wide verify costs much more than one token) takes speculation's gain away;
+    # bf16's curve has fp32's shape. Numerics-only rtn4 gets no speed verdict.
+    assert summary["verdict"] == {"eagle chain(4) on bf16": "compound", "eagle chain(4) on torchao_int4_g32": "fight"}
+    cost = summary["cost_model"]
+    assert set(cost["null_median_error"]) == {"constant", "flat_curve"}
+    # Times are the curves' up to 2% jitter: held out, the model lands within 25% everywhere and beats
+    # both nulls (the flat curve misses int4's steep curve, the constant misses every speedup).
+    assert cost["heldout_within_25pct"] == 1.0 and cost["heldout_median_error"] < 0.1
+    assert cost["heldout_median_error"] < cost["null_median_error"]["flat_curve"]
+    assert cost["heldout_median_error"] < cost["null_median_error"]["constant"]
+    assert set(cost["by_kind"]) == {"kernel", "prompts"} and cost["by_kind"]["kernel"]["n"] == 3  # bf16, int4, A/A
     report = (store / "REPORT.md").read_text()
-    assert "rtn4_g64 (numerics only)" in report and "Q4_1" in report and "CPU, not GPU" in report
-    assert "Test CPU" in report
-    assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "latency.png",
-                                                           "predicted_vs_measured.png"]
+    assert "### Numerics only" in report and "rtn4_g64 (numerics only)" in report and "Test CPU" in report
+    assert "teacher-forced MAL" in report and "T_d = P + N * sum_w phi_w" in report
+    assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "heldout.png", "interactions.png",
+                                                           "latency.png"]
 
 
-def test_token_identity_is_reported_per_cell(tmp_path):
-    """A bf16 cell whose drafted output left the plain loop's in 2 of 5 turns: 60% in its row of the
-    table and named in the verdict; the fp32 cell 100%. Without divergence the verdict says so."""
-    for diverged, line in ((0, "- Token identity: every cell"), (2, "- Token identity: 1 of 2 cells (bf16)")):
-        results = tmp_path / f"results{diverged}"
-        s = ResultsStore(results)
-        write_cell(s, "eagle", "none", MALS)
-        write_cell(s, "eagle", "bf16", MALS, diverged=diverged)
-        report = write_report(results, n_boot=50)
-        assert any(v.startswith(line) for v in report.verdict), report.verdict
-    table = [t for t in (results / "REPORT.md").read_text().splitlines() if t.startswith("| eagle | `chain(4)`")]
-    assert table[0].endswith("| 100% |") and table[1].startswith("| eagle | `chain(4)` | bf16 |"), table
-    assert table[1].endswith("| 60% |"), table
+def test_verdict_rules_have_a_known_answer():
+    assert classify(0.70, 0.95) == "fight"
+    assert classify(0.90, 1.20) == "compound" and classify(1.02, 1.10) == "compound"
+    assert classify(0.85, 1.05) == "inconclusive" and classify(0.80, 0.99) == "fight"
+    assert classify(0.95, 1.0) == "compound"  # equivalence: no loss beyond the 10% margin
+    assert prompts_to_settle(1.0, 0.95, 1.05, 10) is None
+    # Worked example of the docstring: point 0.95 [0.80, 1.10] on 8 prompts -> ~70.
+    assert 60 <= prompts_to_settle(0.95, 0.80, 1.10, 8) <= 80
+    # More spread needs more prompts; a wider margin from the rule needs fewer.
+    assert prompts_to_settle(1.0, 0.7, 1.4, 8) > prompts_to_settle(1.0, 0.85, 1.15, 8) > 8
+
+
+def test_interaction_of_synthetic_cells():
+    rng = np.random.default_rng(0)
+    aa = pd.DataFrame(rows_for("fp32_again", MALS * 2))
+    assert interaction(aa, 500, rng).label == "compound"
+    noisy = pd.DataFrame(rows_for("fp32_again", MALS, jitter=0.3))
+    result = interaction(noisy, 500, rng)
+    assert result.label == "inconclusive" and result.settle > len(MALS)
+    assert "prompts would settle it" in result.text()
+    assert interaction(pd.DataFrame(rows_for("torchao_int4_g32", MALS)), 500, rng).label == "fight"
+    unpaired = interaction(pd.DataFrame(rows_for("torchao_int4_g32", MALS, paired=False)), 500, rng)
+    assert unpaired.label == "unpaired" and "older store" in unpaired.text()
+
+
+def test_an_unpaired_store_is_downgraded_never_judged(tmp_path):
+    s = ResultsStore(tmp_path / "r")
+    write_cell(s, "eagle", "none", MALS)
+    write_cell(s, "eagle", "torchao_int4_g32", MALS, paired=False)
+    report = write_report(tmp_path / "r", n_boot=100)
+    assert report.summary["verdict"] == {"eagle chain(4) on torchao_int4_g32": "unpaired"}
+    assert any(line.startswith("- Downgraded: 1 cell(s) have no paired") for line in report.verdict)
+    assert any("A/A control: none in this store" in line for line in report.verdict)
+    assert report.summary["control"] is None
+
+
+def test_token_identity_and_same_text(tmp_path):
+    """A bf16 cell whose drafted output left the plain loop's in 2 of 8 turns: 75% in its row; half its
+    prompts write fp32's plain text (the synthetic rows say so), which the verdict names."""
+    results = tmp_path / "results"
+    s = ResultsStore(results)
+    write_cell(s, "eagle", "none", MALS)
+    write_cell(s, "eagle", "bf16", MALS, diverged=2)
+    report = write_report(results, n_boot=50)
+    assert any(v.startswith("- Same plain text as fp32: bf16 50%") for v in report.verdict), report.verdict
+    table = [t for t in (results / "REPORT.md").read_text().splitlines() if t.startswith("| eagle | `chain(4)` | bf16 |")]
+    assert table[-1].endswith("| 75% |"), table
 
 
 def test_rerunning_gives_the_same_files(store):
-    write_report(store, n_boot=100, devices=("H200",))
+    write_report(store, n_boot=100)
     first = {p.name: p.read_bytes() for p in sorted(store.glob("*")) if p.is_file() and p.suffix in (".md", ".png")}
-    write_report(store, n_boot=100, devices=("H200",))
+    write_report(store, n_boot=100)
     assert {p.name: p.read_bytes() for p in sorted(store.glob("*")) if p.is_file() and p.suffix in (".md", ".png")} == first
-    assert "roofline H200" in first["REPORT.md"].decode()
 
 
-def test_no_entry_reliably_faster_is_said(tmp_path):
-    s = ResultsStore(tmp_path / "r")
-    write_cell(s, "poor", "none", [1.0, 1.0625, 1.0, 1.0625])
-    report = write_report(tmp_path / "r", n_boot=100)
-    assert any("No entry is reliably faster than plain decoding" in line for line in report.verdict)
+def test_figures_of_any_grid_size_raise_no_warning(tmp_path):
+    s = ResultsStore(tmp_path / "one")
+    write_cell(s, "e", "torchao_int4_g32", MALS[:4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(tmp_path / "one", n_boot=20)
+        write_leaderboard(tmp_path / "one", n_boot=20)
+
+
+def test_projection_needs_a_measured_overhead(store, tmp_path):
+    report = write_report(store, n_boot=50, devices=("H200",))
+    assert "roofline H200 dropped: no measured per-forward overhead" in (store / "REPORT.md").read_text()
+    h200 = tmp_path / "h200.json"
+    LatencyCurve.from_json({**curve("m", 0.035, 0.0001), "machine": "NVIDIA H200"}).save(h200)
+    write_report(store, n_boot=50, devices=(f"H200={h200}",))
+    assert "| roofline H200 |" in (store / "REPORT.md").read_text()
+    cpu = tmp_path / "cpu.json"
+    LatencyCurve.from_json(curve("m", 0.1, 0.001)).save(cpu)
+    with pytest.raises(ValueError, match="measured on 'test', not on a H200"):
+        write_report(store, n_boot=50, devices=(f"H200={cpu}",))
+    assert report.summary["cells"] == 5
 
 
 def test_projection_from_a_curve_file(store, tmp_path):
@@ -137,7 +217,7 @@ def test_projection_from_a_curve_file(store, tmp_path):
     LatencyCurve.from_json({**curve("m", 0.01, 0.0001), "machine": "Some GPU"}).save(path)
     LatencyCurve.from_json({**curve("m@torchao_int4_g32", 0.008, 0.0001), "machine": "Some GPU"}).save(tmp_path / "g4.json")
     write_report(store, n_boot=50, curve_files=(str(path), str(tmp_path / "g4.json")))
-    assert "curve file Some GPU: speculation / compound" in (store / "REPORT.md").read_text()
+    assert "| curve file Some GPU |" in (store / "REPORT.md").read_text()
 
 
 def test_cells_without_latency_curves_are_named(tmp_path):
@@ -146,6 +226,14 @@ def test_cells_without_latency_curves_are_named(tmp_path):
     write_cell(s, "old", "torchao_int4_g32", MALS, with_curves=False)
     with pytest.raises(ReportError, match=r"1 cell\(s\).*lack the latency curves.*old__torchao_int4_g32.*Rerun"):
         write_report(tmp_path / "r", n_boot=10)
+
+
+def test_two_cells_for_one_entry_are_refused(store):
+    meta = json.loads((store / "cells" / "eagle__bf16" / "cell.json").read_text())
+    rows = [json.loads(line) for line in (store / "cells" / "eagle__bf16" / "rows.jsonl").read_text().splitlines()]
+    ResultsStore(store).write_cell("eagle__bf16__older", meta, [{**r, "cell_id": "eagle__bf16__older"} for r in rows])
+    with pytest.raises(ReportError, match="two cells for eagle chain\\(4\\) on bf16"):
+        write_report(store, n_boot=10)
 
 
 @pytest.mark.parametrize("args, message", [

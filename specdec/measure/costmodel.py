@@ -1,30 +1,34 @@
-"""The cost model: a cell's speedups predicted from its parts, and projected to other hardware.
+"""The cost model: a cell's speculation speedup predicted out of sample, and projections to other hardware.
 
-Owns `RunParts` (what one kind of run of a cell measured: tokens, target forwards per verify width,
-context, and the seconds spent outside the target's forwards), `predict` (the three speedups from
-the runs' parts and the latency curves of the target and of the unquantized reference),
-`mal_from_acceptance` and `chain_mal` (mean acceptance length from per-depth acceptance counts, and
-its projection to a shorter chain), `Device` / `DEVICES` / `roofline_curve` (a latency curve for a
-named device from a roofline) and `project` (the same prediction with projected curves).
+Owns `DraftProfile` (what drafting costs and how many target forwards of each width it needs per new
+token, measured on *other* runs), `PlainRun` (the plain loop's measured run on the target being
+predicted), `predict_speculation` (the held-out prediction and its flat-curve null), `RunParts` /
+`predict` / `project` (a cell's speedups with another device's curves), `mal_from_acceptance` /
+`chain_mal`, and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline curve
+whose per-forward overhead is measured on the device, never assumed). Knows nothing about drafters,
+stores or reports.
 
-The model. A run's time = prefill + time outside the target's forwards (drafting, acceptance, loop
-bookkeeping: all measured) + the target's forwards, each costed by the latency curve at its width
-(1 + draft nodes) and at the run's mean context:
+The model, in one place. A drafted run of N new tokens on a target takes
 
-    T = prefill + other + sum_w n_w * L(w, c),      tokens/s = N / T
+    T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta),      speculation = T_p / T_d
 
-with n_w the number of verification steps of width w, i.e. N / MAL steps in all (MAL from the
-measured acceptance per depth). Speculation alone = drafted tokens/s / plain tokens/s on the same
-curve; quantization alone = plain on the target's curve / plain on the reference's; compound =
-drafted / reference plain. *Measured*: MAL, acceptance per depth, steps per width, prefill, drafting
-and other times, the latency curves. *Predicted*: every forward time (from the curve, not from the
-runs) and hence every speedup. *Projected*: the same with another device's curve (a file measured
-there, or a roofline), every measured non-forward time scaled by the ratio of one-token forward
-times (a model drafter runs on the same device as the target; an assumption, stated in the report).
+- phi_w: target forwards of width w (1 + draft nodes) per new token, sum_w phi_w = 1 / MAL; and
+  delta: seconds per drafted step outside the target's forward (drafting, acceptance, bookkeeping).
+  Both come from a DraftProfile measured elsewhere: the fp32 runs of the same prompts (a held-out
+  kernel) or the other half of the prompts on the same kernel (held-out prompts).
+- P (prefill), t_1 (mean one-token forward), T_p (wall time) and N: the plain run on the target
+  being predicted (what any user measures before speculating; the drafted run is never read).
+- R(w, c) = L(w, c) / L(1, c): the shape of the target's latency curve at the run's mean context c.
+  The curve is used as a ratio, anchored on t_1 measured in the same job, so a curve taken at another
+  time (or load) shifts neither side. The *flat-curve null* sets R = 1 (a wide verification free);
+  the *constant null* predicts speculation = 1.0x.
 
-A roofline forward: L(w, c) = overhead + max(bytes / bandwidth, flops / peak), bytes = weights +
-KV entries read and written (c + w positions), flops = 2 * params * w + 4 * layers * hidden * w * (c + w).
-Knows nothing about drafters, stores or reports.
+Projection to other hardware (`project`): every target forward costed by the other device's curve
+(a file measured there, or `roofline_curve`), measured non-forward times scaled by the ratio of
+one-token forward times. A roofline forward: L(w, c) = overhead + max(bytes / bandwidth, flops /
+peak), bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w +
+4 * layers * hidden * w * (c + w); the overhead is measured (`measured_overhead`, from a curve file
+taken on that device), there is no default.
 """
 
 from __future__ import annotations
@@ -33,6 +37,48 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specdec.measure.latency import LatencyCurve
+
+
+@dataclass(frozen=True)
+class DraftProfile:
+    """phi_w and delta of the model (module docstring), from drafted runs other than the predicted one."""
+
+    forwards_per_token: Mapping[int, float]
+    """phi_w: target forwards of width w per new token."""
+    other_per_step_s: float
+    """delta: seconds per drafted step outside the target's forward."""
+
+    @classmethod
+    def from_runs(cls, new_tokens: int, forwards: Mapping[int, int], other_s: float) -> DraftProfile:
+        """From summed drafted runs: tokens, forwards per width, seconds outside the forwards."""
+        steps = sum(forwards.values())
+        if new_tokens <= 0 or steps <= 0:
+            raise ValueError(f"a draft profile needs tokens and steps, got {new_tokens} tokens, {steps} steps")
+        return cls({int(w): n / new_tokens for w, n in forwards.items()}, other_s / steps)
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    """The plain loop's measured run (summed over prompts) on the target whose speculation is predicted."""
+
+    new_tokens: int
+    seconds: float
+    """T_p: wall time."""
+    prefill_s: float
+    forward_s: float
+    """t_1: mean one-token forward (its forwards' time / steps)."""
+    context: float
+    """c: mean cached tokens at a step."""
+
+
+def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurve | None) -> float:
+    """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1)."""
+    def ratio(w: int) -> float:
+        return 1.0 if curve is None else curve.at(w, plain.context) / curve.at(1, plain.context)
+
+    per_token = sum(phi * (plain.forward_s * ratio(w) + draft.other_per_step_s)
+                    for w, phi in draft.forwards_per_token.items())
+    return plain.seconds / (plain.prefill_s + plain.new_tokens * per_token)
 
 
 @dataclass(frozen=True)
@@ -115,18 +161,17 @@ class Device:
     """Memory bandwidth, bytes/s."""
     flops: float
     """Peak dense 16-bit tensor throughput, FLOP/s."""
-    overhead_s: float
-    """Per-forward fixed cost (kernel launches of an eager batch-1 decoder forward), seconds."""
 
 
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("H200", bandwidth=4.8e12, flops=989e12, overhead_s=3e-3),
-    Device("H100", bandwidth=3.35e12, flops=989e12, overhead_s=3e-3),
-    Device("A100", bandwidth=2.0e12, flops=312e12, overhead_s=3e-3),
-    Device("RTX3090", bandwidth=936e9, flops=71e12, overhead_s=3e-3),
+    Device("H200", bandwidth=4.8e12, flops=989e12),
+    Device("H100", bandwidth=3.35e12, flops=989e12),
+    Device("A100", bandwidth=2.0e12, flops=312e12),
+    Device("RTX3090", bandwidth=936e9, flops=71e12),
 )}
-"""Datasheet bandwidth and dense bf16/fp16 peak (SXM parts; RTX 3090 with fp32 accumulation); the
-overhead is an assumption for an eager PyTorch forward of a ~30-layer model at batch 1."""
+"""Datasheet bandwidth and dense bf16/fp16 peak (SXM parts; RTX 3090 with fp32 accumulation). The
+per-forward overhead (kernel launches of an eager batch-1 forward) is not a datasheet figure: it comes
+from a curve measured on the device (`measured_overhead`)."""
 
 
 def device(name: str) -> Device:
@@ -138,16 +183,33 @@ def device(name: str) -> Device:
     return DEVICES[key]
 
 
-def roofline_curve(dev: Device, sizes: Mapping[str, float], widths: tuple[int, ...],
-                   contexts: tuple[int, ...], target: str = "") -> LatencyCurve:
-    """A latency curve for `dev` from a roofline of a model with `sizes` (params, weight_bytes, layers,
-    hidden, kv_heads, head_dim, kv_bytes_per_element: the runner's `model_sizes`)."""
+def _roofline_s(dev: Device, sizes: Mapping[str, float], w: int, c: float) -> float:
+    """max(bytes / bandwidth, flops / peak) of one forward of width w at context c (no overhead)."""
     kv_per_position = 2 * sizes["layers"] * sizes["kv_heads"] * sizes["head_dim"] * sizes["kv_bytes_per_element"]
+    bytes_ = sizes["weight_bytes"] + kv_per_position * (c + w)
+    flops = 2 * sizes["params"] * w + 4 * sizes["layers"] * sizes["hidden"] * w * (c + w)
+    return max(bytes_ / dev.bandwidth, flops / dev.flops)
+
+
+def measured_overhead(dev: Device, curve: LatencyCurve, sizes: Mapping[str, float]) -> float:
+    """The per-forward overhead on `dev`: `curve`'s one-token forward (measured there, smallest context)
+    minus the roofline's time for a model of `sizes`, floored at 0. ValueError when the curve's
+    `machine` does not name the device (a curve from another machine would give another overhead)."""
+    if dev.name.lower() not in curve.machine.lower().replace("-", "").replace(" ", ""):
+        raise ValueError(f"the overhead curve for {dev.name} was measured on {curve.machine!r}, not on a {dev.name}: "
+                         "give a latency curve file measured on that device")
+    c = min(curve.contexts)
+    return max(0.0, curve.at(1, c) - _roofline_s(dev, sizes, 1, c))
+
+
+def roofline_curve(dev: Device, sizes: Mapping[str, float], widths: tuple[int, ...],
+                   contexts: tuple[int, ...], target: str = "", *, overhead_s: float) -> LatencyCurve:
+    """A latency curve for `dev` from a roofline of a model with `sizes` (params, weight_bytes, layers,
+    hidden, kv_heads, head_dim, kv_bytes_per_element: the runner's `model_sizes`), plus `overhead_s`
+    per forward (`measured_overhead`)."""
 
     def seconds(w: int, c: int) -> float:
-        bytes_ = sizes["weight_bytes"] + kv_per_position * (c + w)
-        flops = 2 * sizes["params"] * w + 4 * sizes["layers"] * sizes["hidden"] * w * (c + w)
-        return dev.overhead_s + max(bytes_ / dev.bandwidth, flops / dev.flops)
+        return overhead_s + _roofline_s(dev, sizes, w, c)
 
     return LatencyCurve(target=target, device=f"roofline:{dev.name}", dtype="as measured here", machine=dev.name,
                         threads=0, widths=widths, contexts=contexts,

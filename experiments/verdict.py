@@ -1,0 +1,116 @@
+"""Verdict rules with a known answer: the paired interaction of a cell and what its interval supports.
+
+Owns the per-prompt interaction of a paired cell (`experiments.cell`: four runs per prompt), its
+bootstrap interval over prompts, the three-way rule, the number of prompts an inconclusive interval
+would need, and the drift of the fp32 plain loop across a job. Knows nothing about stores or files.
+
+Per question q (its turns pooled): s_k(q) = drafted tokens/s / plain tokens/s on the kernel, s_0(q) the
+same on fp32, and the interaction r(q) = s_k(q) / s_0(q). The cell's interaction is the geometric mean
+of r(q) over questions, with a 95% percentile bootstrap interval [lo, hi] over questions. Rules:
+- *fight*: hi < 1 (speculation gains less on the kernel than on fp32);
+- *compound*: lo >= 0.9 and not a fight (no loss beyond a 10% equivalence margin, or a gain);
+- *inconclusive*: otherwise; `prompts_to_settle` says how many prompts would settle it at the same
+  per-prompt spread (half-width shrinking as 1 / sqrt(n), the point estimate held).
+An A/A control (fp32 paired against itself) has a true interaction of exactly 1: it must read compound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+MARGIN = 0.9
+"""The equivalence margin: an interaction whose interval stays at or above it is "compound"."""
+MIN_QUESTIONS = 4
+"""Fewer questions than this give no interval (a bootstrap over 3 values is not one)."""
+RUN_COLUMNS = {"drafted": ("new_tokens", "wall_time_s"), "plain": ("baseline_new_tokens", "baseline_wall_time_s"),
+               "reference": ("reference_new_tokens", "reference_wall_time_s"),
+               "reference_drafted": ("reference_drafted_new_tokens", "reference_drafted_wall_time_s")}
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """A cell's interaction with its interval and the verdict the interval supports."""
+
+    point: float
+    lo: float
+    hi: float
+    questions: int
+    label: str
+    """fight, compound, inconclusive, or `unpaired` (rows without the fp32 drafted run: no verdict)."""
+    settle: int | None
+    """Prompts that would settle an inconclusive interval (None when settled or unpaired)."""
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width, in interaction units."""
+        return (self.hi - self.lo) / 2
+
+    def text(self) -> str:
+        if self.label == "unpaired":
+            return "unpaired (no fp32 drafted run per prompt: an older store; rerun for a verdict)"
+        more = f"; ~{self.settle} prompts would settle it" if self.settle else ""
+        return f"{self.label} (interaction {self.point:.2f} [{self.lo:.2f}, {self.hi:.2f}], {self.questions} prompts{more})"
+
+
+def classify(lo: float, hi: float) -> str:
+    """fight / compound / inconclusive from an interaction interval (see the module docstring)."""
+    if hi < 1.0:
+        return "fight"
+    if lo >= MARGIN:
+        return "compound"
+    return "inconclusive"
+
+
+def prompts_to_settle(point: float, lo: float, hi: float, questions: int) -> int | None:
+    """Questions that would make [lo, hi] settle (fight or compound) with the same per-question spread
+    and point; None when it is settled. In log units the half-width h shrinks as 1 / sqrt(n); the
+    rule needs h < -log(point) (fight) or h <= log(point / 0.9) (compound), whichever is larger.
+    E.g. point 0.95 [0.80, 1.10] on 8 prompts: h = 0.16, need 0.054 (compound) -> 8 * (0.16/0.054)^2 = 70."""
+    if classify(lo, hi) != "inconclusive":
+        return None
+    h = (math.log(hi) - math.log(lo)) / 2
+    m = math.log(point)
+    needed = max(-m, m - math.log(MARGIN))
+    return max(questions + 1, math.ceil(questions * (h / needed) ** 2))
+
+
+def per_question(rows: pd.DataFrame) -> pd.DataFrame:
+    """Tokens/s of the four runs per question (turns pooled), columns = `RUN_COLUMNS`' keys."""
+    sums = rows.groupby("question_id")[[c for pair in RUN_COLUMNS.values() for c in pair]].sum()
+    return pd.DataFrame({run: sums[tokens] / sums[wall] for run, (tokens, wall) in RUN_COLUMNS.items()})
+
+
+def is_paired(rows: pd.DataFrame) -> bool:
+    """True when every row carries the fp32 drafted run (`experiments.cell`'s paired protocol)."""
+    return "reference_drafted_wall_time_s" in rows and bool(rows["reference_drafted_wall_time_s"].notna().all())
+
+
+def interaction(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> Interaction:
+    """The cell's interaction, its 95% bootstrap interval over questions and its verdict."""
+    if not is_paired(rows):
+        return Interaction(math.nan, math.nan, math.nan, rows.question_id.nunique(), "unpaired", None)
+    speed = per_question(rows)
+    logs = np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference)).to_numpy(float)  # [Q]
+    point = float(np.exp(logs.mean()))
+    if len(logs) < MIN_QUESTIONS or n_boot <= 0:
+        return Interaction(point, math.nan, math.nan, len(logs), "inconclusive", MIN_QUESTIONS)
+    idx = rng.integers(0, len(logs), size=(n_boot, len(logs)))  # [B, Q]
+    boot = np.exp(logs[idx].mean(1))  # [B]
+    lo, hi = (float(v) for v in np.percentile(boot, [2.5, 97.5]))
+    return Interaction(point, lo, hi, len(logs), classify(lo, hi), prompts_to_settle(point, lo, hi, len(logs)))
+
+
+def drift(rows: pd.DataFrame) -> dict[str, float]:
+    """fp32 plain tokens/s within one cell: median, min and max over its questions."""
+    speed = per_question(rows).reference
+    return {"median": float(speed.median()), "min": float(speed.min()), "max": float(speed.max())}
+
+
+def job_drift(medians: dict[str, float]) -> float:
+    """Spread of the cells' median fp32 plain tokens/s across a job: (max - min) / median."""
+    values = np.array(list(medians.values()), dtype=float)
+    return float((values.max() - values.min()) / np.median(values)) if len(values) else math.nan
