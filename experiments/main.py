@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.config import CONF_DIR
+from experiments.config import CONF_DIR, RunnerConfig
 from experiments.store import ResultsStore, StoreError
 
 GRID_DIR = Path(__file__).parent / "grids"
@@ -111,15 +111,21 @@ def commands(blocks: list[list[str]]) -> list[list[str]]:
     return [[sys.executable, "-m", "experiments.run", "-m", *block] for block in blocks]
 
 
+def tune_command(blocks: list[list[str]]) -> list[str]:
+    """`python -m specdec.tune MODEL --threads N --reuse`: this machine's kernel, head dtype and curve
+    for the grid's target, measured first (or the stored record reused, and said so)."""
+    settings = dict(o.split("=", 1) for o in blocks[0])
+    model = OmegaConf.load(CONF_DIR / "model" / f"{settings.get('model', 'smollm2')}.yaml").name
+    threads = settings.get("runner.threads", str(RunnerConfig.threads))
+    return [sys.executable, "-m", "specdec.tune", model, "--reuse"] + (["--threads", threads] if int(threads) else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the main grid, then print the findings report's verdict.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every block, e.g. max_new_tokens=32")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the board and report")
     args = parser.parse_args(argv)
-    # ---- before the grid (machine set-up commands go here) -------------------------------------------
-
-    # ---- the grid --------------------------------------------------------------------------------------
     try:
         grid_file, overrides = pick_grid(args.overrides)
         blocks, notes = grid_blocks(overrides, grid_file)
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    runs = commands(blocks)
+    runs = [tune_command(blocks), *commands(blocks)]  # the machine's choices first, then the grid
     for command in runs:
         print(shlex.join(command), flush=True)
     if args.dry_run:

@@ -210,7 +210,8 @@ def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specde
             del _DRAFTERS[drafter_key]
     log.info("loading target %s (quant=%s)", cfg.model.name, key[-1])
     _TARGETS[key] = specdec.load_target(cfg.model.name, device=cfg.model.device, dtype=cfg.model.dtype,
-                                        kernel=cfg.model.kernel, quant=key[-1])
+                                        kernel=cfg.model.kernel, quant=key[-1],
+                                        threads=cfg.runner.threads or "auto")
     return _TARGETS[key]
 
 

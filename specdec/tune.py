@@ -161,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drafter", default="eagle", help="drafters whose choices to tune (comma-separated; "
                         "'none' for none); only eagle has one (its head dtype)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record when it has "
+                        "one for these threads (print where it is), else tune now")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     drafters = [d for d in args.drafter.split(",") if d and d != "none"]
@@ -170,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [d for d in drafters if d not in specdec.drafters.names()]
         if unknown:
             raise ValueError(f"unknown drafter {unknown[0]!r}; registered: {', '.join(specdec.drafters.names())}")
+        if args.reuse and not args.quant:
+            record = ensure_tuned(args.target, args.threads, drafters, args.device)
+            print(json.dumps({"tune": args.target, "reused": "notes" not in record, "threads": record["threads"],
+                              "kernel": (record.get("kernel") or {}).get("kernel", "only"),
+                              "record": str(machine.record_path(args.target, args.device, torch.float32))}))
+            return 0
         records = [tune_target(args.target, None, args.threads, drafters, args.device)]
         for spec in filter(None, (q.strip() for q in args.quant.split(","))):
             records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device))

@@ -114,3 +114,15 @@ def test_bad_input(empty_cache, capsys):
     assert "no-such-model-dir" in capsys.readouterr().err
     assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "nosuch"]) == 2
     assert "unknown drafter 'nosuch'" in capsys.readouterr().err
+
+
+def test_reuse_keeps_the_stored_record_and_says_so(empty_cache, capsys):
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none", "--reuse"]) == 0
+    first = capsys.readouterr().out
+    assert "tuning tiny-llama first" in first and json.loads(first.strip().splitlines()[-1])["reused"] is False
+    path = machine.record_path("tiny-llama", "cpu", torch.float32)
+    before = path.stat().st_mtime_ns
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none", "--reuse"]) == 0
+    again = capsys.readouterr().out
+    assert "using the record" in again and json.loads(again.strip().splitlines()[-1])["reused"] is True
+    assert path.stat().st_mtime_ns == before
