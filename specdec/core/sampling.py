@@ -18,7 +18,9 @@ class SamplingConfig:
     """How the target samples. temperature = 0 means greedy (argmax)."""
 
     temperature: float = 0.0
-    """Softmax temperature; 0 = greedy decoding. Must be >= 0."""
+    """Softmax temperature; 0 = greedy decoding. Must be >= 0. Any T > 0, however small (1e-40 in a
+    float32 forward included), samples softmax(logits / T), computed without overflow: as T -> 0 it
+    becomes the uniform law on the tokens tied at the maximum logit (greedy picks the first of them)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling; 0 = no top-k filter. Must be >= 0."""
     top_p: float = 1.0
@@ -42,12 +44,17 @@ class SamplingConfig:
 def target_probs_from_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """Target distribution for sampling. logits [..., V] -> probs [..., V] (float32 or wider).
 
-    Greedy configs give the one-hot of the argmax (first index on ties, as torch.argmax).
+    Greedy configs give the one-hot of the argmax (first index on ties, as torch.argmax). The logits
+    are shifted by their maximum before the division, so a tiny temperature sends the others to -inf
+    and keeps the maximum at 0, instead of overflowing there (inf - inf = nan).
     """
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
     work_dtype = torch.promote_types(logits.dtype, torch.float32)
-    scaled = logits.to(work_dtype) / sampling.temperature
+    shifted = logits.to(work_dtype)
+    shifted = shifted - shifted.amax(-1, keepdim=True)  # <= 0, exactly 0 at the maximum
+    # A temperature that rounds to 0 in work_dtype (5e-324 in float32) would make 0 / 0 = nan there.
+    scaled = torch.where(shifted == 0, shifted, shifted / sampling.temperature)
     if sampling.top_k and sampling.top_k < scaled.shape[-1]:
         kth = scaled.topk(sampling.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
