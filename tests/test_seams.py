@@ -180,7 +180,7 @@ def test_commit_tells_the_drafter_positions_tokens_features_and_kv(tiny_llama64)
             torch.testing.assert_close(k, k0[..., position:position + kept, :], rtol=0, atol=1e-10)
             torch.testing.assert_close(v, v0[..., position:position + kept, :], rtol=0, atol=1e-10)
         position += kept
-    assert position == len(committed) - 1 or len(committed) - len(prompt) >= 16
+    assert position == len(committed) - 1  # every committed token but the last (the next root) was kept once
 
 
 @pytest.mark.parametrize("name", ["eagle", "small", "lowbit"])
