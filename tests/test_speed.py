@@ -111,8 +111,11 @@ def test_preallocated_caches_are_exact_and_equal_a_prefill_after_every_step(tiny
 
 
 def test_static_cache_bad_sizes_fail_clearly(tiny_llama64):
-    with pytest.raises(ValueError, match="cache_capacity=20 is too short"):
-        specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=8, cache="static", cache_capacity=20)
+    with pytest.raises(ValueError, match="cache_capacity=20 is too short"):  # chain(4) needs 4 more than plain
+        specdec.generate(tiny_llama64, build("none", target=tiny_llama64), PROMPT, max_new_tokens=8, cache="static",
+                         cache_capacity=20)
+    with pytest.raises(ValueError, match=f"cache_capacity={len(PROMPT) + 7} is too short"):
+        specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=8, cache="static", cache_capacity=len(PROMPT) + 7)
     with pytest.raises(ValueError, match="unknown cache 'paged'"):
         specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=8, cache="paged")
     cache = StaticKVCache(4)
