@@ -1,15 +1,21 @@
 """An exactness certificate for any registered drafter: `python -m specdec.certify DRAFTER`.
 
-Owns the exactness harness that the test suite and the command line share:
-- `greedy_case`: at T = 0 the loop's output equals the cacheless reference's greedy output, token
-  for token (fp64 tiny models of three families);
-- `distribution_case`: at T > 0, Pearson's chi-square of the first `LENGTH` generated tokens of
-  `n` seeded generations against the target's exact law (enumerated with `reference`), with EOS
-  stopping off or on (on: the exact law pushed through "cut after the first EOS");
-- `power`: the same chi-square harness with each of three wrong acceptance rules patched into the
-  verifier (`wrong_rule`), on a case built to reject often (`SiblingDrafter`, a synthetic drafter
-  whose siblings carry draft probabilities, against a peaky target it disagrees with);
-- `certify` + `main`: all of it for one drafter, a readable certificate and one JSON line last.
+Owns the certificate that the test suite and the command line share:
+- greedy identity (`greedy_case`): at T = 0 the loop's output equals the cacheless reference's
+  greedy output, token for token (fp64 tiny models of three families);
+- the drafter's distribution cases (`specdec.measure.certify_cases.distribution_case`): at T > 0,
+  Pearson's chi-square of the first `LENGTH` generated tokens of n seeded generations against the
+  target's exact law, per shape x {plain, top-k, top-p} x EOS stopping {off, on}; on a second prompt
+  whose repeats branch (n-gram trees, more rejections); `auto` at T > 0 and the static and graphs
+  caches. Every draft is checked (`Recorder`): it fits the shape asked for, its draft_probs are
+  well formed, and the sampled tokens' ranks match the recorded draft_probs per depth (chi-square);
+- power (`power`): the reference cases (drafter-independent: point-mass siblings, sampled siblings
+  with draft probabilities, a sampled chain under top-k and top-p through the real grower) run
+  unmutated (the control) and under every mutant of `specdec.measure.mutants` (each one edit of the
+  real acceptance code or draft sampler). A certificate passes only if every case of the drafter and
+  the control pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA);
+- `certify`, `self_test` and `main`: a readable certificate with one JSON line last, or with
+  `--self-test` the power section alone as one JSON line.
 Knows nothing about any particular drafter: it builds them by name through the registry, with the
 factory's `test_options` under the user's `--options`.
 """
@@ -17,46 +23,47 @@ factory's `test_options` under the user's `--options`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from scipy.stats import chisquare
 
 import specdec
-from specdec.core import tree as tree_ops
-from specdec.core import acceptance
-from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest
-from specdec.drafters.registry import build, parse_options
+from specdec.core.draft import Drafter
+from specdec.core.reference import reference_generate
+from specdec.core.shapes import AutoShape
 from specdec.drafters.registry import _REGISTRY as _DRAFTERS
+from specdec.drafters.registry import build, parse_options
+from specdec.measure.certify_cases import LENGTH, SAMPLINGS, CaseResult, SiblingDrafter, distribution_case
+from specdec.measure.latency import LatencyCurve
+from specdec.measure.mutants import MUTANTS, MutantDoesNotApply, mutated
 from specdec.target.model import Target
-from specdec.core.reference import exact_joint_probs, next_token_logits, reference_generate
-from specdec.core.sampling import SamplingConfig
 
 VOCAB = 5
 """Vocabulary of the T > 0 models: small enough to enumerate V^LENGTH sequences exactly."""
-LENGTH = 3
-"""Tokens per generation compared with the exact law (the joint of the first LENGTH tokens)."""
 ALPHA = 1e-4
 """A case passes when its chi-square p-value is >= ALPHA."""
 POWER_ALPHA = 1e-6
-"""A wrong rule counts as detected when its p-value is < POWER_ALPHA."""
+"""A mutant counts as caught when its p-value is <= POWER_ALPHA."""
 DISTRIBUTION_SHAPES = ("chain(2)", "tree(2,2)", "dynamic(top_k=2,depth=2,budget=4)")
 GREEDY_SHAPES = ("chain(1)", "chain(4)", "tree(3,2,2)", "dynamic(top_k=3,depth=5,budget=12)")
-SAMPLINGS = {
-    "plain": SamplingConfig(temperature=1.0),
-    "top-k": SamplingConfig(temperature=0.8, top_k=3),
-    "top-p": SamplingConfig(temperature=1.0, top_p=0.8),
-}
 GREEDY_PROMPTS = ([1, 5, 9, 5, 9, 5, 9, 13], [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 2, 3, 5])
-SAMPLE_PROMPT = (1, 2, 3, 1, 2)
-"""Prompt of the T > 0 cases; its repeats give prompt-lookup drafters something to propose."""
+BRANCH_PROMPT = (2, 0, 1, 4, 4, 0, 1, 1, 1, 0)
+"""Second T > 0 prompt: its trailing n-grams recur with different continuations (n-gram drafters
+grow real trees) and its contexts are ones the tiny draft models disagree on more (more rejections)."""
 FAMILIES = ("llama", "qwen2", "mistral")
+AUTO_LATENCY = LatencyCurve(target="synthetic", device="cpu", dtype="float64", machine="certificate", threads=1,
+                            widths=(1, 2, 4, 8, 16), contexts=(64,), seconds=((1.0, 1.1, 1.2, 1.4, 1.8),))
+"""The latency curve of the `auto` cases: cheap width, so auto drafts chains and trees."""
+COVERAGE = (("auto", "plain", "dynamic"), ("auto", "top-p", "dynamic"), ("tree(2,2)", "plain", "static"),
+            ("chain(2)", "top-k", "static"), ("dynamic(top_k=2,depth=2,budget=4)", "plain", "graphs"),
+            ("chain(2)", "top-p", "graphs"))
+"""(shape, sampling, cache) of the coverage cases: `auto` at T > 0, the preallocated caches."""
 
 
 # ---- the models and the drafter ----------------------------------------------------------------
@@ -72,14 +79,18 @@ class World:
     """fp64 target with a VOCAB-token vocabulary for the distribution tests."""
     draft_model: Target
     """A different fp64 model on the same vocabulary: the `model=` of drafters that take one."""
+    flat_target: Target
+    """A flatter fp64 VOCAB-token target (logit scale 1.5): the point-mass sibling reference case."""
 
 
 def tiny_world() -> World:
     """Build the certificate's models (seeded: every run sees the same weights)."""
     greedy = tuple(specdec.tiny_target(f, vocab_size=64, dtype=torch.float64, seed=0, logit_scale=4.0)
                    for f in FAMILIES)
-    small = dict(vocab_size=VOCAB, hidden_size=16, dtype=torch.float64, logit_scale=6.0)
-    return World(greedy, specdec.tiny_target("llama", seed=0, **small), specdec.tiny_target("llama", seed=7, **small))
+    small = dict(vocab_size=VOCAB, hidden_size=16, dtype=torch.float64)
+    return World(greedy, specdec.tiny_target("llama", seed=0, logit_scale=6.0, **small),
+                 specdec.tiny_target("llama", seed=7, logit_scale=6.0, **small),
+                 specdec.tiny_target("llama", seed=3, logit_scale=1.5, **small))
 
 
 def build_drafter(name: str, target: Target, options: dict | None = None) -> Drafter:
@@ -95,284 +106,118 @@ def build_drafter(name: str, target: Target, options: dict | None = None) -> Dra
 
 def greedy_case(target: Target, drafter: Drafter, shape: str, prompts: Sequence[Sequence[int]] = GREEDY_PROMPTS,
                 max_new_tokens: int = 20) -> str | None:
-    """None when the drafter's greedy output equals the reference on every prompt, else what diverged."""
+    """None when the drafter's greedy output equals the reference on every prompt, else what diverged
+    (or what the drafter raised)."""
     for prompt in prompts:
         ref = reference_generate(target, prompt, max_new_tokens=max_new_tokens, stop_on_eos=False)
-        out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=max_new_tokens,
-                               stop_on_eos=False).token_ids
+        try:
+            out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=max_new_tokens,
+                                   stop_on_eos=False).token_ids
+        except Exception as err:  # noqa: BLE001 -- a drafter's error fails this case, named
+            return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: {type(err).__name__}: {err}"
         if out != ref:
             first = next(i for i, (a, b) in enumerate(zip(out + [None] * len(ref), ref)) if a != b)
             return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: token {first} differs"
     return None
 
 
-# ---- T > 0 ----------------------------------------------------------------------------------------
+# ---- the drafter's cases ----------------------------------------------------------------------------
 
 
-def cut_at_eos(tokens: Sequence[int], eos: set[int]) -> tuple[int, ...]:
-    """The tokens up to and including the first EOS (all of them if none)."""
-    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
-    return tuple(tokens if stop is None else tokens[: stop + 1])
+def parse_case_shape(shape: str):
+    """A case's shape: `auto(...)` runs on `AUTO_LATENCY` (no measuring), any other as given."""
+    spec = specdec.parse_shape(shape)
+    return dataclasses.replace(spec, latency=AUTO_LATENCY) if isinstance(spec, AutoShape) else shape
 
 
-def exact_law(target: Target, prompt: Sequence[int], sampling: SamplingConfig,
-              eos: set[int] = frozenset(), length: int = LENGTH) -> dict[tuple[int, ...], float]:
-    """The target's exact law of the first `length` generated tokens, cut after the first EOS."""
-    law: Counter = Counter()
-    for seq, p in exact_joint_probs(target, list(prompt), length, sampling).items():
-        law[cut_at_eos(seq, eos)] += p
-    return dict(law)
+def drafter_cases(world: World, drafter: Drafter, shapes: Sequence[str], n: int,
+                  samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
+                  coverage: bool = True) -> list[CaseResult]:
+    """The drafter's distribution cases: shapes x samplings x EOS on the sample prompt, shapes x
+    samplings on `BRANCH_PROMPT`, and (coverage) the `COVERAGE` cases."""
+    cases = [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, stop)
+             for shape in shapes for sampling in samplings for stop in eos]
+    cases += [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, prompt=BRANCH_PROMPT,
+                                prompt_name="branch prompt") for shape in shapes for sampling in samplings]
+    if coverage:
+        cases += [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, cache=cache)
+                  for shape, sampling, cache in COVERAGE]
+    return cases
 
 
-def pick_eos(target: Target, prompt: Sequence[int], sampling: SamplingConfig) -> int:
-    """The token whose first occurrence in LENGTH tokens is closest to a fair coin: EOS then stops
-    about half of the generations early, so both stopped and unstopped paths are tested."""
-    law = exact_joint_probs(target, list(prompt), LENGTH, sampling)
-    hit = {t: sum(p for seq, p in law.items() if t in seq) for t in range(target.vocab_size)}
-    return min(hit, key=lambda t: abs(hit[t] - 0.5))
+# ---- power: the reference cases, unmutated and under every mutant -------------------------------
+
+POWER_N = 600
+"""Generations per reference case."""
 
 
-@contextmanager
-def eos_token(target: Target, token: int | None) -> Iterator[None]:
-    """Make `token` the target's only EOS for the duration (None: no EOS)."""
-    config = target.model.generation_config
-    saved = config.eos_token_id
-    config.eos_token_id = token
-    model_saved = getattr(target.model.config, "eos_token_id", None)
-    target.model.config.eos_token_id = None
-    try:
-        yield
-    finally:
-        config.eos_token_id = saved
-        target.model.config.eos_token_id = model_saved
+REFERENCE_CASES = ("point-mass siblings", "sampled siblings", "random chain")
 
 
-def chi_square_p(counts: Counter, law: dict[tuple[int, ...], float], n: int) -> float:
-    """Pearson's chi-square p-value of `counts` (n draws) against `law`.
-
-    Cells are binned before the test so that every bin expects >= 5 draws: sequences in order of
-    decreasing probability fill a bin until it does, and a short last bin joins the one before.
-    The bins depend on the law only, never on the counts. Worked example: n = 100, probabilities
-    .3, .2, .04, .03, .02, .01 ... -> bins {.3}, {.2}, {.04, .03}, {.02, .01, ...}."""
-    if not set(counts) <= set(law):
-        raise AssertionError(f"sampled {sorted(set(counts) - set(law))[:3]}, which the target gives probability 0")
-    bins: list[list[tuple[int, ...]]] = []
-    filled = 0.0
-    for cell in sorted(law, key=lambda c: (-law[c], c)):
-        if not bins or filled * n >= 5:
-            bins.append([])
-            filled = 0.0
-        bins[-1].append(cell)
-        filled += law[cell]
-    if len(bins) > 1 and filled * n < 5:
-        bins[-2].extend(bins.pop())
-    if len(bins) < 2:
-        return 1.0
-    observed = [sum(counts[c] for c in b) for b in bins]
-    expected = [sum(law[c] for c in b) * n for b in bins]
-    return float(chisquare(observed, expected).pvalue)
+def reference_cases(world: World, n: int = POWER_N, names: Sequence[str] = REFERENCE_CASES) -> list[CaseResult]:
+    """The drafter-independent cases every mutant must fail:
+    - point-mass siblings at the flat target's three most likely tokens (`tree(3)`, 2 tokens): the
+      first sibling is rejected about 3 times in 4, and every wrong walk moves the first token's law;
+    - sampled siblings drawn without replacement with their draft probabilities, from a peaky draft
+      unrelated to the target (`tree(3)`, logits 4 x N(0, 1)): the first sibling is rejected often,
+      and a later sibling's conditional draft distribution differs most from the first's;
+    - a sampled chain of the `random` drafter through the real grower under top-k and top-p (its
+      recorded draft_probs are what the draft-probability check compares its samples with).
+    `names` picks some of them (`REFERENCE_CASES`)."""
+    unknown = sorted(set(names) - set(REFERENCE_CASES))
+    if unknown:
+        raise ValueError(f"unknown reference cases {unknown}; known: {', '.join(REFERENCE_CASES)}")
+    flat, target = world.flat_target, world.target
+    cases = []
+    if "point-mass siblings" in names:
+        point_mass = SiblingDrafter(VOCAB, width=3, depth=1, like=flat, noise=0.0, point_mass=True)
+        cases.append(distribution_case(flat, point_mass, "tree(3)", "plain", n, length=2,
+                                       prompt_name="point-mass siblings"))
+    if "sampled siblings" in names:
+        sampled = SiblingDrafter(VOCAB, width=3, depth=1, noise=4.0)
+        cases.append(distribution_case(flat, sampled, "tree(3)", "plain", n, length=2, prompt_name="sampled siblings"))
+    if "random chain" in names:
+        chain = build("random", target=target)
+        cases += [distribution_case(target, chain, "chain(2)", sampling, n, prompt_name="random chain")
+                  for sampling in ("top-k", "top-p")]
+    return cases
 
 
 @dataclass
-class CaseResult:
-    """One distribution case of a certificate."""
+class Power:
+    """The reference cases unmutated (the control) and under each mutant."""
 
-    shape: str
-    sampling: str
-    eos: bool
-    n: int
-    p_value: float
-    drafted: int = 0
-    """Draft nodes proposed over all n generations."""
-    accepted: int = 0
-    """Draft tokens accepted over all n generations."""
-    rejections: int = 0
-    """Steps that ended in a recovered (not bonus) token after a non-empty draft."""
-    steps: int = 0
+    control: list[CaseResult]
+    mutants: dict[str, list[CaseResult]]
+    errors: dict[str, str] = field(default_factory=dict)
+    """mutant -> why it could not be applied (the certificate fails)."""
 
-    def row(self) -> dict:
-        return {"shape": self.shape, "sampling": self.sampling + (" eos" if self.eos else ""), "n": self.n,
-                "p_value": self.p_value}
+    @property
+    def control_p(self) -> float:
+        return min(c.min_p for c in self.control)
+
+    def mutant_p(self, name: str) -> float:
+        """min p over the reference cases under mutant `name` (NaN: it could not be applied)."""
+        return math.nan if name in self.errors else min(c.min_p for c in self.mutants[name])
+
+    @property
+    def passed(self) -> bool:
+        return self.control_p >= ALPHA and all(self.mutant_p(m.name) <= POWER_ALPHA for m in MUTANTS)
+
+    def json(self) -> dict:
+        return {"control": self.control_p, "mutants": {m.name: self.mutant_p(m.name) for m in MUTANTS}}
 
 
-def distribution_case(target: Target, drafter: Drafter, shape: str, sampling_name: str, n: int,
-                      eos: bool = False, prompt: Sequence[int] = SAMPLE_PROMPT, length: int = LENGTH) -> CaseResult:
-    """Sample n seeded generations of `length` tokens and test them against the target's exact law."""
-    sampling = SAMPLINGS[sampling_name]
-    stop = pick_eos(target, prompt, sampling) if eos else None
-    result = CaseResult(shape, sampling_name, eos, n, 1.0)
-    counts: Counter = Counter()
-    with eos_token(target, stop):
-        for seed in range(n):
-            out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=length,
-                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                   seed=seed, stop_on_eos=eos)
-            counts[tuple(out.token_ids)] += 1
-            for s in out.stats.steps:
-                result.steps += 1
-                result.drafted += s.drafted
-                result.accepted += s.accepted
-                result.rejections += bool(s.drafted) and not s.bonus
-    result.p_value = chi_square_p(counts, exact_law(target, prompt, sampling, {stop} if eos else set(), length), n)
+def power(world: World, n: int = POWER_N) -> Power:
+    """Run the reference cases unmutated, then under each mutant of the real code."""
+    result = Power(reference_cases(world, n), {})
+    for m in MUTANTS:
+        try:
+            with mutated(m):
+                result.mutants[m.name] = reference_cases(world, n)
+        except MutantDoesNotApply as err:
+            result.errors[m.name] = str(err)
     return result
-
-
-# ---- power: wrong rules and the case that exposes them ------------------------------------------
-
-WRONG_RULES = ("resample_from_target", "residual_from_original", "accept_against_original")
-"""The three classic mistakes of recursive rejection sampling over siblings:
-- resample_from_target: after a rejection, continue (and finally sample) from the node's target
-  instead of the residual;
-- residual_from_original: each sibling's residual is taken from the node's original target instead
-  of the running residual (rejected siblings come back);
-- accept_against_original: sibling i is accepted with min(1, target(x) / draft(x)) against the
-  node's original target instead of the running residual."""
-
-
-def wrong_rule(rule: str):
-    """A stand-in for `acceptance.accept_sampling` with one of `WRONG_RULES`, built from the verifier's
-    own pure functions; the same walk as the verifier with that one step changed (a mutant)."""
-    if rule not in WRONG_RULES:
-        raise ValueError(f"unknown wrong rule {rule!r}; known: {', '.join(WRONG_RULES)}")
-
-    def accept_sampling(draft: Draft, target_probs: torch.Tensor, generator: torch.Generator) -> Acceptance:
-        tokens = draft.tokens[0].tolist()
-        kids = tree_ops.children(draft.parents)
-        path, node = [], -1
-        while True:
-            original = probs = target_probs[node + 1]  # [V]
-            accepted = None
-            for child in kids[node]:
-                x = tokens[child]
-                if draft.draft_probs is None:
-                    child_draft = torch.nn.functional.one_hot(torch.tensor(x), probs.numel()).to(probs.dtype)
-                else:
-                    child_draft = draft.draft_probs[0, child].to(probs.dtype)
-                against = original if rule == "accept_against_original" else probs
-                u = torch.rand((), generator=generator, device=probs.device)
-                if bool(u < acceptance.acceptance_probability(against[x], child_draft[x])):
-                    accepted = child
-                    break
-                if rule == "resample_from_target":
-                    probs = original
-                elif rule == "residual_from_original":
-                    probs = acceptance.residual_probs(original, child_draft)
-                else:
-                    probs = acceptance.residual_probs(probs, child_draft)
-            if accepted is None:
-                token = int(torch.multinomial(probs, 1, generator=generator))
-                return Acceptance(path=path, next_token=token, bonus=not kids[node])
-            path.append(accepted)
-            node = accepted
-
-    return accept_sampling
-
-
-@contextmanager
-def patched_rule(rule: str) -> Iterator[None]:
-    """Run the verifier with `wrong_rule(rule)` in place of its acceptance rule."""
-    saved = acceptance.accept_sampling
-    acceptance.accept_sampling = wrong_rule(rule)
-    try:
-        yield
-    finally:
-        acceptance.accept_sampling = saved
-
-
-class SiblingDrafter:
-    """Synthetic drafter: every node gets `width` sampled siblings up to `depth`, each with its draft
-    probabilities recorded, i.i.d. (`replace=True`) or without replacement (each sibling's recorded
-    distribution is the conditional one given the earlier siblings, renormalised); or, with
-    `point_mass=True`, its top-`width` tokens as deterministic siblings without draft probabilities.
-
-    Its distribution after a context is softmax(sharpen x `like`'s logits + noise x N(0, 1)), the
-    noise seeded by the context (so it is a fixed function of the context); without `like`, pure
-    noise. A `like` target sharpened (sharpen > 1) gives the peaky mismatch that makes the power
-    cases reject often: the draft piles its mass on the target's favourite token, is rejected there
-    about as often as the target doubts it, and the next sibling then meets a heavily reshaped
-    residual, where every wrong rule shows."""
-
-    name = "siblings"
-
-    def __init__(self, vocab_size: int, *, width: int = 2, depth: int = 2, replace: bool = False,
-                 like: Target | None = None, sharpen: float = 1.0, noise: float = 1.0, seed: int = 0,
-                 point_mass: bool = False) -> None:
-        self.vocab_size, self.width, self.depth, self.replace = vocab_size, width, depth, replace
-        self.point_mass = point_mass
-        self.like, self.sharpen, self.noise, self.seed = like, sharpen, noise, seed
-
-    def reset(self) -> None:
-        pass
-
-    def distribution(self, context: Sequence[int]) -> torch.Tensor:
-        """[V] float64 draft distribution after `context` (deterministic in the context)."""
-        g = torch.Generator().manual_seed(hash((self.seed, *context)) % (2**63))
-        logits = self.noise * torch.randn(self.vocab_size, generator=g, dtype=torch.float64)
-        if self.like is not None:
-            logits = logits + self.sharpen * next_token_logits(self.like, context).double()
-        return logits.softmax(-1)
-
-    def propose(self, request: DraftRequest) -> Draft:
-        committed = request.token_ids[0].tolist()
-        tokens, parents, probs = [], [], []  # probs: [V] per node
-        frontier = [(-1, committed)]
-        for _ in range(min(self.depth, request.max_depth)):
-            level = []
-            for parent, context in frontier:
-                q = self.distribution(context)
-                if self.point_mass:
-                    for x in q.topk(min(self.width, self.vocab_size)).indices.tolist():
-                        tokens.append(x)
-                        parents.append(parent)
-                        level.append((len(tokens) - 1, [*context, x]))
-                    continue
-                for _ in range(self.width):
-                    if q.sum() <= 0:
-                        break
-                    q = q / q.sum()
-                    x = int(torch.multinomial(q, 1, generator=request.generator))
-                    tokens.append(x)
-                    parents.append(parent)
-                    probs.append(q)
-                    level.append((len(tokens) - 1, [*context, x]))
-                    if not self.replace:
-                        q = q.clone()
-                        q[x] = 0.0
-            frontier = level
-        if not tokens:
-            return Draft.empty()
-        draft_probs = None if self.point_mass else torch.stack(probs)[None]  # [B, N, V]
-        return Draft(torch.tensor([tokens]), torch.tensor(parents), draft_probs)
-
-    def commit(self, step) -> None:
-        pass
-
-
-POWER_N = 600
-"""Generations per power case."""
-POWER_SHAPE = "tree(3)"
-POWER_LENGTH = 2
-
-
-def power_world() -> tuple[Target, Drafter]:
-    """The power case: a flat-ish VOCAB-token target and point-mass siblings at its three most likely
-    tokens (`tree(3)`, 2 tokens generated). The first sibling is rejected about 3 times in 4, the
-    second often too, and every wrong rule then moves a large share of the first token's mass: with
-    top tokens of probability p1, p2, accepting the second against the original target instead of
-    the running residual gives it p2 (1 - p1) instead of p2."""
-    target = specdec.tiny_target("llama", vocab_size=VOCAB, hidden_size=16, dtype=torch.float64, seed=3,
-                                 logit_scale=1.5)
-    return target, SiblingDrafter(VOCAB, width=3, depth=1, like=target, noise=0.0, point_mass=True)
-
-
-def power(n: int = POWER_N) -> dict[str, CaseResult]:
-    """Each wrong rule run through the same harness on the power case; detected when p < POWER_ALPHA."""
-    target, drafter = power_world()
-    results = {}
-    for rule in WRONG_RULES:
-        with patched_rule(rule):
-            results[rule] = distribution_case(target, drafter, POWER_SHAPE, "plain", n, length=POWER_LENGTH)
-    return results
 
 
 # ---- the certificate ----------------------------------------------------------------------------
@@ -385,21 +230,23 @@ class Certificate:
     greedy: dict[str, str | None] = field(default_factory=dict)
     """shape -> None (identical on every family and prompt) or what diverged."""
     cases: list[CaseResult] = field(default_factory=list)
-    power: dict[str, CaseResult] = field(default_factory=dict)
+    power: Power | None = None
     seconds: float = 0.0
+    """CPU seconds (process time) of the whole certificate."""
 
     @property
     def min_p(self) -> float:
-        return min((c.p_value for c in self.cases), default=1.0)
+        return min((c.min_p for c in self.cases), default=1.0)
 
     @property
     def passed(self) -> bool:
         return (all(v is None for v in self.greedy.values()) and self.min_p >= ALPHA
-                and all(r.p_value < POWER_ALPHA for r in self.power.values()))
+                and self.power is not None and self.power.passed)
 
     def json_line(self) -> str:
-        return json.dumps({"drafter": self.drafter, "cases": [c.row() for c in self.cases], "min_p": self.min_p,
-                           "power": {rule: r.p_value for rule, r in self.power.items()}})
+        return json.dumps({"drafter": self.drafter, "passed": self.passed, "cases": [c.row() for c in self.cases],
+                           "min_p": self.min_p, "power": None if self.power is None else self.power.json(),
+                           "cpu_seconds": round(self.seconds, 1)})
 
     def text(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.options.items()) or "test defaults"
@@ -408,39 +255,58 @@ class Certificate:
                  "vs the cacheless reference):"]
         lines += [f"  {shape:<40} {'identical' if why is None else 'DIVERGED: ' + why}"
                   for shape, why in self.greedy.items()]
-        lines += ["", f"Distribution (T > 0, chi-square of the first {LENGTH} tokens vs the exact law, "
-                  f"vocab {VOCAB}, pass at p >= {ALPHA:g}):",
-                  f"  {'shape':<36} {'sampling':<11} {'n':>5} {'p-value':>9}  accepted/drafted  rejected steps"]
-        for c in self.cases:
-            lines.append(f"  {c.shape:<36} {c.row()['sampling']:<11} {c.n:>5} {c.p_value:>9.3g}  "
-                         f"{c.accepted:>6}/{c.drafted:<9} {c.rejections:>6}/{c.steps}")
-        lines += ["", f"Power (the same harness with a wrong rule patched in; detected at p < {POWER_ALPHA:g}):"]
-        for rule, r in self.power.items():
-            verdict = "detected" if r.p_value < POWER_ALPHA else "NOT DETECTED"
-            lines.append(f"  {rule:<26} p = {r.p_value:.2e}  {verdict}  (n = {r.n}, "
-                         f"{r.rejections}/{r.steps} steps rejected)")
-        lines += ["", f"{'PASS' if self.passed else 'FAIL'}: min p = {self.min_p:.3g}, {self.seconds:.0f} s"]
+        lines += ["", f"Distribution (T > 0, chi-square of the first {LENGTH} tokens vs the exact law, vocab {VOCAB}; "
+                  f"draft p: sampled draft tokens vs their recorded draft_probs; pass at p >= {ALPHA:g}):"]
+        lines += _case_table(self.cases)
+        if self.power is None:
+            lines += ["", "Power: skipped (--power-n 0): no evidence that these cases can fail, so no PASS"]
+        else:
+            lines += ["", f"Power (reference cases, unmutated and with each mutant edited into the real code; "
+                      f"caught at p <= {POWER_ALPHA:g}):"]
+            lines += [f"  control{'':<27} p = {self.power.control_p:.2e}  "
+                      f"{'pass' if self.power.control_p >= ALPHA else 'FAILED'}"]
+            for m in MUTANTS:
+                p = self.power.mutant_p(m.name)
+                verdict = self.power.errors.get(m.name) or ("caught" if p <= POWER_ALPHA else "NOT CAUGHT")
+                lines.append(f"  {m.name:<34} p = {p:.2e}  {verdict}")
+        lines += ["", f"{'PASS' if self.passed else 'FAIL'}: min p = {self.min_p:.3g}, {self.seconds:.0f} CPU s"]
         return "\n".join(lines)
+
+
+def _case_table(cases: Sequence[CaseResult]) -> list[str]:
+    lines = [f"  {'case':<58} {'n':>5} {'p':>9} {'draft p':>9}  accepted/drafted  rejected  trees"]
+    for c in cases:
+        draft_p = "-" if c.draft_p is None else f"{c.draft_p:.3g}"
+        lines.append(f"  {c.label:<58} {c.n:>5} {c.p_value:>9.3g} {draft_p:>9}  {c.accepted:>6}/{c.drafted:<9} "
+                     f"{c.rejections:>5}/{c.steps:<5} {c.branched:>4}")
+        if c.problem:
+            lines.append(f"    FAILED: {c.problem}")
+    return lines
 
 
 def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: dict | None = None,
             n: int = 250, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
-            power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None) -> Certificate:
-    """Run the greedy identity, the distribution cases and the power cases for drafter `name`."""
-    start = time.perf_counter()
+            power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None, coverage: bool = True) -> Certificate:
+    """Run the greedy identity, the drafter's distribution cases and the power section for `name`
+    (power_n = 0 skips the power section; such a certificate cannot pass)."""
+    start = time.process_time()
     world = tiny_world()
     cert = Certificate(name, dict(options or {}))
     for shape in greedy_shapes or GREEDY_SHAPES:
         cert.greedy[shape] = next(filter(None, (greedy_case(t, build_drafter(name, t, options), shape)
                                                 for t in world.greedy_targets)), None)
     drafter = build_drafter(name, world.target, options)
-    for shape in shapes:
-        for sampling in samplings:
-            for stop in eos:
-                cert.cases.append(distribution_case(world.target, drafter, shape, sampling, n, stop))
-    cert.power = power(power_n) if power_n else {}
-    cert.seconds = time.perf_counter() - start
+    cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage)
+    cert.power = power(world, power_n) if power_n else None
+    cert.seconds = time.process_time() - start
     return cert
+
+
+def self_test(n: int = POWER_N) -> tuple[Power, float]:
+    """The power section alone: (its result, CPU seconds)."""
+    start = time.process_time()
+    result = power(tiny_world(), n)
+    return result, time.process_time() - start
 
 
 def split_shapes(text: str) -> list[str]:
@@ -453,14 +319,25 @@ def split_shapes(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.certify", description=__doc__.split("\n")[0])
-    parser.add_argument("drafter", help=f"a registered drafter ({', '.join(specdec.drafters.names())})")
+    parser.add_argument("drafter", nargs="?", help=f"a registered drafter ({', '.join(specdec.drafters.names())})")
     parser.add_argument("--shapes", default=" ".join(DISTRIBUTION_SHAPES),
                         help="draft shapes of the distribution cases, separated by ';' or spaces")
     parser.add_argument("--options", default="", help="drafter options k=v,... (override its test_options)")
     parser.add_argument("-n", type=int, default=250, help="generations per distribution case (default 250)")
-    parser.add_argument("--power-n", type=int, default=POWER_N, help="generations per power case (0 = skip)")
+    parser.add_argument("--power-n", type=int, default=POWER_N, help="generations per reference case (0 = skip)")
+    parser.add_argument("--self-test", action="store_true",
+                        help="only the power section: one JSON line {control: p, mutants: {name: p}}")
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.self_test:
+        result, seconds = self_test(args.power_n or POWER_N)
+        for name, why in result.errors.items():
+            print(f"certify: {why}", file=sys.stderr)
+        print(json.dumps({**result.json(), "cpu_seconds": round(seconds, 1)}))
+        return 0 if result.passed else 1
     try:
+        if args.drafter is None:
+            raise KeyError(f"name a drafter ({', '.join(specdec.drafters.names())}) or pass --self-test")
         shapes = split_shapes(args.shapes)
         options = parse_options(args.options)
         if args.drafter not in specdec.drafters.names():
@@ -468,7 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError) as err:
         print(f"certify: {err.args[0]}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)
     cert = certify(args.drafter, shapes=shapes, options=options, n=args.n, power_n=args.power_n)
     print(cert.text())
     print(cert.json_line())

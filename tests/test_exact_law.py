@@ -2,8 +2,10 @@
 
 For random small vocabularies, random tree structures and random target / draft distributions
 (generated with `hypothesis`), the law of the tokens one step commits is computed by enumerating
-every draft the drafter can sample and every acceptance event of the verifier's recursive
-rejection, using the verifier's own pure functions (`acceptance_probability`, `residual_probs`).
+every draft the drafter can sample and every branch of the random draws of the real verifier
+(`acceptance.verify` runs once per branch, its uniform and multinomial draws scripted and weighed
+by their probabilities), so a bug in the acceptance walk itself moves the law: every acceptance
+mutant of the certificate (`specdec.measure.mutants`) is shown to.
 Continued by plain target sampling to a fixed length, that law must equal the target's own law of
 the same token sequences to 1e-12. Covers point-mass siblings (deterministic tokens, duplicates
 allowed) and sampled siblings with draft probabilities, i.i.d. or without replacement (the recorded
@@ -13,16 +15,19 @@ chi-square tests in test_exactness.py remain the end-to-end check through the lo
 
 from __future__ import annotations
 
-import sys
 import zlib
 from collections import defaultdict
 
 import torch
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdec.core import acceptance
 from specdec.core import tree as tree_ops
-from specdec.core.acceptance import acceptance_probability, residual_probs
+from specdec.core.draft import Draft
+from specdec.core.sampling import SamplingConfig
+from specdec.measure.mutants import MUTANTS, mutated
 
 
 class World:
@@ -52,35 +57,73 @@ class World:
         return self._dist("draft", context)
 
 
+class _Draw:
+    """A uniform draw U (times `scale`) the walk compares with an acceptance probability a: the
+    comparison takes the scripted branch and weighs it by P(scale * U < a) or its complement."""
+
+    def __init__(self, replay: "_Replay", scale: float = 1.0):
+        self.replay, self.scale = replay, scale
+
+    def __rmul__(self, other):
+        return _Draw(self.replay, float(other) * self.scale)
+
+    def __lt__(self, a):
+        a = float(a)
+        accept = min(1.0, a / self.scale) if self.scale > 0 else float(a > 0)
+        return self.replay.choose([accept, 1.0 - accept]) == 0
+
+
+class _Replay:
+    """Stands in for `torch` inside the acceptance module: every random draw follows a script of
+    branch choices (extending it with the first possible branch and queueing the others), and the
+    run's weight is the product of the chosen branches' probabilities. Everything else is torch."""
+
+    def __init__(self, script: list[int], queue: list[list[int]]):
+        self.script, self.queue, self.taken, self.weight = script, queue, 0, 1.0
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def choose(self, weights: list[float]) -> int:
+        if self.taken < len(self.script):
+            choice = self.script[self.taken]
+        else:
+            possible = [i for i, w in enumerate(weights) if w > 0]
+            choice = possible[0]
+            self.queue += [self.script[: self.taken] + [i] for i in possible[1:]]
+            self.script = self.script + [choice]
+        self.taken += 1
+        self.weight *= weights[choice]
+        return choice
+
+    def rand(self, *args, **kwargs):
+        return _Draw(self)
+
+    def multinomial(self, probs, num_samples, **kwargs):
+        weights = (probs / probs.sum()).tolist()
+        return torch.tensor([self.choose(weights)])
+
+
 def step_law(tokens: list[int], parents: list[int], draft_probs: list[torch.Tensor] | None,
              target_rows: list[torch.Tensor]) -> dict[tuple[int, ...], float]:
-    """P(the step commits exactly this token sequence) for one fixed draft: every acceptance event
-    of the verifier's walk, with its own acceptance_probability and residual_probs.
+    """P(the step commits exactly this token sequence) for one fixed draft, by running the real
+    `acceptance.verify` (T = 1 on logits log(target)) once per branch of its random draws.
     target_rows[i + 1] is the target after node i, row 0 after the root."""
-    kids = tree_ops.children(torch.tensor(parents, dtype=torch.long))
+    draft = Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long),
+                  None if draft_probs is None else torch.stack(draft_probs)[None])
+    logits = torch.stack(target_rows).log()[None]  # [1, N + 1, V]: softmax(log target) = target
     law: dict[tuple[int, ...], float] = defaultdict(float)
-
-    def walk(node: int, prefix: tuple[int, ...], weight: float) -> None:
-        running = target_rows[node + 1]
-        for child in kids[node]:
-            x = tokens[child]
-            if draft_probs is None:
-                draft = torch.zeros_like(running)
-                draft[x] = 1.0
-            else:
-                draft = draft_probs[child]
-            accept = float(acceptance_probability(running[x], draft[x]))
-            if accept > 0:
-                walk(child, (*prefix, x), weight * accept)
-            weight *= 1.0 - accept
-            if weight == 0:
-                return
-            running = residual_probs(running, draft)
-        for token, p in enumerate(running.tolist()):
-            if p > 0:
-                law[(*prefix, token)] += weight * p
-
-    walk(-1, (), 1.0)
+    queue: list[list[int]] = [[]]
+    saved = acceptance.torch
+    try:
+        while queue:
+            replay = _Replay(queue.pop(), queue)
+            acceptance.torch = replay
+            decision = acceptance.verify(draft, logits, SamplingConfig(temperature=1.0), None)
+            acceptance.torch = saved
+            law[(*(tokens[i] for i in decision.path), decision.next_token)] += replay.weight
+    finally:
+        acceptance.torch = saved
     return law
 
 
@@ -177,15 +220,33 @@ def test_one_step_law_equals_the_target_law(case):
         assert abs(spec.get(seq, 0.0) - exact.get(seq, 0.0)) < 1e-12, (seq, spec.get(seq), exact.get(seq))
 
 
-def test_the_law_catches_a_wrong_residual(monkeypatch):
-    """The enumeration has power: resampling from the target after a rejection breaks the law. (Seed 5:
-    a world where the two point-mass siblings are rejected often; the law moves by 0.22, while on
-    worlds where the first sibling is nearly always accepted it moves by only ~0.003.)"""
-    world, root, parents = World(3, 5, False), (0,), [-1, -1]
-    exact = continued(world, root, {(): 1.0}, 2)
-    monkeypatch.setattr(sys.modules[__name__], "residual_probs", lambda target, draft: target)
-    law = continued(world, root, step_law([0, 1], parents, None, target_rows(world, root, [0, 1], parents)), 2)
-    assert max(abs(law.get(s, 0.0) - p) for s, p in exact.items()) > 0.1
+def one_step_deviation(world: World, parents: list[int], mode: str, fixed: list[int]) -> float:
+    """Largest |law - target law| over token sequences of one step continued to its full length."""
+    root = (0,)
+    length = int(tree_ops.depths(torch.tensor(parents, dtype=torch.long)).max()) + 1
+    spec: dict[tuple[int, ...], float] = defaultdict(float)
+    for tokens, probs, weight in drafts(world, root, parents, mode, fixed):
+        for seq, p in step_law(tokens, parents, probs, target_rows(world, root, tokens, parents)).items():
+            spec[seq] += weight * p
+    spec = continued(world, root, spec, length)
+    exact = continued(world, root, {(): 1.0}, length)
+    return max(abs(spec.get(s, 0.0) - exact.get(s, 0.0)) for s in set(spec) | set(exact))
+
+
+POWER_WORLDS = [(World(vocab, seed, zeros), parents, mode)
+                for vocab, seed, zeros in ((3, 5, False), (4, 1, False), (3, 2, True))
+                for parents, mode in (([-1, -1, -1], "point-mass"), ([-1, -1, 0], "without"))]
+"""Fixed small worlds with siblings, point-mass and sampled without replacement."""
+
+
+@pytest.mark.parametrize("m", [m for m in MUTANTS if m.module == acceptance.__name__], ids=lambda m: m.name)
+def test_the_law_catches_every_mutant_of_the_acceptance_code(m):
+    """The enumeration runs the real acceptance code, so an edit of it moves the exact law (no
+    sampling noise): every acceptance mutant of the certificate moves it by > 1e-3 in some world."""
+    assert max(one_step_deviation(w, p, mode, [0, 1, 2]) for w, p, mode in POWER_WORLDS) < 1e-12
+    with mutated(m):
+        moved = max(one_step_deviation(w, p, mode, [0, 1, 2]) for w, p, mode in POWER_WORLDS)
+    assert moved > 1e-3, f"{m.name} leaves the one-step law within {moved:.2e}"
 
 
 def test_enumerated_drafts_are_a_distribution():

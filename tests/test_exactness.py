@@ -4,8 +4,10 @@
   drafter x shape x model family (fp64 tiny models), plus a drafter that is always right;
 - T > 0: chi-square goodness of fit of the joint distribution of the first three generated tokens
   against the exact target distribution, for every drafter x chain / static tree / dynamic tree x
-  {plain, top-k, top-p} x {EOS stopping off, on}, for sampled siblings with draft probabilities,
-  and the same harness rejects each of three wrong acceptance rules (its power).
+  {plain, top-k, top-p} x {EOS stopping off, on} (every draft checked by the certificate's
+  `Recorder`: draft_probs well formed and matching the sampled tokens), for sampled siblings with
+  draft probabilities; and the certificate's reference cases catch every mutant of the real
+  acceptance code and draft sampler (`specdec.measure.mutants`), while passing unmutated.
 The exact law of one verification step, without sampling noise, is tests/test_exact_law.py.
 """
 
@@ -15,6 +17,7 @@ import specdec
 from specdec import certify
 from specdec.drafters import Draft, build, build_for_tests
 from specdec.core.reference import reference_generate
+from specdec.measure.mutants import MUTANTS, mutated
 
 PROMPTS = certify.GREEDY_PROMPTS
 
@@ -95,17 +98,15 @@ def test_generation_stops_on_eos_inclusive(tiny_llama64):
 # exact joint law (vocabulary 5, enumerated with the reference; with EOS stopping on, the law cut
 # after the first EOS, an EOS token picked so that about half the generations stop early) by
 # Pearson's chi-square, cells binned by the law so each bin expects >= 5; a case passes when
-# p >= ALPHA = 1e-4 (108 cases: a false alarm somewhere has probability < 1.1e-2, and the seeds
-# are fixed, so the outcome is deterministic). Power at these sizes: N = 80 per case (what fits the
-# suite's time: 108 cases) catches only gross errors (sampling from the wrong distribution, lost or
-# duplicated tokens): on the power case below, the three subtle wrong rules give p = 0.20, 0.077,
-# 0.063 at N = 80, undetected.
-# The power against them is shown on that case (certify.power_world: point-mass siblings at the
-# target's top tokens, first sibling rejected ~3 times in 4) with 500 samples, where each is rejected
-# at p < 1e-6 (measured: 7e-11, 1e-17, 4e-9). `python -m specdec.certify NAME` runs the same grid
-# per drafter at N = 250 and the power cases at 600.
+# p >= ALPHA = 1e-4 (8 drafters x 3 shapes x 3 samplings x 2 = 144 cases: a false alarm somewhere has
+# probability < 1.5e-2, and the seeds are fixed, so the outcome is deterministic). N = 80 per case
+# (what fits the suite's time) catches only gross errors; the subtle wrong rules are shown caught
+# on the certificate's reference cases below, each mutant edited into the real code.
 N_SAMPLES = 80
-POWER_SAMPLES = 500
+POWER_SAMPLES = 400
+"""Generations per reference case here (the certificate runs certify.POWER_N)."""
+CAUGHT_BY = {"first_sibling_draft": "sampled siblings", "draft_probs_ignore_truncation": "random chain"}
+"""The reference case that shows each mutant caught (the others: point-mass siblings)."""
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,9 @@ def world():
 def test_sampling_matches_the_target_distribution(world, name, shape, sampling, eos):
     drafter = certify.build_drafter(name, world.target)
     case = certify.distribution_case(world.target, drafter, shape, sampling, N_SAMPLES, eos)
+    assert case.problem is None, f"{name} {shape} {sampling} eos={eos}: {case.problem}"
     assert case.p_value >= certify.ALPHA, f"{name} {shape} {sampling} eos={eos}: chi-square p = {case.p_value:.2e}"
+    assert case.draft_p is None or case.draft_p >= certify.ALPHA, f"draft tokens vs draft_probs: p = {case.draft_p:.2e}"
 
 
 @pytest.mark.parametrize("replace", [True, False], ids=["iid", "without-replacement"])
@@ -131,24 +134,22 @@ def test_sibling_draft_probabilities_are_exact(world, replace):
                                      sharpen=2.0, noise=0.5)
     case = certify.distribution_case(world.target, drafter, "tree(2,2)", "plain", 300)
     assert case.rejections > case.steps / 5, "the case should exercise rejections"
-    assert case.p_value >= certify.ALPHA, f"chi-square p = {case.p_value:.2e}"
+    assert case.p_value >= certify.ALPHA and case.draft_p >= certify.ALPHA, (case.p_value, case.draft_p)
 
 
-@pytest.mark.parametrize("rule", certify.WRONG_RULES)
-def test_chi_square_rejects_each_wrong_rule(rule):
-    target, drafter = certify.power_world()
-    with certify.patched_rule(rule):
-        case = certify.distribution_case(target, drafter, certify.POWER_SHAPE, "plain", POWER_SAMPLES,
-                                         length=certify.POWER_LENGTH)
-    assert case.p_value < certify.POWER_ALPHA, f"{rule} went undetected (p = {case.p_value:.2e})"
-    assert case.rejections > case.steps / 4
+@pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)
+def test_the_reference_cases_catch_each_mutant_of_the_real_code(world, m):
+    with mutated(m):
+        cases = certify.reference_cases(world, POWER_SAMPLES, names=(CAUGHT_BY.get(m.name, "point-mass siblings"),))
+    p = min(c.min_p for c in cases)
+    assert p <= certify.POWER_ALPHA, f"{m.name} went undetected (p = {p:.2e}): {m.why}"
 
 
-def test_the_power_case_passes_with_the_verifier():
-    """The control of the power cases: the same case with the verifier's own rule passes."""
-    target, drafter = certify.power_world()
-    right = certify.distribution_case(target, drafter, certify.POWER_SHAPE, "plain", 200, length=2)
-    assert right.p_value >= certify.ALPHA
+def test_the_reference_cases_pass_unmutated(world):
+    """The control of the power section: the same cases with the real code pass, and they reject."""
+    cases = certify.reference_cases(world, POWER_SAMPLES)
+    assert all(c.problem is None and c.min_p >= certify.ALPHA for c in cases), [(c.label, c.min_p) for c in cases]
+    assert all(c.rejections > c.steps / 5 for c in cases), [(c.label, c.rejections, c.steps) for c in cases]
 
 
 def test_same_seed_reproduces_and_other_seeds_differ(tiny_llama64):

@@ -16,6 +16,8 @@ distributed as the node's target distribution, and walking down the accepted chi
 When a node has no children left, the *bonus* token is drawn from its full target distribution.
 
 Knows nothing about models or caches: it is given target logits for the root and every node.
+`specdec.measure.mutants` edits lines of this module's source (the certificate's wrong rules): a
+changed line there makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def verify(
         raise NotImplementedError(f"verify supports batch size 1 only, got {target_logits.shape[0]}")
     if target_logits.shape[1] != draft.num_nodes + 1:
         raise ValueError(f"target_logits has {target_logits.shape[1]} rows, expected N + 1 = {draft.num_nodes + 1}")
+    if draft.draft_probs is not None and draft.draft_probs.shape[-1] != target_logits.shape[-1]:
+        raise ValueError(f"draft_probs cover {draft.draft_probs.shape[-1]} tokens, the target's vocabulary has "
+                         f"{target_logits.shape[-1]}: a drafter records [B, N, V] over the target's vocabulary")
     if sampling.greedy:
         return accept_greedy(draft, target_logits[0].argmax(-1))
     return accept_sampling(draft, target_probs_from_logits(target_logits[0], sampling), generator)
