@@ -14,7 +14,7 @@ Owns the certificate that the test suite and the command line share:
   unmutated (the control) and under every mutant of `specdec.measure.mutants` (each one edit of the
   real acceptance code or draft sampler). A certificate passes only if every case of the drafter and
   the control pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA);
-- `certify`, `self_test` and `main`: a readable certificate with one JSON line last, or with
+- `certify` and `main`: a readable certificate with one JSON line last, or with
   `--self-test` the power section alone as one JSON line.
 Knows nothing about any particular drafter: it builds them by name through the registry, with the
 factory's `test_options` under the user's `--options`.
@@ -191,6 +191,8 @@ class Power:
     mutants: dict[str, list[CaseResult]]
     errors: dict[str, str] = field(default_factory=dict)
     """mutant -> why it could not be applied (the certificate fails)."""
+    seconds: float = 0.0
+    """CPU seconds (process time) of the control and all mutants."""
 
     @property
     def control_p(self) -> float:
@@ -210,6 +212,7 @@ class Power:
 
 def power(world: World, n: int = POWER_N) -> Power:
     """Run the reference cases unmutated, then under each mutant of the real code."""
+    start = time.process_time()
     result = Power(reference_cases(world, n), {})
     for m in MUTANTS:
         try:
@@ -217,6 +220,7 @@ def power(world: World, n: int = POWER_N) -> Power:
                 result.mutants[m.name] = reference_cases(world, n)
         except MutantDoesNotApply as err:
             result.errors[m.name] = str(err)
+    result.seconds = time.process_time() - start
     return result
 
 
@@ -286,9 +290,11 @@ def _case_table(cases: Sequence[CaseResult]) -> list[str]:
 
 def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: dict | None = None,
             n: int = 250, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
-            power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None, coverage: bool = True) -> Certificate:
+            power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None, coverage: bool = True,
+            power_result: Power | None = None) -> Certificate:
     """Run the greedy identity, the drafter's distribution cases and the power section for `name`
-    (power_n = 0 skips the power section; such a certificate cannot pass)."""
+    (power_n = 0 skips the power section; such a certificate cannot pass). The power section does
+    not depend on the drafter: `power_result` reuses one already run (its CPU time is counted)."""
     start = time.process_time()
     world = tiny_world()
     cert = Certificate(name, dict(options or {}))
@@ -297,16 +303,9 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
                                                 for t in world.greedy_targets)), None)
     drafter = build_drafter(name, world.target, options)
     cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage)
-    cert.power = power(world, power_n) if power_n else None
-    cert.seconds = time.process_time() - start
+    cert.power = power_result or (power(world, power_n) if power_n else None)
+    cert.seconds = time.process_time() - start + (power_result.seconds if power_result else 0.0)
     return cert
-
-
-def self_test(n: int = POWER_N) -> tuple[Power, float]:
-    """The power section alone: (its result, CPU seconds)."""
-    start = time.process_time()
-    result = power(tiny_world(), n)
-    return result, time.process_time() - start
 
 
 def split_shapes(text: str) -> list[str]:
@@ -330,10 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.self_test:
-        result, seconds = self_test(args.power_n or POWER_N)
-        for name, why in result.errors.items():
+        result = power(tiny_world(), args.power_n or POWER_N)
+        for why in result.errors.values():
             print(f"certify: {why}", file=sys.stderr)
-        print(json.dumps({**result.json(), "cpu_seconds": round(seconds, 1)}))
+        print(json.dumps({**result.json(), "cpu_seconds": round(result.seconds, 1)}))
         return 0 if result.passed else 1
     try:
         if args.drafter is None:

@@ -255,3 +255,14 @@ def test_enumerated_drafts_are_a_distribution():
         total = sum(w for *_, w in drafts(world, (0,), parents, mode, [0, 1, 2]))
         assert abs(total - 1.0) < 1e-12
 
+
+
+def test_verify_names_what_is_wrong_with_its_input():
+    draft = Draft(torch.tensor([[1]]), torch.tensor([-1]), torch.full((1, 1, 3), 1 / 3))
+    sampling, generator = SamplingConfig(temperature=1.0), torch.Generator()
+    with pytest.raises(NotImplementedError, match=r"^verify supports batch size 1 only, got 2$"):
+        acceptance.verify(draft, torch.zeros(2, 2, 3), sampling, generator)
+    with pytest.raises(ValueError, match=r"^target_logits has 3 rows, expected N \+ 1 = 2$"):
+        acceptance.verify(draft, torch.zeros(1, 3, 3), sampling, generator)
+    with pytest.raises(ValueError, match=r"^draft_probs cover 3 tokens, the target's vocabulary has 4"):
+        acceptance.verify(draft, torch.zeros(1, 2, 4), sampling, generator)
