@@ -22,6 +22,11 @@ chosen columns back to token ids (`SubVocab`); no full-vocabulary tensor is buil
 about verification; the target's lm_head and embedding are shared, never copied or trained (the rows
 a draft scores are copied only when the head runs in another dtype than the target).
 
+Speculators EAGLE-3 heads (`Eagle3Head`, specdec/drafters/speculators_format.py; `head=DIR`) run in the
+same loop: they read only the aux layers of the target's features, feed their own residual stream to
+deeper nodes, and score with their own lm_head over their d2t draft vocabulary, so the target's
+lm_head and softcap are not used for them.
+
 Head dtype: `head_dtype="auto"` (the default) runs the head in the dtype `python -m specdec.tune`
 stored for this machine x target x kernel x head geometry (`measure_head_dtypes` times both), else
 in the target's dtype; a depth reads its weights from memory after every target forward, so
@@ -42,6 +47,7 @@ from specdec.target.cache import KVCache
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.registry import register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
+from specdec.drafters.speculators_format import Eagle3Head, is_speculators_dir, load_speculators
 from specdec.drafters.common import BlockSlots
 from specdec.target.loading import parse_dtype
 from specdec.target.model import Target, tree_attention
@@ -54,7 +60,7 @@ HEADS_DIR = Path(__file__).parent / "heads"
 class EagleDrafter:
     """Drafts with an EAGLE head over `target`'s features (see the module docstring)."""
 
-    def __init__(self, head: EagleHead, *, target: Target, draft_vocab: int | None = None,
+    def __init__(self, head: EagleHead | Eagle3Head, *, target: Target, draft_vocab: int | None = None,
                  refresh: bool = True, head_dtype: torch.dtype | None = None, name: str = "eagle") -> None:
         head.config.check_target(target)
         self.name = name
@@ -65,15 +71,19 @@ class EagleDrafter:
         self.head = copy.deepcopy(head).to(device=target.device, dtype=head_dtype or target.dtype).eval()
         if target.kernel != "torch":
             kernels.apply_kernel(self.head, target.kernel)
-        self.embed = target.base.get_input_embeddings()
+        self.embed = self.head.embedding(target)
         self.lm_weight = target.lm_head.weight  # [V, H]
-        self.softcap = target.softcap
+        self.softcap = None if head.scores_own_vocabulary else target.softcap
         self.hidden_size = target.hidden_size
         self.aux_layers = head.config.aux_layers
         if self.aux_layers:
             target.capture_layers(self.aux_layers)
         self.vocab = None  # [N] target ids scored by the draft, None = all
         self.sub_vocab: SubVocab | None = None  # the same, as the growers take it
+        if head.scores_own_vocabulary:  # a speculators EAGLE-3 head: its lm_head, its d2t map
+            self._own_vocabulary(head, target, draft_vocab)
+            self.reset()
+            return
         if draft_vocab is not None:
             stored = int(head.draft_vocab.numel())
             if not isinstance(draft_vocab, int) or draft_vocab < 1:
@@ -93,9 +103,21 @@ class EagleDrafter:
                 self.lm_weight = self.lm_weight.detach().to(head_dtype)
             else:
                 self.vocab_weight = self.vocab_weight.to(head_dtype)
-        weight = self.lm_weight if self.vocab is None else self.vocab_weight
-        self.scorer = kernels.linear_over(weight, target.kernel)  # None: W @ x^T below
+        self.score_weight = self.lm_weight if self.vocab is None else self.vocab_weight  # [N, H]
+        self.scorer = kernels.linear_over(self.score_weight, target.kernel)  # None: W @ x^T below
         self.reset()
+
+    def _own_vocabulary(self, head: Eagle3Head, target: Target, draft_vocab: int | None) -> None:
+        """Score with the head's own lm_head copy over its draft columns (target ids `head.draft_vocab`)."""
+        size = int(head.draft_vocab.numel())
+        if draft_vocab is not None and draft_vocab != size:
+            raise ValueError(f"this EAGLE-3 head scores its own draft vocabulary of {size} tokens (its d2t map); "
+                             f"draft_vocab must be None or {size}, got {draft_vocab!r}")
+        if not torch.equal(head.draft_vocab, torch.arange(target.vocab_size)):
+            self.vocab = head.draft_vocab.to(target.device)
+            self.sub_vocab = SubVocab(self.vocab, target.vocab_size)
+        self.score_weight = self.head.lm_head.weight.detach()  # [N, H] in the head's dtype
+        self.scorer = kernels.linear_over(self.score_weight, target.kernel)
 
     def reset(self) -> None:
         self.cache = KVCache()
@@ -109,7 +131,8 @@ class EagleDrafter:
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [B, n, N] (float32) of predicted features [B, n, H] over the draft vocabulary
         (column j = token `self.vocab[j]`; N = V without a draft vocabulary)."""
-        weight = self.lm_weight if self.vocab is None else self.vocab_weight  # [N, H]
+        weight = self.score_weight  # [N, H]
+        features = self.head.logit_features(features)
         flat = features.reshape(-1, features.shape[-1]).to(weight.dtype)  # [B*n, H]
         rows = self.scorer(flat) if self.scorer is not None else (weight @ flat.T).T  # W @ x^T: see Target.logits
         logits = rows.reshape(*features.shape[:-1], -1)
@@ -196,8 +219,10 @@ HEAD_DTYPES = (torch.float32, torch.bfloat16)
 """What `head_dtype="auto"` chooses among for a float32 target on a CPU (`specdec.tune` measures them)."""
 
 
-def head_geometry(target: Target, head: EagleHead, draft_vocab: int | None) -> str:
+def head_geometry(target: Target, head: EagleHead | Eagle3Head, draft_vocab: int | None) -> str:
     """The key of a head-dtype choice in the target's tune record: what changes its timing."""
+    if head.scores_own_vocabulary:
+        return f"{target.kernel}-h{target.hidden_size}-v{head.draft_vocab.numel()}-e3l{len(head.layers)}"
     return f"{target.kernel}-h{target.hidden_size}-v{draft_vocab or target.vocab_size}-a{len(head.config.aux_layers)}"
 
 
@@ -244,14 +269,16 @@ loss of acceptance (`scripts/bench_eagle.py` measures both)."""
 
 
 @register("eagle")
-def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
+def build_eagle(*, target: Target, head: str | Path | EagleHead | Eagle3Head | None = None,
                 draft_vocab: int | str | None = "auto",
                 refresh: bool = True, head_dtype: str | torch.dtype | None = "auto") -> EagleDrafter:
     """EAGLE drafter. head: None = the head shipped for this target, a path to a `.safetensors`
-    head (with its `.json`), 'random' = untrained, or an EagleHead. draft_vocab: score only the N
-    most frequent training tokens (None = full vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head
-    ranks that many). refresh: see the module docstring. head_dtype: the dtype the head and the
-    lm_head rows it scores run in: "auto" (the one `python -m specdec.tune` stored for this machine,
+    head (with its `.json`), a speculators EAGLE-3 checkpoint directory (config.json with
+    speculators_model_type 'eagle3': specdec/drafters/speculators_format.py), 'random' = untrained, or
+    an EagleHead / Eagle3Head. draft_vocab: score only the N most frequent training tokens (None = full
+    vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head ranks that many); an EAGLE-3 head always
+    scores its own draft vocabulary (None, "auto" or its size). refresh: see the module docstring.
+    head_dtype: the dtype the head and the lm_head rows it scores run in: "auto" (the one `python -m specdec.tune` stored for this machine,
     else the target's: `choose_head_dtype`; `drafter.head_dtype_tuned` says which), None = the target's, or a
     dtype ('bfloat16' halves the bytes a draft depth reads). Drafts only: exactness does not depend on it."""
     auto_dtype = isinstance(head_dtype, str) and head_dtype == "auto"
@@ -261,10 +288,13 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | None = None,
     elif isinstance(head, str) and head == "random":
         head = random_head(target)
     elif isinstance(head, (str, Path)):
-        head = EagleHead.load(head)
-    elif not isinstance(head, EagleHead):
-        raise TypeError(f"head must be None, a path, 'random' or an EagleHead, got {type(head).__name__}")
-    if draft_vocab == "auto":
+        head = load_speculators(head) if is_speculators_dir(head) else EagleHead.load(head)
+    elif not isinstance(head, (EagleHead, Eagle3Head)):
+        raise TypeError(f"head must be None, a path, 'random', an EagleHead or an Eagle3Head, "
+                        f"got {type(head).__name__}")
+    if draft_vocab == "auto" and head.scores_own_vocabulary:
+        draft_vocab = None
+    elif draft_vocab == "auto":
         draft_vocab = DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= DEFAULT_DRAFT_VOCAB else None
     tuned = None
     if auto_dtype:

@@ -104,15 +104,7 @@ class HeadConfig:
 
     def check_target(self, target) -> None:
         """Raise ValueError naming every mismatch between this head and `target`."""
-        problems = []
-        if self.hidden_size != target.hidden_size:
-            problems.append(f"hidden size {self.hidden_size} (target has {target.hidden_size})")
-        if self.vocab_size != target.vocab_size:
-            problems.append(f"vocabulary {self.vocab_size} (target has {target.vocab_size})")
-        layers = target.model.config.get_text_config().num_hidden_layers
-        if any(not 0 <= k < layers for k in self.aux_layers):
-            problems.append(f"aux_layers {list(self.aux_layers)} (hidden-state indices 0..{layers - 1} exist "
-                            f"before the final one, which is always read)")
+        problems = fit_problems(target, self.hidden_size, self.vocab_size, self.aux_layers)
         if problems:
             raise ValueError(
                 f"EAGLE head trained for {self.target_name!r} does not fit target {target.name!r}: "
@@ -144,6 +136,20 @@ class HeadConfig:
         return config
 
 
+def fit_problems(target, hidden_size: int, vocab_size: int, aux_layers: tuple[int, ...]) -> list[str]:
+    """Why a head of this width, vocabulary and aux layers cannot read `target`'s features ([] = it can)."""
+    problems = []
+    if hidden_size != target.hidden_size:
+        problems.append(f"hidden size {hidden_size} (target has {target.hidden_size})")
+    if vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {vocab_size} (target has {target.vocab_size})")
+    layers = target.model.config.get_text_config().num_hidden_layers
+    if any(not 0 <= k < layers for k in aux_layers):
+        problems.append(f"aux_layers {list(aux_layers)} (hidden-state indices 0..{layers - 1} exist "
+                        f"before the final one, which is always read)")
+    return problems
+
+
 class EagleHead(nn.Module):
     """fc(2H -> H) (+ fc_aux(kH -> H) over k normed aux layers) + one Llama decoder layer + RMS norm.
     Holds no embedding and no lm_head."""
@@ -163,6 +169,17 @@ class EagleHead(nn.Module):
         self.rotary = LlamaRotaryEmbedding(llama)
         vocab = torch.empty(0, dtype=torch.long) if draft_vocab is None else draft_vocab.long()
         self.register_buffer("draft_vocab", vocab, persistent=False)  # [N] target ids, most frequent first
+
+    scores_own_vocabulary = False
+    """The drafter scores this head's features with the target's lm_head rows (its `draft_vocab` ranks them)."""
+
+    def embedding(self, target) -> nn.Module:
+        """The token embedding pairs read: the target's (shared, never trained)."""
+        return target.base.get_input_embeddings()
+
+    def logit_features(self, features: torch.Tensor) -> torch.Tensor:
+        """What the lm_head scores for a `forward` output: the predicted feature itself."""
+        return features
 
     def forward(
         self,
