@@ -339,4 +339,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from experiments.launchers import LauncherError, check_launcher
+
+    try:
+        check_launcher(sys.argv[1:])  # a missing plugin or an absent Ray cluster, said before Hydra starts
+    except LauncherError as err:
+        print(f"experiments.run: error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()
