@@ -1,8 +1,9 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
 Owns the measuring protocol. For every question and turn, four runs decode the same prompt with the
-same seed and the same `max_new_tokens`, back to back in this process, their order rotating from
-prompt to prompt so that drift hits each alike:
+same seed and the same `max_new_tokens`, back to back in this process, their order changing from
+prompt to prompt (`ORDERS`, balanced for position and for which run precedes which) so that drift and
+carry-over hit each alike:
 - *drafted*: `specdec.generate(target, drafter, ...)` on the cell's kernel;
 - *plain*: `specdec.generate(target, None, ...)`, the same kernel;
 - *reference*: the plain loop on the unquantized (fp32) target;
@@ -39,6 +40,12 @@ from specdec.target.forwards import CACHES
 from experiments.questions import Question
 
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
+ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+"""The four runs' orders, prompt by prompt (indices into RUNS): a Williams square, so every run is in
+every position once and follows every other run once per four prompts. A plain rotation always ran
+the kernel's plain run right after its drafted run and the fp32 drafted run right after the fp32
+plain run: any carry-over from one run to the next then biased the interaction, and an A/A control
+read 0.90 [0.85, 0.96]."""
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
 """(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
 the cells of a process (the drafter is kept so its id cannot be reused by another)."""
@@ -105,6 +112,15 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
             "tf_accepted_by_depth": counts.accepted}
 
 
+def run_order(runs: tuple[str, ...], k: int) -> list[str]:
+    """The order of `runs` for the k-th prompt: a Williams square row for the four paired runs
+    (`ORDERS`), alternating for two runs (a reference cell)."""
+    if len(runs) == len(RUNS):
+        return [runs[i] for i in ORDERS[k % len(ORDERS)]]
+    shift = k % len(runs)
+    return list(runs[shift:] + runs[:shift])
+
+
 def run_cell(
     target: specdec.Target,
     drafter: specdec.drafters.Drafter,
@@ -151,8 +167,7 @@ def run_cell(
         history: list[dict[str, str]] = []
         for turn, text in enumerate(question.turns):
             prompt = text if turn == 0 else [*history, {"role": "user", "content": text}]
-            shift = (index + turn) % len(runs)  # rotate which run goes first
-            order = runs[shift:] + runs[:shift]
+            order = run_order(runs, index + turn)
             outputs = {run: decode(run, prompt, seed) for run in order}
             outputs.setdefault("reference", outputs["plain"])
             outputs.setdefault("reference_drafted", outputs["drafted"])

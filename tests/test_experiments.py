@@ -362,3 +362,20 @@ def test_incompatible_store_is_refused_untouched(composer, tmp_path):
     with pytest.raises(StoreError, match="not a specdec results store"):
         ResultsStore(stranger)
     assert sorted(os.listdir(stranger)) == ["notes.txt"]
+
+
+def test_paired_run_orders_balance_position_and_carry_over():
+    """Over four prompts every run takes every position once and follows every other run once, so a
+    carry-over from one run to the next cannot bias the interaction (a plain rotation always ran the
+    kernel's plain right after its drafted run, and the fp32 drafted right after the fp32 plain)."""
+    from collections import Counter
+
+    from experiments.cell import RUNS, run_order
+
+    orders = [run_order(RUNS, k) for k in range(4)]
+    assert all(sorted(o) == sorted(RUNS) for o in orders)
+    assert Counter((run, i) for o in orders for i, run in enumerate(o)) == Counter(
+        {(run, i): 1 for run in RUNS for i in range(4)})
+    follows = Counter(pair for o in orders for pair in zip(o, o[1:]))
+    assert sorted(follows) == sorted((a, b) for a in RUNS for b in RUNS if a != b) and set(follows.values()) == {1}
+    assert run_order(RUNS[:2], 0) == ["drafted", "plain"] and run_order(RUNS[:2], 1) == ["plain", "drafted"]
