@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.core import acceptance
+from specdec.core.acceptance import acceptance_probability
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Draft
 from specdec.core.sampling import SamplingConfig
@@ -261,8 +262,13 @@ def test_verify_names_what_is_wrong_with_its_input():
     draft = Draft(torch.tensor([[1]]), torch.tensor([-1]), torch.full((1, 1, 3), 1 / 3))
     sampling, generator = SamplingConfig(temperature=1.0), torch.Generator()
     with pytest.raises(NotImplementedError, match=r"^verify supports batch size 1 only, got 2$"):
-        acceptance.verify(draft, torch.zeros(2, 2, 3), sampling, generator)
+        acceptance.verify(draft, torch.zeros(2, 3, 4), sampling, generator)
     with pytest.raises(ValueError, match=r"^target_logits has 3 rows, expected N \+ 1 = 2$"):
-        acceptance.verify(draft, torch.zeros(1, 3, 3), sampling, generator)
+        acceptance.verify(draft, torch.zeros(1, 3, 4), sampling, generator)
     with pytest.raises(ValueError, match=r"^draft_probs cover 3 tokens, the target's vocabulary has 4"):
         acceptance.verify(draft, torch.zeros(1, 2, 4), sampling, generator)
+
+
+def test_acceptance_probability_is_a_probability():
+    assert float(acceptance_probability(torch.tensor(0.8), torch.tensor(0.2))) == 1.0
+    assert float(acceptance_probability(torch.tensor(0.1), torch.tensor(0.4))) == pytest.approx(0.25)
