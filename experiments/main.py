@@ -19,7 +19,6 @@ verdict and, last, its JSON line with the grid's exit status added.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from omegaconf import OmegaConf
 
 from experiments.config import CONF_DIR, RunnerConfig
 from experiments.store import ResultsStore, StoreError
+from specdec.measure import records
 
 GRID_DIR = Path(__file__).parent / "grids"
 GRID_FILE = GRID_DIR / "main.yaml"
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return status or 1
     print(f"\ntables: {Path(results) / 'leaderboard' / 'leaderboard.md'}; report: {report.path}\n")
     print("\n".join(report.verdict))
-    print(json.dumps({**report.summary, "results": str(results), "grid_exit": status}), flush=True)
+    records.emit("main", {**report.summary, "results": str(results), "grid_exit": status})  # + docs/measurements
     return status
 
 
