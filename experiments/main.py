@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return status or 1
     print(f"\ntables: {Path(results) / 'leaderboard' / 'leaderboard.md'}; report: {report.path}\n")
     print("\n".join(report.verdict))
-    records.emit("main", {**report.summary, "results": str(results), "grid_exit": status})  # + docs/measurements
+    threads = int(runs[0][runs[0].index("--threads") + 1]) if "--threads" in runs[0] else "auto"  # the cells'
+    records.emit("main", {**report.summary, "results": str(results), "grid_exit": status}, threads=threads)
     return status
 
 
