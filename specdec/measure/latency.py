@@ -195,10 +195,10 @@ def tuned_latency(target: Target, cache: str = "dynamic") -> LatencyCurve:
     kind = resolve_cache(cache, target)
     prefix = f"{kind}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}
-    stored = sorted((k for k in record.get("curves", {}) if k.startswith(prefix)),
-                    key=lambda k: (len(k.split("_w")[1].split("_")[0].split("-")), k))
+    curves = record.get("curves", {})
+    stored = sorted((k for k in curves if k.startswith(prefix)), key=lambda k: (len(curves[k].get("widths") or ()), k))
     if stored:
-        return LatencyCurve.from_json(record["curves"][stored[-1]], f"tune record curve {stored[-1]}")
+        return LatencyCurve.from_json(curves[stored[-1]], f"tune record curve {stored[-1]}")
     widths = (1, 2, 4, 8, 16, 32, 64, 128)
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
                         machine="not tuned", threads=torch.get_num_threads(), widths=widths, contexts=(0,),
