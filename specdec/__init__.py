@@ -11,7 +11,7 @@ from specdec.quiet import install_log_filters
 install_log_filters()  # before transformers (and through it torchao) is first imported
 
 from specdec.target.loading import load_target, tiny_target  # noqa: E402
-from specdec.core.loop import GenerationOutput, generate  # noqa: E402
+from specdec.core.loop import BatchOutput, GenerationOutput, generate, generate_batch  # noqa: E402
 from specdec.core.metrics import GenerationStats  # noqa: E402
 from specdec.target.model import Target  # noqa: E402
 from specdec.measure.profiles import profile  # noqa: E402
@@ -19,8 +19,8 @@ from specdec.core.sampling import SamplingConfig  # noqa: E402
 from specdec.core.shapes import ChainShape, DynamicShape, TreeShape, parse_shape  # noqa: E402
 
 __all__ = [
-    "ChainShape", "DynamicShape", "GenerationOutput", "GenerationStats", "SamplingConfig", "Target",
-    "TreeShape", "drafters", "generate", "load_target", "parse_shape", "profile", "tiny_target",
+    "BatchOutput", "ChainShape", "DynamicShape", "GenerationOutput", "GenerationStats", "SamplingConfig", "Target",
+    "TreeShape", "drafters", "generate", "generate_batch", "load_target", "parse_shape", "profile", "tiny_target",
 ]
 __version__ = "0.1.0"
 

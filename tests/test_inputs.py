@@ -69,13 +69,6 @@ def test_draft_whose_parents_are_not_a_tree():
         Draft(torch.tensor([[1, 2]]), torch.tensor([-1, 0, 1]))
 
 
-def test_batch_larger_than_one_fails_loudly(tiny_llama64):
-    from specdec.target.cache import KVCache
-
-    with pytest.raises(NotImplementedError, match="batch size 1"):
-        tiny_llama64.forward(torch.tensor([[1, 2], [3, 4]]), KVCache())
-
-
 def test_unknown_drafter_lists_the_registered_ones(tiny_llama64):
     with pytest.raises(KeyError, match="unknown drafter 'nope'; registered drafters: .*ngram"):
         build("nope", target=tiny_llama64)

@@ -123,7 +123,7 @@ class Step:
     token_ids has 13 columns, and the next root is token_ids[:, 12] (not yet run by the target).
     """
 
-    token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root
+    token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root (left-padded: `lengths`)
     num_new: list[int]
     """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the
     whole prompt)."""
@@ -134,10 +134,40 @@ class Step:
     target_hidden: torch.Tensor  # [B, K, H] the target's final hidden state (lm_head input) per kept row
     target_aux: torch.Tensor | None = None  # [B, K, kH] hidden states of `Target.aux_layers` per kept row
     _kv: Callable[[], KVLayers] = field(repr=False, default=list)
+    drafts: list[Draft] | None = None
+    """Batches: each row's own draft (rows draft different trees); None = every row's is `draft`."""
+    lengths: list[int] | None = None
+    """Batches: committed tokens per row; row b is `token_ids[b, L - lengths[b]:]` (left padding).
+    None = every row has L."""
+    kept: list[int] | None = None
+    """Batches: kept rows per row; row b's are the first kept[b] of the K columns of `positions`,
+    `target_hidden` and `target_kv()` (the rest is padding). None = all K."""
 
     @property
     def is_prefill(self) -> bool:
         return not self.acceptances
+
+    @property
+    def batch(self) -> int:
+        return self.token_ids.shape[0]
+
+    def draft_of(self, row: int) -> Draft:
+        """Row `row`'s draft."""
+        return self.draft if self.drafts is None else self.drafts[row]
+
+    def row(self, b: int) -> Step:
+        """Row b of a batched step as a batch-of-one step (views, no copies): what a drafter that
+        drafts each row on its own (`specdec.drafters.common.PerRow`) hands each row's state."""
+        length = self.token_ids.shape[1] if self.lengths is None else self.lengths[b]
+        kept = self.positions.shape[1] if self.kept is None else self.kept[b]
+        kv = self._kv
+        return Step(
+            token_ids=self.token_ids[b:b + 1, self.token_ids.shape[1] - length:], num_new=[self.num_new[b]],
+            draft=self.draft_of(b), acceptances=self.acceptances[b:b + 1], positions=self.positions[b:b + 1, :kept],
+            target_hidden=self.target_hidden[b:b + 1, :kept],
+            target_aux=None if self.target_aux is None else self.target_aux[b:b + 1, :kept],
+            _kv=lambda: [(k[b:b + 1, :, :kept], v[b:b + 1, :, :kept]) for k, v in kv()],
+        )
 
     @property
     def acceptance(self) -> Acceptance:
@@ -150,7 +180,7 @@ class Step:
         """[A] the drafter's node ids (`Draft.node_ids`) of sequence `row`'s accepted path."""
         if self.is_prefill:
             return torch.empty(0, dtype=torch.long)
-        return self.draft.node_ids[torch.tensor(self.acceptances[row].path, dtype=torch.long)]
+        return self.draft_of(row).node_ids[torch.tensor(self.acceptances[row].path, dtype=torch.long)]
 
     def target_kv(self) -> KVLayers:
         """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]:
@@ -161,14 +191,30 @@ class Step:
 
 @dataclass
 class DraftRequest:
-    """What the loop gives a drafter before each step (B = 1 rows in every tensor)."""
+    """What the loop gives a drafter before each step (one row per sequence of the batch)."""
 
     token_ids: torch.Tensor  # [B, L] every committed token: prompt + generated; the last is the root
     shape: Shape
     sampling: SamplingConfig
     generator: torch.Generator
+    """The random stream of row 0 (of the only row at B = 1)."""
     max_depth: int
     """Nodes deeper than this are useless (generation ends first); drafters may stop early."""
+    lengths: list[int] | None = None
+    """Batches: committed tokens per row, left-padded in `token_ids` (None = every row has L)."""
+    generators: list[torch.Generator] | None = None
+    """Batches: each row's random stream (row b draws only from generators[b]); None = [generator]."""
+
+    @property
+    def batch(self) -> int:
+        return self.token_ids.shape[0]
+
+    def row(self, b: int) -> DraftRequest:
+        """Row b as a batch-of-one request (its tokens without padding, its own random stream)."""
+        length = self.token_ids.shape[1] if self.lengths is None else self.lengths[b]
+        generator = self.generator if self.generators is None else self.generators[b]
+        return DraftRequest(self.token_ids[b:b + 1, self.token_ids.shape[1] - length:], self.shape, self.sampling,
+                            generator, self.max_depth)
 
 
 @runtime_checkable
@@ -191,3 +237,20 @@ class Drafter(Protocol):
         """Take in what the target committed (`specdec.core.draft.Step`): drop the state of rejected
         draft nodes (rollback), keep the accepted ones (`step.accepted_node_ids()`), and read the
         target's features or KV for the committed positions if the drafter uses them."""
+
+
+@runtime_checkable
+class BatchDrafter(Drafter, Protocol):
+    """A drafter that serves a batch (`specdec.generate_batch` with more than one prompt): it sets
+    `batchable = True`, drafts every row in `propose_batch` (one `Draft` per row, each [1, N_b];
+    rows may differ in size and shape) and drops finished rows in `select_rows`. Its `commit` takes
+    B-row steps (`Step.row(b)`, `Step.kept`, `Step.lengths`). A row draws randomness only from its own
+    `request.generators[b]`, so its draft never depends on its neighbours."""
+
+    batchable: bool
+
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        """One draft per row of `request` (in `request.shape`, at most `request.max_depth` deep)."""
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only the rows `rows` (ascending indices into the current batch)."""

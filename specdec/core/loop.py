@@ -33,10 +33,10 @@ import torch
 from specdec.core import tree as tree_ops
 from specdec.core.policy import FixedShape, ShapePolicy, shape_policy
 from specdec.target.cache import Cache
-from specdec.core.draft import Draft, Drafter, DraftRequest, Step
+from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
 from specdec.target.forwards import CACHES, resolve_cache, verification_width
-from specdec.core.metrics import GenerationStats, StepRecord
-from specdec.target.model import Target
+from specdec.core.metrics import BatchStats, GenerationStats, StepRecord
+from specdec.target.model import ForwardOut, Target
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import ShapeSpec, parse_shape
 from specdec.core.acceptance import verify
@@ -73,6 +73,38 @@ def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
     )
 
 
+def prefill_rows(target: Target, cache: Cache, rows: Sequence[Sequence[int]]) -> Step:
+    """`prefill` for a batch: every row's tokens but its last, right-padded to the longest (the
+    padding slots become holes), in one forward; the B-row prefill `Step`."""
+    counts = [len(r) - 1 for r in rows]
+    width = max(counts)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, : counts[b]] = torch.tensor(list(r[:-1]), dtype=torch.long)
+    if width:
+        valid = None if len(set(counts)) == 1 else torch.arange(width) < torch.tensor(counts)[:, None]
+        out = target.forward(tokens, cache, valid=valid, logits_rows=slice(-1, None))
+        hidden, aux = out.hidden, out.aux
+    else:
+        hidden = torch.empty(len(rows), 0, target.hidden_size, dtype=target.dtype, device=target.device)
+        aux = hidden.new_empty(len(rows), 0, target.hidden_size * len(target.aux_layers)) if target.aux_layers else None
+    token_ids, lengths = _left_padded(rows)
+    return Step(
+        token_ids=token_ids, num_new=[len(r) for r in rows], draft=Draft.empty(len(rows)), acceptances=[],
+        positions=torch.arange(width).expand(len(rows), width), target_hidden=hidden, target_aux=aux,
+        _kv=lambda: cache.tail(width), lengths=lengths, kept=counts,
+    )
+
+
+def _left_padded(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int] | None]:
+    """Rows of token ids as one left-padded [B, L] tensor, and their lengths (None when all equal)."""
+    lengths = [len(r) for r in rows]
+    out = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for b, r in enumerate(rows):
+        out[b, out.shape[1] - len(r):] = torch.tensor(list(r), dtype=torch.long)
+    return out, None if len(set(lengths)) == 1 else lengths
+
+
 def generate(
     target: Target,
     drafter: Drafter | None,
@@ -100,118 +132,301 @@ def generate(
     `cache` is `auto` or a key of `CACHES`; `cache_capacity` sizes a preallocated cache (default:
     just enough); `buckets` are the verification widths of `cache="graphs"` (default
     `specdec.target.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
+    It is `generate_batch` with one prompt.
     """
+    return generate_batch(target, drafter, [prompt], shape=shape, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
+                          stop_on_eos=stop_on_eos, cache=cache, cache_capacity=cache_capacity, buckets=buckets)[0]
+
+
+class BatchOutput(list):
+    """`generate_batch`'s result: one `GenerationOutput` per prompt, in order, plus `stats`."""
+
+    stats: BatchStats
+
+
+def generate_batch(
+    target: Target,
+    drafter: Drafter | None,
+    prompts: Sequence[str | Sequence[int] | Sequence[dict]],
+    *,
+    shape: str | ShapeSpec | ShapePolicy = "chain(4)",
+    max_new_tokens: int | Sequence[int] = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool = True,
+    stop_on_eos: bool = True,
+    cache: str = "auto",
+    cache_capacity: int | None = None,
+    buckets: Sequence[int] | None = None,
+) -> BatchOutput:
+    """`generate` for several prompts at once, through the same four phases: every step drafts each
+    row (`BatchDrafter.propose_batch`), verifies all rows in one padded forward, accepts per row and
+    commits per row (`Cache.keep_rows`). Rows accept different numbers of tokens, prompts may differ
+    in length (right-padded prefill; shorter rows get holes, `specdec.target.cache`), and a row that
+    finishes (EOS, its `max_new_tokens`) leaves the batch (`select_rows`) so it costs nothing after.
+
+    Row b draws randomness only from its own generator, seeded `seed + b`: its output equals
+    `generate(..., seed=seed + b)` on its prompt alone in law (and token for token at T = 0).
+    `max_new_tokens` is one number or one per prompt. A drafter must be batchable for more than one
+    prompt (`specdec.core.draft.BatchDrafter`); `shape="auto"` and `cache="graphs"` run one prompt.
+    """
+    prompts = list(prompts) if not isinstance(prompts, (str, torch.Tensor)) else [prompts]
+    if not prompts:
+        raise ValueError("generate_batch got no prompts: give a list of at least one prompt")
+    batched = len(prompts) > 1
+    if batched and drafter is not None and not getattr(drafter, "batchable", False):
+        raise ValueError(f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} cannot draft a batch "
+                         f"({len(prompts)} prompts): run its prompts one at a time with generate()")
+    limits = _row_limits(max_new_tokens, len(prompts))
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    prompt_ids = target.encode_prompt(prompt, chat=chat)
-    policy, kind, needed, buckets = _plan(target, drafter, shape, len(prompt_ids), max_new_tokens, cache,
-                                          cache_capacity, buckets)
+    rows = [target.encode_prompt(p, chat=chat) for p in prompts]
+    policy, kind, needed, buckets = _plan(target, drafter, shape, rows, limits, cache, cache_capacity, buckets)
     hear = drafter.commit if drafter is not None else _no_commit
     eos = target.eos_token_ids if stop_on_eos else set()
-    generator = torch.Generator(device=target.device).manual_seed(seed)
+    generators = [torch.Generator(device=target.device).manual_seed(seed + b) for b in range(len(rows))]
     sync = torch.cuda.synchronize if target.device.type == "cuda" else _no_sync
-    stats = GenerationStats()
+    stats = [GenerationStats() for _ in rows]
+    batch_stats = BatchStats(rows=len(rows))
     start = time.perf_counter()
 
     # Prefill every prompt token but the last, which becomes the root of the first step.
     cache, forward = CACHES[kind](target, cache_capacity or needed, buckets)
-    committed = list(prompt_ids)
     if drafter is not None:
         drafter.reset()
-    first = prefill(target, cache, committed)
+    first = prefill_rows(target, cache, rows) if batched else prefill(target, cache, rows[0])
     hear(first)
-    token_ids = first.token_ids  # [B, L] the committed tokens, rebuilt once per step at commit
-    stats.prefill_time_s = time.perf_counter() - start
+    committed = [list(r) for r in rows]
+    token_ids, lengths = first.token_ids, first.lengths  # [B, L] committed tokens, rebuilt once per step
+    active = list(range(len(rows)))  # the prompt index of each batch row
+    outputs: list[GenerationOutput | None] = [None] * len(rows)
+    batch_stats.prefill_time_s = time.perf_counter() - start
+    for s in stats:
+        s.prefill_time_s = batch_stats.prefill_time_s
 
-    while len(committed) - len(prompt_ids) < max_new_tokens:
-        remaining = max_new_tokens - (len(committed) - len(prompt_ids))
+    while active:
+        remaining = [limits[i] - (len(committed[i]) - len(rows[i])) for i in active]
         # 1. Draft (the policy's shape; none, or nodes deeper than remaining - 1, are useless).
         t0 = time.perf_counter()
-        step_shape = policy.choose(len(committed)) if remaining > 1 else None
+        context = max(len(committed[i]) for i in active)
+        step_shape = policy.choose(context) if max(remaining) > 1 else None
         tc = time.perf_counter()
-        draft = Draft.empty()
+        drafts = [Draft.empty()] * len(active)
         if step_shape is not None:
-            draft = drafter.propose(DraftRequest(token_ids=token_ids, shape=step_shape, sampling=sampling,
-                                                 generator=generator, max_depth=remaining - 1))
-        if draft.depth > remaining - 1:
-            draft = draft.subtree(tree_ops.prune_to_depth(draft.parents, remaining - 1))
+            request = DraftRequest(token_ids=token_ids, shape=step_shape, sampling=sampling,
+                                   generator=generators[active[0]], max_depth=max(remaining) - 1, lengths=lengths,
+                                   generators=[generators[i] for i in active] if batched else None)
+            drafts = drafter.propose_batch(request) if batched else [drafter.propose(request)]
+            if len(drafts) != len(active):
+                raise ValueError(f"drafter {drafter.name!r} returned {len(drafts)} drafts for {len(active)} rows")
+        drafts = [d if d.depth <= r - 1 else d.subtree(tree_ops.prune_to_depth(d.parents, r - 1))
+                  for d, r in zip(drafts, remaining)]
         sync()
-        proposed, tp = draft.num_nodes, time.perf_counter()
-        draft = policy.trim(draft, len(committed))  # the part worth verifying (auto), else all of it
+        proposed, tp = [d.num_nodes for d in drafts], time.perf_counter()
+        drafts = [policy.trim(d, len(committed[i])) for d, i in zip(drafts, active)]  # auto: the part worth it
 
-        # 2. Verify: one tree forward of [root, draft nodes] (root = block index 0).
+        # 2. Verify: one tree forward of [root, draft nodes] per row (root = block index 0).
         t1 = time.perf_counter()
-        past = cache.next_position
-        tokens = torch.cat([draft.tokens.new_tensor([[committed[-1]]]), draft.tokens], 1)  # [B, 1 + N]
-        parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # draft roots hang off block 0
-        out = forward(tokens, cache, parents)
+        begin, past = cache.length, (cache.next_position if not batched else None)
+        tokens, parents, valid = _verify_block(drafts, [committed[i][-1] for i in active])
+        out = forward(tokens, cache, parents) if valid is None else forward(tokens, cache, parents, valid=valid)
         sync()
         t2 = time.perf_counter()
 
-        # 3. Accept.
-        acceptance = verify(draft, out.logits, sampling, generator)
+        # 3. Accept, per row on its own logits and its own random stream.
+        acceptances = [verify(d, out.logits[b:b + 1, : d.num_nodes + 1], sampling, generators[i])
+                       for b, (d, i) in enumerate(zip(drafts, active))]
 
-        # 4. Commit: keep the root and the accepted path in the cache, append the new tokens, and
+        # 4. Commit: keep each row's root and accepted path in the cache, append the new tokens, and
         #    tell the drafter (its rollback and whatever target state it reads).
-        kept = [0] + [i + 1 for i in acceptance.path]
-        cache.keep(past, kept)
-        draft_tokens = draft.tokens[0].tolist()
-        new = [draft_tokens[i] for i in acceptance.path] + [acceptance.next_token]
-        committed.extend(new)
-        token_ids = torch.tensor([committed], dtype=torch.long)
+        kept = [[0] + [j + 1 for j in a.path] for a in acceptances]
+        if batched:
+            starts = cache.next_positions  # before the keep: each row's block position
+            cache.keep_rows(begin, kept)
+        else:
+            cache.keep(past, kept[0])
+        news = []
+        for d, a, i in zip(drafts, acceptances, active):
+            draft_tokens = d.tokens[0].tolist()
+            news.append([draft_tokens[j] for j in a.path] + [a.next_token])
+            committed[i].extend(news[-1])
+        token_ids, lengths = _left_padded([committed[i] for i in active])
         t3 = time.perf_counter()
-        hear(Step(
-            token_ids=token_ids, num_new=[len(new)], draft=draft,
-            acceptances=[acceptance], positions=torch.arange(past, past + len(kept))[None],
-            target_hidden=out.hidden[:, kept], target_aux=None if out.aux is None else out.aux[:, kept],
-            _kv=lambda n=len(kept): cache.tail(n),
-        ))
+        hear(_commit_step(drafts, acceptances, kept, news, out, token_ids, lengths, cache,
+                          starts if batched else past, batched))
         sync()
         t4 = time.perf_counter()
-        record = StepRecord(
-            drafted=draft.num_nodes, draft_depth=draft.depth, accepted=acceptance.num_accepted,
-            bonus=acceptance.bonus, draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
-            shape="" if step_shape is None else str(step_shape), proposed=proposed, commit_time_s=t4 - t3,
+        for b, (d, a, i) in enumerate(zip(drafts, acceptances, active)):
+            record = StepRecord(
+                drafted=d.num_nodes, draft_depth=d.depth, accepted=a.num_accepted, bonus=a.bonus,
+                draft_time_s=(tp - tc) + (t4 - t3), target_time_s=t2 - t1, other_time_s=0.0,
+                shape="" if step_shape is None else str(step_shape), proposed=proposed[b], commit_time_s=t4 - t3,
+            )
+            record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
+            t5 = time.perf_counter()
+            policy.observe(d, a, record, len(committed[i]))
+            record.other_time_s += time.perf_counter() - t5
+            stats[i].steps.append(record)
+        batch_stats.add_step(t2 - t1, (tp - tc) + (t4 - t3), time.perf_counter() - t0)
+
+        # Rows that are done (EOS, or their max_new_tokens) leave the batch.
+        done = [b for b, i in enumerate(active)
+                if (eos and eos.intersection(news[b])) or len(committed[i]) - len(rows[i]) >= limits[i]]
+        for b in done:
+            i = active[b]
+            new_ids = _cut_at_eos(committed[i][len(rows[i]):][: limits[i]], eos)
+            stats[i].new_tokens = len(new_ids)
+            stats[i].wall_time_s = time.perf_counter() - start
+            outputs[i] = GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=rows[i],
+                                          stats=stats[i])
+        if done and len(done) < len(active):
+            keep = [b for b in range(len(active)) if b not in done]
+            cache.select_rows(keep)
+            drafter is not None and drafter.select_rows(keep)
+            active = [active[b] for b in keep]
+            token_ids, lengths = _left_padded([committed[i] for i in active])
+        elif done:
+            active = []
+
+    result = BatchOutput(outputs)
+    batch_stats.wall_time_s = time.perf_counter() - start
+    batch_stats.new_tokens = sum(o.stats.new_tokens for o in result)
+    batch_stats.row_mal = [o.stats.mean_acceptance_length for o in result]
+    result.stats = batch_stats
+    return result
+
+
+def _verify_block(drafts: list[Draft], roots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's
+    root (block index 0) then its draft nodes, padded to the widest row (padding: children of the
+    block's start, never anyone's ancestor, marked invalid)."""
+    if len(drafts) == 1:
+        d = drafts[0]
+        tokens = torch.cat([d.tokens.new_tensor([[roots[0]]]), d.tokens], 1)  # [1, 1 + N]
+        return tokens, torch.cat([torch.tensor([-1]), d.parents + 1]), None  # draft roots hang off block 0
+    width = 1 + max(d.num_nodes for d in drafts)
+    tokens = torch.zeros(len(drafts), width, dtype=torch.long)
+    parents = torch.full((len(drafts), width), -1, dtype=torch.long)
+    for b, (d, root) in enumerate(zip(drafts, roots)):
+        tokens[b, 0], tokens[b, 1: d.num_nodes + 1] = root, d.tokens[0].cpu()
+        parents[b, 1: d.num_nodes + 1] = d.parents + 1
+    sizes = torch.tensor([d.num_nodes + 1 for d in drafts])
+    valid = None if bool((sizes == width).all()) else torch.arange(width) < sizes[:, None]
+    if bool((parents == parents[0]).all()):
+        parents = parents[0]
+    return tokens, parents, valid
+
+
+def _commit_step(drafts: list[Draft], acceptances: list[Acceptance], kept: list[list[int]], news: list[list[int]],
+                 out: ForwardOut, token_ids: torch.Tensor, lengths: list[int] | None, cache: Cache,
+                 past: int | torch.Tensor, batched: bool) -> Step:
+    """The `Step` a drafter's `commit` hears after a verification (B rows; see `Step`)."""
+    if not batched:
+        rows = kept[0]
+        return Step(
+            token_ids=token_ids, num_new=[len(news[0])], draft=drafts[0], acceptances=acceptances,
+            positions=torch.arange(past, past + len(rows))[None], target_hidden=out.hidden[:, rows],
+            target_aux=None if out.aux is None else out.aux[:, rows], _kv=lambda n=len(rows): cache.tail(n),
         )
-        record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
-        t5 = time.perf_counter()
-        policy.observe(draft, acceptance, record, len(committed))
-        record.other_time_s += time.perf_counter() - t5
-        stats.steps.append(record)
-        if eos and eos.intersection(new):
-            break
+    width = max(len(k) for k in kept)
+    index = torch.zeros(len(kept), width, dtype=torch.long)
+    for b, k in enumerate(kept):
+        index[b, : len(k)] = torch.tensor(k)
+    gather = index.to(out.hidden.device)[..., None]
+    return Step(
+        token_ids=token_ids, num_new=[len(n) for n in news], draft=drafts[0], acceptances=acceptances,
+        positions=past[:, None] + torch.arange(width), target_hidden=out.hidden.gather(1, gather.expand(-1, -1, out.hidden.shape[-1])),
+        target_aux=None if out.aux is None else out.aux.gather(1, gather.expand(-1, -1, out.aux.shape[-1])),
+        _kv=lambda: cache.tail(width), drafts=drafts, lengths=lengths, kept=[len(k) for k in kept],
+    )
 
-    new_ids = _cut_at_eos(committed[len(prompt_ids):][:max_new_tokens], eos)
-    stats.new_tokens = len(new_ids)
-    stats.wall_time_s = time.perf_counter() - start
-    return GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=prompt_ids, stats=stats)
+
+def _row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
+    """`max_new_tokens` per row; ValueError for a list of the wrong length or a value below 1."""
+    limits = [max_new_tokens] * rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != rows:
+        raise ValueError(f"max_new_tokens has {len(limits)} values for {rows} prompts: give one, or one per prompt")
+    for value in limits:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {value!r}")
+    return limits
 
 
-def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | ShapePolicy, prompt_len: int,
-          max_new_tokens: int, cache: str, cache_capacity: int | None, buckets: Sequence[int] | None,
+def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | ShapePolicy, rows: list[list[int]],
+          limits: list[int], cache: str, cache_capacity: int | None, buckets: Sequence[int] | None,
           ) -> tuple[ShapePolicy, str, int, tuple[int, ...] | None]:
     """Check the inputs before any work and size the cache: (the shape policy, the cache kind, the
-    capacity the generation needs, the width buckets). ValueError for a bad shape or `max_new_tokens`,
-    a prompt + generation past the context, or a too short `cache_capacity`."""
+    capacity the generation needs, the width buckets). ValueError for a bad shape, a prompt +
+    generation past the context, a too short `cache_capacity`, a batch the cache or policy cannot
+    run, or a batch whose cache would not fit in memory."""
     spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
     kind = resolve_cache(cache, target)
     max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
     width, buckets = verification_width(kind, max_nodes + 1, buckets)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if prompt_len + max_new_tokens > target.context_length:
-        raise ValueError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{prompt_len + max_new_tokens} exceeds the context length of {target.label!r} "
-            f"({target.context_length}); shorten the prompt or lower max_new_tokens"
-        )
-    needed = prompt_len + max_new_tokens + width - 1
+    for b, (row, limit) in enumerate(zip(rows, limits)):
+        if len(row) + limit > target.context_length:
+            which = f"prompt {b} " if len(rows) > 1 else "prompt "
+            raise ValueError(
+                f"{which}({len(row)} tokens) + max_new_tokens ({limit}) = {len(row) + limit} exceeds the context "
+                f"length of {target.label!r} ({target.context_length}); shorten the prompt or lower max_new_tokens"
+            )
+    longest, most = max(len(r) for r in rows), max(limits)
+    if len(rows) == 1:
+        needed = longest + most + width - 1
+    else:  # rows that accept less than the longest get holes: at most the widest kept path per step
+        needed = longest + most * (1 + (0 if drafter is None else _depth_bound(spec, max_nodes))) + width - 1
+        if kind == "graphs":
+            raise ValueError(f"cache='graphs' runs one prompt at a time; a batch of {len(rows)} runs with cache='static' or 'dynamic'")
+        _check_memory(target, len(rows), needed)
     if cache_capacity is not None and cache_capacity < needed:
         padded = f", padded to bucket {width}" if kind == "graphs" else ""
-        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({prompt_len}) + "
-                         f"max_new_tokens ({max_new_tokens}) + draft nodes ({width - 1}{padded}) = {needed}")
+        raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({longest}) + "
+                         f"max_new_tokens ({most}) + draft nodes ({width - 1}{padded}) = {needed}")
     policy = FixedShape(None) if drafter is None else shape if spec is None else shape_policy(
         spec, target, drafter, cache=kind)
+    if len(rows) > 1 and not isinstance(policy, FixedShape):
+        raise ValueError(f"shape={shape!r} picks shapes per generation; a batch of {len(rows)} runs a fixed shape "
+                         "(chain(k), tree(...), dynamic(...))")
     return policy, kind, needed, buckets
+
+
+def _depth_bound(spec: ShapeSpec | None, max_nodes: int) -> int:
+    """The deepest draft a shape can make (its node count when not known)."""
+    for depth in (getattr(spec, "k", None), len(getattr(spec, "widths", ())) or None, getattr(spec, "depth", None)):
+        if isinstance(depth, int):
+            return depth
+    return max_nodes
+
+
+def kv_bytes(target: Target, rows: int, entries: int) -> int:
+    """Bytes of a target KV cache holding `entries` slots for `rows` rows (keys and values, every layer)."""
+    cfg = target.model.config.get_text_config()
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    itemsize = torch.empty(0, dtype=target.dtype).element_size()
+    return 2 * cfg.num_hidden_layers * heads * head_dim * itemsize * rows * entries
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free now on `device` (host: MemAvailable), None where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _check_memory(target: Target, rows: int, entries: int) -> None:
+    """ValueError, before any allocation, when a batch's cache (at its bound) would not fit in the
+    memory free now (host memory on CPU, device memory on CUDA)."""
+    need, free = kv_bytes(target, rows, entries), free_memory(target.device)
+    if free is not None and need > free:
+        raise ValueError(f"a batch of {rows} rows x {entries} cache slots needs {need / 2**30:.2f} GiB of KV cache, "
+                         f"{free / 2**30:.2f} GiB is free: lower the batch, the prompt lengths or max_new_tokens")
 
 
 def _cut_at_eos(new_ids: list[int], eos: set[int]) -> list[int]:

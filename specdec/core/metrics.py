@@ -152,3 +152,51 @@ class GenerationStats:
             prefill_time_s=sum(st.prefill_time_s for st in stats),
             wall_time_s=sum(st.wall_time_s for st in stats),
         )
+
+
+@dataclass
+class BatchStats:
+    """Statistics of one batch (`specdec.generate_batch`): the batch's steps and wall time, and each
+    row's MAL. Per-row records are in each row's `GenerationStats` (their times are the batch step's)."""
+
+    rows: int
+    steps: int = 0
+    new_tokens: int = 0
+    """Tokens returned over all rows."""
+    prefill_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    target_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    step_time_s: float = 0.0
+    row_mal: list[float] = field(default_factory=list)
+    """Each row's mean acceptance length, in prompt order."""
+
+    def add_step(self, target_s: float, draft_s: float, total_s: float) -> None:
+        self.steps += 1
+        self.target_time_s += target_s
+        self.draft_time_s += draft_s
+        self.step_time_s += total_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Total new tokens (all rows) per second of wall time, prefill included."""
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        decode = self.wall_time_s - self.prefill_time_s
+        return self.new_tokens / decode if decode > 0 else 0.0
+
+    def time_split(self) -> dict[str, float]:
+        """Fractions of the summed step time: {"target", "draft", "other"}."""
+        total = self.step_time_s
+        if total <= 0:
+            return {"target": 0.0, "draft": 0.0, "other": 0.0}
+        return {"target": self.target_time_s / total, "draft": self.draft_time_s / total,
+                "other": max(0.0, total - self.target_time_s - self.draft_time_s) / total}
+
+    def summary(self) -> dict:
+        return {"rows": self.rows, "steps": self.steps, "new_tokens": self.new_tokens,
+                "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
+                "prefill_time_s": self.prefill_time_s, "wall_time_s": self.wall_time_s,
+                "time_split": self.time_split(), "row_mal": self.row_mal}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.common import PerRow
 from specdec.drafters.registry import register
 from specdec.core.shapes import grow_tree
 
@@ -20,6 +21,7 @@ class NoDrafter:
     """Proposes an empty draft: the loop becomes plain autoregressive decoding."""
 
     name = "none"
+    batchable = True
 
     def __init__(self, *, target) -> None:
         self.target = target
@@ -33,10 +35,17 @@ class NoDrafter:
     def commit(self, step: Step) -> None:
         pass
 
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        return [Draft.empty(device=request.token_ids.device) for _ in range(request.batch)]
+
+    def select_rows(self, rows: list[int]) -> None:
+        pass
+
 
 @register("random")
-class RandomDrafter:
-    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape."""
+class RandomDrafter(PerRow):
+    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape. In a batch
+    row b's copy draws its logits from its own stream, seeded `seed + b` (`PerRow`)."""
 
     name = "random"
 
@@ -61,5 +70,11 @@ class RandomDrafter:
             request.max_depth,
         )
 
-    def commit(self, step: Step) -> None:
+    def commit_one(self, step: Step) -> None:
         pass
+
+    def row_copy(self, row: int) -> RandomDrafter:
+        copy_ = RandomDrafter.__new__(RandomDrafter)
+        copy_.vocab_size, copy_.seed, copy_.rows = self.vocab_size, self.seed + row, []
+        copy_.rng = torch.Generator().manual_seed(copy_.seed)
+        return copy_

@@ -1,9 +1,10 @@
 """Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and
 the early-exit copy of a target.
 
-Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`) and
-`early_exit_copy` (a Target running the target's first k layers). Knows nothing about any one
-drafter, the loop or acceptance.
+Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`),
+`early_exit_copy` (a Target running the target's first k layers) and `PerRow` (batches for drafters
+that run no model: one copy of the drafter per row). Knows nothing about any one drafter, the loop
+or acceptance.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import copy
 
 import torch
 
-from specdec.core.draft import Step
+from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.target.model import Target
 
 
@@ -63,3 +64,39 @@ def early_exit_copy(target: Target, layers: int) -> Target:
     shallow.model.config = shallow.config
     return Target(shallow, target.tokenizer, name=f"{target.name}[:{layers} layers]", quant=target.quant,
                   kernel=target.kernel, info=target.info)
+
+
+class PerRow:
+    """Batches for a drafter that runs no model (lookup, random logits): each row of a batch is
+    drafted by its own copy of the drafter, so a row's draft and state never depend on its
+    neighbours, and drafting costs what B single drafts cost (no forward to batch). A subclass
+    implements the batch-of-one `propose` and `commit_one`; `row_copy` makes row b's copy."""
+
+    batchable = True
+    rows: list = []
+
+    def row_copy(self, row: int):
+        """A fresh copy of this drafter for batch row `row` (its per-sequence state reset)."""
+        copy_ = copy.copy(self)
+        copy_.rows = []
+        copy_.reset()
+        return copy_
+
+    def commit(self, step: Step) -> None:
+        if step.kept is None:  # a batch of one (`generate`)
+            self.commit_one(step)
+            return
+        if step.is_prefill:
+            self.rows = [self.row_copy(b) for b in range(step.batch)]
+        for b, drafter in enumerate(self.rows):
+            drafter.commit_one(step.row(b))
+
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        return [drafter.propose(request.row(b)) for b, drafter in enumerate(self.rows)]
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.rows = [self.rows[b] for b in rows]
+
+    def commit_one(self, step: Step) -> None:
+        """`commit` for one sequence."""
+        raise NotImplementedError

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from specdec.core.draft import Draft, DraftRequest, Step
+from specdec.drafters.common import PerRow
 from specdec.drafters.registry import register
 from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape
 
@@ -36,8 +37,8 @@ def _limits(shape: Shape, max_depth: int) -> tuple[int, list[int], int]:
 
 
 @register("ngram")
-class NgramDrafter:
-    """Prompt-lookup drafter (point-mass drafts in any shape)."""
+class NgramDrafter(PerRow):
+    """Prompt-lookup drafter (point-mass drafts in any shape); batches row by row (`PerRow`)."""
 
     name = "ngram"
 
@@ -108,7 +109,7 @@ class NgramDrafter:
         return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long),
                      scores=torch.tensor(scores, dtype=torch.float32))
 
-    def commit(self, step: Step) -> None:
+    def commit_one(self, step: Step) -> None:
         """Update the hit rate from this step's committed tokens (whatever part of the draft was verified)."""
         if step.is_prefill:
             self.reset()

@@ -60,6 +60,45 @@ def tree_block(parents: torch.Tensor, n: int, past: int, next_position: int | No
     return block_start, first_position + visible.sum(1) - 1, visible  # depth = ancestors incl. itself
 
 
+def batch_attention(
+    parents: torch.Tensor | None, n: int, past: int, next_positions: torch.Tensor,
+    valid: torch.Tensor | None = None, new_valid: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n].
+
+    `parents` is None (a chain), [M] (the same tree in every row) or [B, M] (one tree per row, padded
+    to one width); row b's block sits at its own `next_positions[b]`. `valid` [B, past] marks the
+    cached entries that are real (holes are masked for every query) and `new_valid` [B, n] the new
+    tokens that are real: a padding token is seen by no other token and sees only itself (its
+    logits are meaningless and its entry becomes a hole)."""
+    rows = next_positions.shape[0]
+    if parents is None:
+        parents = tree_ops.chain_parents(n)
+    parents = torch.as_tensor(parents, dtype=torch.long).cpu()
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    shared = parents.dim() == 1
+    keys = torch.ones(rows, past + n, dtype=torch.bool)  # [B, past + n] which entries are real
+    if valid is not None:
+        keys[:, :past] = valid
+    if new_valid is not None:
+        keys[:, past:] = new_valid.to(torch.bool).cpu()
+    positions = torch.empty(rows, n, dtype=torch.long)
+    seen = torch.empty(rows, n, past + n, dtype=torch.bool)
+    for row in range(rows):
+        row_parents = parents if shared else tree_ops.as_parents(parents[row])
+        if row == 0 or not shared:
+            block_start, depth_positions, visible = tree_block(row_parents, n, past, 0)
+        positions[row] = depth_positions + int(next_positions[row])
+        seen[row, :, :block_start] = True
+        seen[row, :, block_start:] = visible
+    seen &= keys[:, None, :]
+    seen[:, torch.arange(n), past + torch.arange(n)] = True  # every query sees itself
+    mask = torch.zeros(rows, 1, n, past + n, dtype=dtype)
+    mask.masked_fill_(~seen[:, None], torch.finfo(dtype).min)
+    return positions, mask
+
+
 def is_chain(parents: torch.Tensor | Sequence[int], n: int) -> bool:
     """True when `parents` over a block of n new tokens is a plain chain after everything cached
     ([-1, 0, ..., n-2]: no cached entry in the block, each token the child of the one before)."""
@@ -204,8 +243,9 @@ class Target:
         self,
         tokens: torch.Tensor,  # [B, n] long, the new tokens
         cache: Cache,
-        parents: torch.Tensor | None = None,  # [M] long, M >= n: parents over the tree block
+        parents: torch.Tensor | None = None,  # [M] or [B, M] long, M >= n: parents over the tree block
         logits_rows: slice | torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,  # [B, n] bool: which new tokens are real (None = all)
     ) -> ForwardOut:
         """Score n new tokens after the cache, appending exactly n entries to `cache`, at the
         absolute positions the cache gives them (`cache.next_position`, not its stored length).
@@ -214,10 +254,15 @@ class Target:
         cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
         `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
         (and `aux`, with `aux_layers`) cover every new row.
+
+        Batches (B > 1, or a cache with holes): each row sits at its own `cache.next_positions`,
+        `parents` may differ per row ([B, M]), padding tokens (`valid` False) become holes, and the
+        mask hides every hole (`batch_attention`). A batch of chains without holes needs no mask.
         """
         batch, n = tokens.shape
-        if batch != 1:
-            raise NotImplementedError(f"specdec runs batch size 1 only, got B = {batch}")
+        holes = getattr(cache, "valid", None) is not None or valid is not None
+        if batch > 1 or holes or (parents is not None and parents.dim() == 2):
+            return self._forward_rows(tokens, cache, parents, logits_rows, valid, holes)
         if parents is not None and is_chain(parents, n):
             parents = None
         if parents is None:
@@ -231,10 +276,36 @@ class Target:
             dtype = self.base.get_input_embeddings().weight.dtype
             positions, mask = tree_attention(parents, n, cache.length, dtype, cache.next_position)
             mask = mask[None, None].to(self.device)  # [B, 1, n, past + n]
+        return self._run(tokens, cache, positions[None], mask, logits_rows)
+
+    def _forward_rows(self, tokens: torch.Tensor, cache: Cache, parents: torch.Tensor | None,
+                      logits_rows: slice | torch.Tensor | None, valid: torch.Tensor | None, holes: bool) -> ForwardOut:
+        """`forward` for a batch or a cache with holes (see there)."""
+        batch, n = tokens.shape
+        starts = cache.next_positions
+        starts = starts.expand(batch) if starts.numel() == 1 else starts
+        if parents is not None and parents.dim() == 2 and bool((parents == parents[0]).all()):
+            parents = parents[0]
+        chain = parents is None or (parents.dim() == 1 and is_chain(parents, n))
+        if chain and not holes:
+            positions, mask = starts[:, None] + torch.arange(n), None  # the model's causal mask suffices
+        else:
+            dtype = self.base.get_input_embeddings().weight.dtype
+            positions, mask = batch_attention(parents, n, cache.length, starts, getattr(cache, "valid", None),
+                                              valid, dtype)
+            mask = mask.to(self.device)
+        out = self._run(tokens, cache, positions, mask, logits_rows)
+        if holes:
+            cache.append_valid(valid, n)
+        return out
+
+    def _run(self, tokens: torch.Tensor, cache: Cache, positions: torch.Tensor, mask: torch.Tensor | None,
+             logits_rows: slice | torch.Tensor | None) -> ForwardOut:
+        """The model's forward at `positions` [B, n] under `mask` (None = its own causal mask)."""
         out = self.base(
             input_ids=tokens.to(self.device),
             attention_mask=mask,
-            position_ids=positions[None].to(self.device),  # [B, n]
+            position_ids=positions.to(self.device),  # [B, n]
             cache=cache.hf,
             use_cache=True,
             output_hidden_states=bool(self.aux_layers),

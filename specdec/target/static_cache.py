@@ -16,9 +16,10 @@ entries at the cache slots held in a device tensor and hands the model the *whol
 by the caller), so shapes and addresses never change between steps; the caller then says how many
 of those entries are real with `advance(n)`.
 
-Batches: every buffer keeps its batch dimension. `over` adopts buffers a caller filled (the EAGLE
-training rollouts prefill each prompt alone and lay the rows out left-padded), and `select_rows`
-moves the rows still generating to the front of the same buffers when others finish.
+Batches: every buffer keeps its batch dimension, with holes per row as in `specdec.target.cache.RowBook`
+(`keep_rows` gathers each row's kept block entries in place). `over` adopts buffers a caller filled
+(the EAGLE training rollouts prefill each prompt alone and lay the rows out left-padded), and
+`select_rows` moves the rows still generating to the front of the same buffers when others finish.
 
 The model sees a small object with the calls it makes: `update` and `get_seq_length` from the
 attention layers, and, when the caller leaves the causal mask to the model (a chain forward),
@@ -31,7 +32,7 @@ import weakref
 
 import torch
 
-from specdec.target.cache import block_offsets
+from specdec.target.cache import RowBook, _or_none, block_offsets
 from specdec.core.draft import KVLayers
 
 
@@ -80,7 +81,7 @@ class _SlotWriter:
         return k, v
 
 
-class StaticKVCache:
+class StaticKVCache(RowBook):
     """Fixed-capacity full cache (every position kept). Tensors per layer: [B, kv_heads, S, head_dim]."""
 
     def __init__(self, capacity: int) -> None:
@@ -89,6 +90,7 @@ class StaticKVCache:
         self.capacity = capacity
         self.hf = _Writer(self)
         self.evicted = 0
+        self.valid = None
         self.keys: list[torch.Tensor] = []  # per layer [B, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []  # entries written per layer (equal between forwards)
@@ -106,8 +108,9 @@ class StaticKVCache:
         return self.lengths[0] if self.lengths else 0
 
     @property
-    def next_position(self) -> int:
-        return self.evicted + self.length
+    def batch(self) -> int:
+        """Rows stored (1 before the first write)."""
+        return self.keys[0].shape[0] if self.keys else (1 if self.valid is None else self.valid.shape[0])
 
     @property
     def allocated(self) -> bool:
@@ -116,6 +119,7 @@ class StaticKVCache:
     def reset(self) -> None:
         """Forget every entry, keeping the buffers (and so their addresses)."""
         self.lengths = [0] * len(self.lengths)
+        self.valid = None
 
     def slot_writer(self, slots: torch.Tensor) -> _SlotWriter:
         """The cache object for a static-shape forward writing at `slots` ([W] long, device); needs
@@ -153,21 +157,45 @@ class StaticKVCache:
         """Keep only the batch rows `rows` ([b'] long, ascending): a batch whose finished rows leave it.
         The kept rows move to the front of the same buffers, which stay allocated (views of their
         first b' rows), so a shrinking batch never holds two copies of its cache."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
         for buffers in (self.keys, self.values):
             for i, buf in enumerate(buffers):
                 index = rows.to(buf.device)
                 buf[: len(index)] = buf.index_select(0, index)  # gather first, then write
                 buffers[i] = buf[: len(index)]
+        if self.valid is not None:
+            self.valid = _or_none(self.valid.index_select(0, rows.cpu()))
+        if isinstance(self.evicted, torch.Tensor):
+            self.evicted = self.evicted.index_select(0, rows.cpu())
 
     def _index(self, position: int) -> int:
+        if not isinstance(self.evicted, int) or self.valid is not None:
+            raise ValueError("absolute positions differ between this cache's rows: use keep_rows / stored indices")
         index = position - self.evicted
         if not 0 <= index <= self.length:
             raise ValueError(f"position {position} is outside this cache [{self.evicted}, {self.next_position}]")
         return index
 
     def truncate(self, position: int) -> None:
-        index = self._index(position)
-        self.lengths = [index] * len(self.lengths)
+        self._truncate_stored(self._index(position))
+
+    def _truncate_stored(self, length: int) -> None:
+        self.lengths = [length] * len(self.lengths)
+        if self.valid is not None:
+            self.valid = _or_none(self.valid[:, :length])
+
+    @torch.inference_mode()
+    def keep_rows(self, begin: int, offsets: list[list[int]]) -> None:
+        """As `KVCache.keep_rows`: per row, the kept block entries move to the block's front in place."""
+        index, real = self._check_rows(begin, offsets)
+        width = index.shape[1]
+        if not (bool(real.all()) and torch.equal(index, torch.arange(width).expand_as(index))):
+            for buffers in (self.keys, self.values):
+                for buf in buffers:
+                    gather = index.to(buf.device)[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[-1])
+                    buf[..., begin:begin + width, :] = buf[..., begin:self.length, :].gather(2, gather)
+            self._kept_valid(begin, index, real)
+        self._truncate_stored(begin + width)
 
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
         """As `KVCache.keep`: entries before `start`, then block entries start + offsets. Example:

@@ -1,0 +1,162 @@
+"""Batches through the one loop (`specdec.generate_batch`): every row equals its prompt run alone,
+the cache's per-row rollback equals a fresh prefill, rows draw only their own randomness, and bad
+batches are refused before any work."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.core import loop
+from specdec.core.draft import Draft
+from specdec.drafters.common import PerRow
+from specdec.drafters.registry import build_for_tests
+from specdec.target.cache import KVCache
+from specdec.target.static_cache import StaticKVCache
+
+SHAPES = ["chain(4)", "tree(2,2,1)", "dynamic(top_k=3,depth=4,budget=10)"]
+LIMITS = [12, 5, 9, 12]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Four prompts of different lengths (one of a single token), one repetitive enough for lookups."""
+    base = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(0)).tolist()
+    return [base * 3, base[:3], (base * 2)[:11], [5]]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", [None, "ngram", "random"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_rows_equal_their_prompt_alone(tiny64, prompts, name, shape, cache):
+    drafter = None if name is None else build_for_tests(name, target=tiny64)
+    outs = specdec.generate_batch(tiny64, drafter, prompts, shape=shape, max_new_tokens=LIMITS, cache=cache,
+                                  chat=False)
+    assert len(outs) == len(prompts) and outs.stats.rows == len(prompts)
+    for prompt, out, limit in zip(prompts, outs, LIMITS):
+        alone = specdec.generate(tiny64, drafter, prompt, shape=shape, max_new_tokens=limit, cache=cache, chat=False)
+        assert out.token_ids == alone.token_ids
+    assert outs.stats.new_tokens == sum(len(o.token_ids) for o in outs)
+
+
+def test_sampled_rows_draw_only_their_own_randomness(tiny_llama64, prompts):
+    """Row b with seed s equals the prompt alone with seed s + b, token for token (ngram drafts are
+    deterministic, so only the rows' random streams matter)."""
+    drafter = build_for_tests("ngram", target=tiny_llama64)
+    outs = specdec.generate_batch(tiny_llama64, drafter, prompts, shape="tree(2,2,1)", max_new_tokens=LIMITS,
+                                  temperature=1.0, seed=7, chat=False)
+    for b, (prompt, out, limit) in enumerate(zip(prompts, outs, LIMITS)):
+        alone = specdec.generate(tiny_llama64, drafter, prompt, shape="tree(2,2,1)", max_new_tokens=limit,
+                                 temperature=1.0, seed=7 + b, chat=False)
+        assert out.token_ids == alone.token_ids
+
+
+def test_a_row_that_stops_on_eos_leaves_the_batch(tiny_llama64, prompts):
+    """With EOS set to a token row 0 emits early, row 0 stops there and the other rows still equal
+    their prompts alone (their cache rows survive `select_rows`)."""
+    free = specdec.generate(tiny_llama64, None, prompts[0], max_new_tokens=12, chat=False).token_ids
+    eos = free[2]
+    tiny_llama64.model.generation_config.eos_token_id = eos
+    try:
+        outs = specdec.generate_batch(tiny_llama64, None, prompts, max_new_tokens=12, chat=False)
+        assert outs[0].token_ids[-1] == eos and len(outs[0].token_ids) <= 3
+        for prompt, out in zip(prompts, outs):
+            alone = specdec.generate(tiny_llama64, None, prompt, max_new_tokens=12, chat=False)
+            assert out.token_ids == alone.token_ids
+    finally:
+        tiny_llama64.model.generation_config.eos_token_id = None
+
+
+@pytest.mark.parametrize("make", [KVCache, lambda: StaticKVCache(64)])
+def test_keep_rows_equals_a_fresh_prefill(tiny_llama64, make):
+    """After a padded prefill of mixed lengths, a tree block and a per-row keep, each row's next
+    logits equal a fresh prefill of exactly that row's kept tokens."""
+    t = tiny_llama64
+    rows = [[3, 9, 4, 1, 7, 7, 2], [5, 6, 1], [8, 2, 2, 9, 4, 1, 3, 3, 6, 0, 11]]
+    width = max(map(len, rows))
+    tokens = torch.zeros(3, width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, : len(r)] = torch.tensor(r)
+    cache = make()
+    t.forward(tokens, cache, valid=torch.arange(width) < torch.tensor([len(r) for r in rows])[:, None])
+    assert cache.next_positions.tolist() == [len(r) for r in rows]
+    block = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17], [18, 19, 20, 21]])
+    t.forward(block, cache, torch.tensor([-1, 0, 0, 1]))
+    kept = [[0, 1, 3], [0, 2], [0]]
+    cache.keep_rows(width, kept)
+    assert cache.next_positions.tolist() == [len(r) + len(k) for r, k in zip(rows, kept)]
+    after = torch.tensor([[30, 31], [32, 33], [34, 35]])
+    logits = t.forward(after, cache).logits
+    for b, (r, k) in enumerate(zip(rows, kept)):
+        fresh = make()
+        ref = t.forward(torch.tensor([r + [int(block[b, i]) for i in k] + after[b].tolist()]), fresh).logits[0, -2:]
+        torch.testing.assert_close(logits[b], ref)
+    cache.select_rows([0, 2])
+    assert cache.next_positions.tolist() == [len(rows[0]) + 5, len(rows[2]) + 3]
+
+
+class LastChild(PerRow):
+    """A test drafter that knows the target's greedy continuation and hides it as the *last* child
+    at each depth (a wrong sibling first), so every accepted path is a non-prefix of the block."""
+
+    name = "last-child"
+
+    def __init__(self, target, depth: int = 3) -> None:
+        self.target, self.depth = target, depth
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, request):
+        ids = request.token_ids[0].tolist()
+        tokens, parents = [], []
+        for _ in range(min(self.depth, request.max_depth)):
+            nxt = int(self.target.forward(torch.tensor([ids]), KVCache()).logits[0, -1].argmax())
+            parent = len(tokens) - 1 if tokens else -1
+            tokens += [(nxt + 1) % self.target.vocab_size, nxt]
+            parents += [parent, parent]
+            ids.append(nxt)
+        return Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long))
+
+    def commit_one(self, step) -> None:
+        pass
+
+
+@pytest.mark.parametrize("make", ["dynamic", "static"])
+def test_a_wrong_keep_rule_is_caught(tiny_llama64, prompts, make, monkeypatch):
+    """Rows whose accepted paths are never a prefix of their blocks equal their prompts alone, and
+    stop doing so when `keep_rows` keeps the wrong entries (a mutant keeping each row's first ones)."""
+    drafter = LastChild(tiny_llama64)
+    run = lambda: [o.token_ids for o in specdec.generate_batch(  # noqa: E731
+        tiny_llama64, drafter, prompts, shape="chain(6)", max_new_tokens=16, chat=False, cache=make)]
+    alone = [specdec.generate(tiny_llama64, None, p, max_new_tokens=16, chat=False).token_ids for p in prompts]
+    assert run() == alone
+    for cls in (KVCache, StaticKVCache):
+        real = cls.keep_rows
+        monkeypatch.setattr(cls, "keep_rows", lambda self, begin, offsets, real=real: real(
+            self, begin, [list(range(len(o))) for o in offsets]))
+    assert run() != alone
+
+
+def test_bad_batches_are_refused_before_any_work(tiny_llama64, prompts, monkeypatch):
+    t = tiny_llama64
+    with pytest.raises(ValueError, match="no prompts"):
+        specdec.generate_batch(t, None, [])
+    with pytest.raises(ValueError, match="max_new_tokens has 2 values for 4 prompts"):
+        specdec.generate_batch(t, None, prompts, max_new_tokens=[3, 4], chat=False)
+    with pytest.raises(ValueError, match=r"prompt 1 \(3 tokens\) \+ max_new_tokens"):
+        specdec.generate_batch(t, None, prompts, max_new_tokens=[1, t.context_length, 1, 1], chat=False)
+    with pytest.raises(ValueError, match="cache='graphs' runs one prompt"):
+        specdec.generate_batch(t, None, prompts, cache="graphs", chat=False)
+
+    class Single:
+        name = "single"
+
+    with pytest.raises(ValueError, match="drafter 'single' cannot draft a batch"):
+        specdec.generate_batch(t, Single(), prompts, chat=False)
+    with pytest.raises(ValueError, match="runs a fixed shape"):
+        specdec.generate_batch(t, build_for_tests("ngram", target=t), prompts, shape="auto", chat=False)
+    monkeypatch.setattr(loop, "free_memory", lambda device: 1000)
+    need = loop.kv_bytes(t, 4, 1)
+    with pytest.raises(ValueError, match=r"a batch of 4 rows x \d+ cache slots needs .* GiB .* is free"):
+        specdec.generate_batch(t, None, prompts, chat=False)
+    assert need > 0
