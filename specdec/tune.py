@@ -2,6 +2,7 @@
 
     python -m specdec.tune smollm2-135m                       # threads, kernel, eagle head dtype, curve
     python -m specdec.tune smollm2-135m --threads 1 --quant torchao_int4 --drafter none
+    python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
 Owns the measuring that constructors used to do on first use: the torch thread count that decodes
 fastest (plain decoding, counts 1 .. cores, interleaved), the linear kernel
@@ -64,7 +65,7 @@ def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
-                device: str = "cpu") -> dict:
+                device: str = "cpu", batches: Sequence[int] = (1,)) -> dict:
     """Measure and store one target's choices; returns the record written (plus `notes`)."""
     notes: list[str] = []
     probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
@@ -102,9 +103,11 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
                 "dtype": str(best).removeprefix("torch."),
                 "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
     kind = resolve_cache("auto", target)
-    curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind)
-    key = curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind)
-    record = machine.update_record(label, dev, dtype, threads=count, curves={key: curve.to_json()})
+    curves = {}
+    for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
+        curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch)
+        curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch)] = curve.to_json()
+    record = machine.update_record(label, dev, dtype, threads=count, curves=curves)
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 
 
@@ -161,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drafter", default="eagle", help="drafters whose choices to tune (comma-separated; "
                         "'none' for none); only eagle has one (its head dtype)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", default="1", help="batch sizes to measure latency curves at (comma-separated; "
+                        "`generate_batch(shape='auto')` plans with the curve of its batch size)")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record when it has "
                         "one for these threads (print where it is), else tune now")
     args = parser.parse_args(argv)
@@ -169,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.threads is not None:
             machine.resolve_threads(args.threads, None)
+        batches = [int(b) for b in args.batch.split(",") if b.strip()]
+        if not batches or min(batches) < 1:
+            raise ValueError(f"--batch needs batch sizes >= 1, got {args.batch!r}")
         unknown = [d for d in drafters if d not in specdec.drafters.names()]
         if unknown:
             raise ValueError(f"unknown drafter {unknown[0]!r}; registered: {', '.join(specdec.drafters.names())}")
@@ -178,9 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "kernel": (record.get("kernel") or {}).get("kernel", "only"),
                               "record": str(machine.record_path(args.target, args.device, torch.float32))}))
             return 0
-        records = [tune_target(args.target, None, args.threads, drafters, args.device)]
+        records = [tune_target(args.target, None, args.threads, drafters, args.device, batches)]
         for spec in filter(None, (q.strip() for q in args.quant.split(","))):
-            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device))
+            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches))
     except (ValueError, OSError, KeyError) as err:
         print(f"specdec.tune: error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from specdec.drafters.registry import build_for_tests
 from specdec.target.cache import KVCache
 from specdec.target.static_cache import StaticKVCache
 
-SHAPES = ["chain(4)", "tree(2,2,1)", "dynamic(top_k=3,depth=4,budget=10)"]
+SHAPES = ["chain(4)", "tree(2,2,1)", "dynamic(top_k=3,depth=4,budget=10)", "auto"]
 LIMITS = [12, 5, 9, 12]
 
 
@@ -153,10 +153,24 @@ def test_bad_batches_are_refused_before_any_work(tiny_llama64, prompts, monkeypa
 
     with pytest.raises(ValueError, match="drafter 'single' cannot draft a batch"):
         specdec.generate_batch(t, Single(), prompts, chat=False)
-    with pytest.raises(ValueError, match="runs a fixed shape"):
-        specdec.generate_batch(t, build_for_tests("ngram", target=t), prompts, shape="auto", chat=False)
     monkeypatch.setattr(loop, "free_memory", lambda device: 1000)
     need = loop.kv_bytes(t, 4, 1)
     with pytest.raises(ValueError, match=r"a batch of 4 rows x \d+ cache slots needs .* GiB .* is free"):
         specdec.generate_batch(t, None, prompts, chat=False)
     assert need > 0
+
+
+def test_auto_plans_a_batch_with_the_curve_of_its_batch_size(tiny_llama64, prompts):
+    """A curve measured at batch 3 is stored under its own key and is the one `auto` at batch 3 reads;
+    batch 1 keeps its own (here: none stored, so the untuned default of batch 1)."""
+    from specdec.core.auto_policy import AutoPolicy
+    from specdec.core.shapes import parse_shape
+    from specdec.measure.latency import cached_latency, tuned_latency
+
+    curve = cached_latency(tiny_llama64, widths=(1, 2, 4), contexts=(8,), repeats=1, cache="dynamic", batch=3)
+    assert curve.batch == 3 and len(curve.seconds[0]) == 3
+    assert tuned_latency(tiny_llama64, "dynamic", batch=3) == curve
+    assert tuned_latency(tiny_llama64, "dynamic", batch=1).machine == "not tuned"
+    assert tuned_latency(tiny_llama64, "dynamic", batch=2).seconds[0][1] == pytest.approx(1 + 3 / 24)
+    policy = AutoPolicy(parse_shape("auto"), tiny_llama64, "dynamic", batch=3)
+    assert policy.curve == curve

@@ -134,15 +134,16 @@ class AutoPolicy:
 
     TARGET_WEIGHT, DRAFT_WEIGHT, OTHER_WEIGHT = 0.2, 0.3, 0.2
 
-    def __init__(self, spec: AutoShape, target: Target | None = None, cache: str = "dynamic") -> None:
+    def __init__(self, spec: AutoShape, target: Target | None = None, cache: str = "dynamic", batch: int = 1) -> None:
         if spec.latency is None:
             if target is None:
                 raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
             from specdec.measure.latency import tuned_latency
 
-            self.curve = tuned_latency(target, cache=cache)
+            self.curve = tuned_latency(target, cache=cache, batch=batch)
         else:
             self.curve = spec.latency
+        self.batch = batch
         self.spec = spec
         self.max_nodes = spec.max_nodes
         self.widths = candidate_widths(spec.max_depth, spec.max_width, spec.max_nodes)
@@ -306,8 +307,9 @@ class AutoPolicy:
         scores = draft.scores.tolist()
         own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
         self._features = conf, depth = np.minimum(np.exp(own), 1.0), depth  # [N], [N]
-        if self.probing:
-            return draft  # a probe is verified whole: it exists to give the estimates data
+        if self.probing or self.batch > 1:
+            return draft  # a probe is verified whole (it exists to give the estimates data), and so is a
+            # batch's draft: one row's extra nodes cost the batch nothing unless that row is the widest
         path = self.calibrated(conf, depth).tolist()
         for i, parent in enumerate(parents):
             if parent >= 0:

@@ -171,7 +171,9 @@ def generate_batch(
     Row b draws randomness only from its own generator, seeded `seed + b`: its output equals
     `generate(..., seed=seed + b)` on its prompt alone in law (and token for token at T = 0).
     `max_new_tokens` is one number or one per prompt. A drafter must be batchable for more than one
-    prompt (`specdec.core.draft.BatchDrafter`); `shape="auto"` and `cache="graphs"` run one prompt.
+    prompt (`specdec.core.draft.BatchDrafter`). `shape="auto"` picks one shape per step for the whole
+    batch, planning with the latency curve at the batch's size (`python -m specdec.tune --batch B`) and
+    verifying each row's draft whole. `cache="graphs"` runs one prompt.
     """
     prompts = list(prompts) if not isinstance(prompts, (str, torch.Tensor)) else [prompts]
     if not prompts:
@@ -225,7 +227,8 @@ def generate_batch(
                   for d, r in zip(drafts, remaining)]
         sync()
         proposed, tp = [d.num_nodes for d in drafts], time.perf_counter()
-        drafts = [policy.trim(d, len(committed[i])) for d, i in zip(drafts, active)]  # auto: the part worth it
+        if not batched:  # auto: the part worth verifying (a batch verifies whole drafts: `observe` below)
+            drafts = [policy.trim(drafts[0], len(committed[active[0]]))]
 
         # 2. Verify: one tree forward of [root, draft nodes] per row (root = block index 0).
         t1 = time.perf_counter()
@@ -266,6 +269,8 @@ def generate_batch(
             )
             record.other_time_s = time.perf_counter() - t0 - record.draft_time_s - record.target_time_s
             t5 = time.perf_counter()
+            if batched:
+                policy.trim(d, len(committed[i]))  # hands the policy this row's draft (kept whole)
             policy.observe(d, a, record, len(committed[i]))
             record.other_time_s += time.perf_counter() - t5
             stats[i].steps.append(record)
@@ -385,10 +390,7 @@ def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | Shap
         raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({longest}) + "
                          f"max_new_tokens ({most}) + draft nodes ({width - 1}{padded}) = {needed}")
     policy = FixedShape(None) if drafter is None else shape if spec is None else shape_policy(
-        spec, target, drafter, cache=kind)
-    if len(rows) > 1 and not isinstance(policy, FixedShape):
-        raise ValueError(f"shape={shape!r} picks shapes per generation; a batch of {len(rows)} runs a fixed shape "
-                         "(chain(k), tree(...), dynamic(...))")
+        spec, target, drafter, cache=kind, batch=len(rows))
     return policy, kind, needed, buckets
 
 

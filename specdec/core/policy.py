@@ -64,19 +64,20 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None,
-                 cache: str = "dynamic") -> ShapePolicy:
+                 cache: str = "dynamic", batch: int = 1) -> ShapePolicy:
     """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
     one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
-    is the loop's cache kind (`specdec.target.forwards.CACHES`): whose forwards a latency curve must time."""
+    is the loop's cache kind (`specdec.target.forwards.CACHES`): whose forwards a latency curve must time;
+    `batch` the rows each verification forwards (a batch plans with the curve at its batch size)."""
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)
     try:
         learned = _LEARNED.setdefault(drafter, {})
     except TypeError:  # None, or a drafter that cannot be weakly referenced or hashed: no memory
-        return factory(spec, target, cache)
-    key = (spec, id(spec.latency), id(target), cache)
+        return factory(spec, target, cache, batch)
+    key = (spec, id(spec.latency), id(target), cache, batch)
     if key not in learned:
-        learned[key] = factory(spec, target, cache)
+        learned[key] = factory(spec, target, cache, batch)
     learned[key].start()
     return learned[key]

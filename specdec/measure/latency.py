@@ -47,6 +47,8 @@ class LatencyCurve:
     """Cached tokens before the forward, ascending."""
     seconds: tuple[tuple[float, ...], ...]
     """seconds[c][w]: median time of one forward at contexts[c], widths[w]."""
+    batch: int = 1
+    """Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
@@ -87,7 +89,7 @@ class LatencyCurve:
         missing = [f for f in fields if f not in data]
         if missing:
             raise ValueError(f"latency curve {source} lacks {', '.join(missing)}")
-        return LatencyCurve(**{f: data[f] for f in fields})
+        return LatencyCurve(**{f: data[f] for f in fields}, batch=int(data.get("batch", 1)))
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -123,13 +125,17 @@ def _sync(device: torch.device) -> None:
 
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
-                    cache: str = "dynamic") -> LatencyCurve:
+                    cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
     """Time one forward of each width after each context (median of `repeats`, widths interleaved
     within each repeat so drift hits all widths alike; one warm-up pass first). `cache` names the
     (cache, forward) pair to time (`specdec.target.forwards.CACHES`; `graphs`: the bucketed static
-    forward, captured on CUDA, with the default buckets widened to the widest width)."""
+    forward, captured on CUDA, with the default buckets widened to the widest width). `batch` > 1
+    times `batch` rows at once (the rows' prefixes differ; the forward is the batched tree forward
+    `specdec.generate_batch` verifies with)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     longest = max(contexts) + max(widths)
     if longest > target.context_length:
         raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
@@ -140,13 +146,13 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
     table = []
     for context in contexts:
         kv, forward = CACHES[kind](target, context + padded, buckets)
-        prefix = torch.randint(0, target.vocab_size, (context,), generator=gen).tolist()
-        if prefix:
-            target.prefill(prefix, kv)
+        prefix = torch.randint(0, target.vocab_size, (batch, context), generator=gen)
+        if context:
+            target.forward(prefix, kv, logits_rows=slice(-1, None))
         times: dict[int, list[float]] = {w: [] for w in widths}
         for rep in range(repeats + 1):
             for w in widths:
-                tokens = torch.randint(0, target.vocab_size, (1, w), generator=gen)
+                tokens = torch.randint(0, target.vocab_size, (batch, w), generator=gen)
                 _sync(target.device)
                 t0 = time.perf_counter()
                 forward(tokens, kv, torch.full((w,), -1, dtype=torch.long))
@@ -157,27 +163,31 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
         table.append([statistics.median(times[w]) for w in widths])
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
                         machine=machine.machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
-                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table))
+                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table), batch=batch)
 
 
-def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str) -> str:
+def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
+              batch: int = 1) -> str:
     """A curve's name inside the target's tune record: what else changes its times (the kernel, the
-    attention, the threads, the grid and the cache kind; machine, target and dtype name the record)."""
-    return "_".join([cache, target.kernel, target.attention, f"t{torch.get_num_threads()}",
-                     "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"])
+    attention, the threads, the grid, the cache kind and the batch; machine, target and dtype name the
+    record). A batch of one adds nothing to the name."""
+    parts = [cache, target.kernel, target.attention, f"t{torch.get_num_threads()}",
+             "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
+    return "_".join(parts + ([f"b{batch}"] if batch > 1 else []))
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                   contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic") -> LatencyCurve:
+                   contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic",
+                   batch: int = 1) -> LatencyCurve:
     """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
     store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
     `tuned_latency`, which never measures."""
     kind = resolve_cache(cache, target)
-    key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind)
+    key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch)
     record = machine.load_record(target.label, target.device, target.dtype) or {}
     if key in record.get("curves", {}):
         return LatencyCurve.from_json(record["curves"][key], f"tune record curve {key}")
-    curve = measure_latency(target, widths, contexts, repeats, cache=kind)
+    curve = measure_latency(target, widths, contexts, repeats, cache=kind, batch=batch)
     machine.update_record(target.label, target.device, target.dtype, curves={key: curve.to_json()})
     return curve
 
@@ -186,20 +196,22 @@ DEFAULT_WIDTH_COST = 1 / 24
 """The untuned curve's cost of each token past the first, in units of a one-token forward."""
 
 
-def tuned_latency(target: Target, cache: str = "dynamic") -> LatencyCurve:
+def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
     """The latency curve `shape="auto"` plans with, looked up and never measured: the widest curve
-    stored for this target, kernel, attention, threads and cache kind in the machine's tune record
-    (`python -m specdec.tune`), else the untuned default, t(w) = 1 + (w - 1) * DEFAULT_WIDTH_COST
-    one-token forwards, whose `machine` field says "not tuned" (the policy's scale factor absorbs the
-    absolute time; only the curve's shape matters)."""
+    stored for this target, kernel, attention, threads, cache kind and batch in the machine's tune
+    record (`python -m specdec.tune`, `--batch` for batches), else the untuned default, t(w) = 1 +
+    (batch * w - 1) * DEFAULT_WIDTH_COST one-token forwards (a batch's rows widen the forward like
+    tokens do), whose `machine` field says "not tuned" (the policy's scale factor absorbs the absolute
+    time; only the curve's shape matters)."""
     kind = resolve_cache(cache, target)
     prefix = f"{kind}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}
     curves = record.get("curves", {})
-    stored = sorted((k for k in curves if k.startswith(prefix)), key=lambda k: (len(curves[k].get("widths") or ()), k))
+    stored = sorted((k for k in curves if k.startswith(prefix) and int(curves[k].get("batch", 1)) == batch),
+                    key=lambda k: (len(curves[k].get("widths") or ()), k))
     if stored:
         return LatencyCurve.from_json(curves[stored[-1]], f"tune record curve {stored[-1]}")
     widths = (1, 2, 4, 8, 16, 32, 64, 128)
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
                         machine="not tuned", threads=torch.get_num_threads(), widths=widths, contexts=(0,),
-                        seconds=((tuple(1 + (w - 1) * DEFAULT_WIDTH_COST for w in widths)),))
+                        seconds=((tuple(1 + (batch * w - 1) * DEFAULT_WIDTH_COST for w in widths)),), batch=batch)
