@@ -174,3 +174,26 @@ def test_auto_plans_a_batch_with_the_curve_of_its_batch_size(tiny_llama64, promp
     assert tuned_latency(tiny_llama64, "dynamic", batch=2).seconds[0][1] == pytest.approx(1 + 3 / 24)
     policy = AutoPolicy(parse_shape("auto"), tiny_llama64, "dynamic", batch=3)
     assert policy.curve == curve
+
+
+def hf_greedy(target, ids: list[int], new_tokens: int) -> list[int]:
+    """Hugging Face `generate`, greedy, exactly `new_tokens` tokens (EOS does not stop it)."""
+    x = torch.tensor([ids])
+    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                eos_token_id=None)
+    return out[0, x.shape[1]:].tolist()
+
+
+def test_embedded_batch_equals_hf_generate_per_prompt(embedded):
+    """Four chat prompts of different lengths through one batch (plain and ngram) give, row for row,
+    Hugging Face `generate`'s greedy tokens for that prompt alone."""
+    texts = ["Hi.", "Name three primary colors.", "Write one sentence about the sea and the moon together.",
+             "List the days of the week, then the months of the year, in order, separated by commas."]
+    rows = [embedded.encode_prompt(t) for t in texts]
+    assert len({len(r) for r in rows}) == 4
+    expected = [hf_greedy(embedded, r, 20) for r in rows]
+    for name in (None, "ngram"):
+        drafter = None if name is None else specdec.drafters.build(name, target=embedded)
+        outs = specdec.generate_batch(embedded, drafter, rows, max_new_tokens=20, stop_on_eos=False, chat=False,
+                                      cache="static")
+        assert [o.token_ids for o in outs] == expected
