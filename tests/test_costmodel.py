@@ -101,3 +101,14 @@ def test_held_out_speculation_by_hand():
 def test_unknown_device_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown device 'tpu-v9'.*known devices: H200, H100, A100, RTX3090"):
         costmodel.device("tpu-v9")
+
+
+def test_a_batch_is_predicted_with_its_own_batch_curve():
+    """A curve at batch 8 predicts a batch-8 run; the batch-1 curve is refused for it, naming both."""
+    plain = costmodel.PlainRun(new_tokens=40, seconds=3.5, prefill_s=0.2, forward_s=0.08, context=100.0, batch=8)
+    draft = costmodel.DraftProfile({5: 0.5}, 0.001)
+    flat = dict(target="t", device="cpu", dtype="float32", machine="m", threads=1, widths=(1, 8), contexts=(100,))
+    steep = LatencyCurve(**flat, seconds=((1.0, 4.0),), batch=8)
+    assert costmodel.predict_speculation(draft, plain, steep) < costmodel.predict_speculation(draft, plain, None)
+    with pytest.raises(ValueError, match="measured at batch 1, the run decodes batch 8"):
+        costmodel.predict_speculation(draft, plain, LatencyCurve(**flat, seconds=((1.0, 4.0),)))

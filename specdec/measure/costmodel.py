@@ -69,10 +69,19 @@ class PlainRun:
     """t_1: mean one-token forward (its forwards' time / steps)."""
     context: float
     """c: mean cached tokens at a step."""
+    batch: int = 1
+    """Rows decoded together (`specdec.generate_batch`): t_1 is then one batched one-token forward."""
 
 
 def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurve | None) -> float:
-    """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1)."""
+    """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1). A batch is
+    predicted with the curve measured at its batch size (a batch's forward of w tokens per row costs
+    R(w, c) of that curve: rows widen a forward, so the batch-1 curve would understate it); the
+    profile's widths are then a step's padded width (1 + the most draft nodes of any row)."""
+    if curve is not None and curve.batch != plain.batch:
+        raise ValueError(f"the latency curve was measured at batch {curve.batch}, the run decodes batch {plain.batch}: "
+                         f"measure one at that batch (python -m specdec.tune TARGET --batch {plain.batch})")
+
     def ratio(w: int) -> float:
         return 1.0 if curve is None else curve.at(w, plain.context) / curve.at(1, plain.context)
 
