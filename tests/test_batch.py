@@ -197,3 +197,40 @@ def test_embedded_batch_equals_hf_generate_per_prompt(embedded):
         outs = specdec.generate_batch(embedded, drafter, rows, max_new_tokens=20, stop_on_eos=False, chat=False,
                                       cache="static")
         assert [o.token_ids for o in outs] == expected
+
+
+class Recorder(PerRow):
+    """A test drafter that drafts nothing and records every row's commit (positions, kept count)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, request):
+        return Draft.empty()
+
+    def propose_batch(self, request):
+        return [Draft.empty() for _ in range(request.batch)]
+
+    def commit(self, step) -> None:
+        for b in range(step.batch):
+            row = step.row(b)
+            self.seen.append((b, row.positions[0].tolist()))
+
+    def commit_one(self, step) -> None:
+        pass
+
+
+def test_steps_name_each_rows_absolute_positions(tiny_llama64, prompts):
+    """The steps a batch drafter hears place each row's kept rows at that row's own positions: after
+    the prefill 0 .. L_b - 2, then one position per step after (plain steps keep the root only)."""
+    recorder = Recorder()
+    specdec.generate_batch(tiny_llama64, recorder, prompts, max_new_tokens=3, chat=False, stop_on_eos=False)
+    first = {b: pos for b, pos in recorder.seen[: len(prompts)]}
+    assert first == {b: list(range(len(p) - 1)) for b, p in enumerate(prompts)}
+    second = {b: pos for b, pos in recorder.seen[len(prompts): 2 * len(prompts)]}
+    assert second == {b: [len(p) - 1] for b, p in enumerate(prompts)}

@@ -232,7 +232,8 @@ def generate_batch(
 
         # 2. Verify: one tree forward of [root, draft nodes] per row (root = block index 0).
         t1 = time.perf_counter()
-        begin, past = cache.length, (cache.next_position if not batched else None)
+        begin = cache.length
+        past = cache.next_positions if batched else cache.next_position  # each row's block position
         tokens, parents, valid = _verify_block(drafts, [committed[i][-1] for i in active])
         out = forward(tokens, cache, parents) if valid is None else forward(tokens, cache, parents, valid=valid)
         sync()
@@ -246,7 +247,6 @@ def generate_batch(
         #    tell the drafter (its rollback and whatever target state it reads).
         kept = [[0] + [j + 1 for j in a.path] for a in acceptances]
         if batched:
-            starts = cache.next_positions  # before the keep: each row's block position
             cache.keep_rows(begin, kept)
         else:
             cache.keep(past, kept[0])
@@ -257,8 +257,7 @@ def generate_batch(
             committed[i].extend(news[-1])
         token_ids, lengths = _left_padded([committed[i] for i in active])
         t3 = time.perf_counter()
-        hear(_commit_step(drafts, acceptances, kept, news, out, token_ids, lengths, cache,
-                          starts if batched else past, batched))
+        hear(_commit_step(drafts, acceptances, kept, news, out, token_ids, lengths, cache, past, batched))
         sync()
         t4 = time.perf_counter()
         for b, (d, a, i) in enumerate(zip(drafts, acceptances, active)):
