@@ -21,6 +21,10 @@ shape in this process) are judged against the kernel's argmax after each prefix 
 kernel's argmax leaves the fp32 text, deeper nodes are still judged on the fp32 prefix (an
 approximation at those positions only). Turn 1 is the question's text (chat template applied by
 `generate`); turn i > 1 is the chat so far, whose assistant messages are the kernel's plain answers.
+Batches (`batch` > 1): first turns only, in groups of `batch` consecutive questions; each of the four
+runs decodes a whole group with `specdec.generate_batch` (row b with the question's own seed), and a
+row of the cell is one group: its tokens/s are the batch's total (all rows' tokens over the batch's
+wall time), its MAL the mean over every row's steps, and teacher forcing is not measured.
 Returns plain dict rows; knows nothing about Hydra or where rows are stored.
 """
 
@@ -98,6 +102,37 @@ def _row(out: dict[str, specdec.GenerationOutput]) -> dict[str, Any]:
     }
 
 
+def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
+    """A batch's runs as one output: every row's tokens and steps, the batch's wall and prefill time."""
+    stats = specdec.GenerationStats.merge([o.stats for o in outs])
+    stats.wall_time_s, stats.prefill_time_s = outs.stats.wall_time_s, outs.stats.prefill_time_s
+    return specdec.GenerationOutput(token_ids=[t for o in outs for t in o.token_ids], text="\n".join(o.text for o in outs),
+                                    prompt_ids=[t for o in outs for t in o.prompt_ids], stats=stats)
+
+
+def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question], batch: int, shape: str,
+                 seed: int, options: dict, on_turn: Callable[[], None] | None) -> list[dict[str, Any]]:
+    """`run_cell` at `batch` > 1: one row per group of `batch` questions' first turns."""
+    rows = []
+    for group, start in enumerate(range(0, len(questions), batch)):
+        members = questions[start:start + batch]
+        prompts = [q.turns[0] for q in members]
+        order = run_order(runs, group)
+        outputs = {}
+        for run in order:
+            model, draft = model_of[run]
+            outputs[run] = _batch_output(specdec.generate_batch(model, draft, prompts, shape=shape,
+                                                                seed=seed + start, **options))
+        outputs.setdefault("reference", outputs["plain"])
+        outputs.setdefault("reference_drafted", outputs["drafted"])
+        rows.append({"question_id": "+".join(q.question_id for q in members), "category": "batch", "turn": 1,
+                     "question_seed": seed + start, "order": ",".join(order), "rows": len(members), **_row(outputs)})
+        if on_turn is not None:
+            for _ in members:
+                on_turn()
+    return rows
+
+
 @torch.inference_mode()
 def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) -> dict[str, Any]:
     """Acceptance of the fp32 profile's drafts against `target`'s argmax after each prefix of the
@@ -134,13 +169,14 @@ def run_cell(
     warmup_tokens: int = 0,
     teacher_forcing: bool = False,
     on_turn: Callable[[], None] | None = None,
+    batch: int = 1,
 ) -> list[dict[str, Any]]:
     """Measure `drafter` on `target` in the paired 2x2 on every turn of `questions`; one row per turn.
 
     Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
     `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
     stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
-    `on_turn` is called after each turn (progress reporting).
+    `on_turn` is called after each turn (progress reporting). `batch` > 1: see the module docstring.
     """
     if (reference is None) != (reference_drafter is None):
         raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")
@@ -160,6 +196,8 @@ def run_cell(
     if warmup_tokens > 0 and questions:
         for run in runs:
             decode(run, questions[0].turns[0], sampling.seed, max_new_tokens=warmup_tokens)
+    if batch > 1:
+        return _run_batches(model_of, runs, questions, batch, shape, sampling.seed, options, on_turn)
 
     rows = []
     for index, question in enumerate(questions):

@@ -137,6 +137,10 @@ class ExperimentConfig:
     """`specdec.SamplingConfig`; question i of a cell uses seed `sampling.seed + i` (both runs)."""
     max_new_tokens: int = 64
     """New tokens per turn."""
+    batch: int = 1
+    """Prompts decoded together (`specdec.generate_batch`): the grid's batch axis (`batch=1,8`). A batch
+    cell runs first turns only, in groups of `batch` consecutive questions; each run of the paired 2x2
+    is one batch, and a row of the cell is one group (`experiments/cell.py`)."""
     results: ResultsConfig = field(default_factory=ResultsConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 

@@ -76,6 +76,7 @@ def cell_key(cfg: ExperimentConfig, questions_digest: str) -> dict[str, Any]:
         "sampling": {**{k: getattr(cfg.sampling, k) for k in ("temperature", "top_k", "top_p", "seed")},
                      "max_new_tokens": cfg.max_new_tokens},
         "dataset": {"source": cfg.dataset.source, "questions": questions_digest},
+        **({"batch": cfg.batch} if cfg.batch != 1 else {}),  # a batch of one keeps the cells' old ids
     }
 
 
@@ -88,7 +89,8 @@ def cell_id(key: dict[str, Any]) -> str:
     """Readable prefix + hash of the key, e.g. `tiny-llama__ngram__chain4__none__T0__1a2b3c4d5e`."""
     digest_ = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     names = [Path(key["model"]["name"]).name, key["drafter"]["name"], key["shape"], key["quant"]]
-    parts = [*map(_slug, names), f"T{key['sampling']['temperature']:g}", digest_]
+    parts = [*map(_slug, names), f"T{key['sampling']['temperature']:g}",
+             *([f"b{key['batch']}"] if key.get("batch", 1) != 1 else []), digest_]
     return "__".join(parts)
 
 
@@ -187,12 +189,13 @@ def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str) -> d
     threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here. Timed through
     the forward the cells' loop runs (`cache="auto"`: the CUDA graph fast path on CUDA)."""
     runner = cfg.runner
-    key = (_target_key(cfg, spec), tuple(runner.latency_widths), tuple(runner.latency_contexts), runner.latency_repeats)
+    key = (_target_key(cfg, spec), tuple(runner.latency_widths), tuple(runner.latency_contexts), runner.latency_repeats,
+           cfg.batch)
     if key not in _CURVES:
         log.info("latency curve of %s", target.label)
         _CURVES[key] = cached_latency(target, widths=tuple(runner.latency_widths),
                                       contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
-                                      cache="auto").to_json()
+                                      cache="auto", batch=cfg.batch).to_json()
     return _CURVES[key]
 
 
@@ -262,12 +265,12 @@ def run_experiment(cfg: DictConfig) -> str:
                         max_new_tokens=exp.max_new_tokens, reference=reference,
                         reference_drafter=reference_drafter, warmup_tokens=exp.runner.warmup_tokens,
                         teacher_forcing=exp.runner.teacher_forcing and exp.sampling.temperature == 0,
-                        on_turn=bar.update)
+                        on_turn=bar.update, batch=exp.batch)
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
         **quant_labels(exp.quant.spec, target, exp.quant.label), "dataset": exp.dataset.name or exp.dataset.source,
         "dataset_source": exp.dataset.source, "prompts": key["dataset"]["questions"],
-        **key["sampling"],
+        **key["sampling"], "batch": exp.batch,
     }
     meta = {
         "key": key,

@@ -1,0 +1,58 @@
+"""The report's batch section: speculation speedup against batch size, per drafter x shape x kernel.
+
+Owns `batch_table` (per cell: the geometric mean over the cell's rows of drafted / plain tokens/s on
+the kernel and on fp32, each with a 95% bootstrap interval over rows) and `batch_section` (its
+markdown, printed only when the store holds more than one batch size). A row of a batch cell is one
+group of prompts decoded together (`experiments.cell`), so its tokens/s are the batch's total.
+Knows nothing about stores or files: it reads the rows `experiments.store.load_rows` returns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from experiments.verdict import per_question
+
+
+def _gmean_ci(logs: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Geometric mean of exp(logs) with a 95% percentile bootstrap interval (NaN bounds under 2 values)."""
+    point = float(np.exp(logs.mean()))
+    if len(logs) < 2 or n_boot <= 0:
+        return point, float("nan"), float("nan")
+    boot = np.exp(logs[rng.integers(0, len(logs), size=(n_boot, len(logs)))].mean(1))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+def batch_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One line per cell: drafter, shape, quant, batch, groups, speculation on the kernel and on fp32
+    (point, lo, hi), sorted by drafter, shape, kernel, batch."""
+    rng = np.random.default_rng(seed)
+    rows = rows.assign(batch=rows["batch"].fillna(1).astype(int) if "batch" in rows else 1)
+    out = []
+    for (drafter, shape, quant, batch), cell in rows.groupby(["drafter", "shape", "quant", "batch"], sort=True):
+        speed = per_question(cell)
+        kernel = _gmean_ci(np.log((speed.drafted / speed.plain).to_numpy(float)), n_boot, rng)
+        fp32 = _gmean_ci(np.log((speed.reference_drafted / speed.reference).to_numpy(float)), n_boot, rng)
+        out.append({"drafter": drafter, "shape": shape, "quant": quant, "batch": int(batch), "groups": len(speed),
+                    "speculation": kernel[0], "speculation_lo": kernel[1], "speculation_hi": kernel[2],
+                    "fp32_speculation": fp32[0], "fp32_lo": fp32[1], "fp32_hi": fp32[2]})
+    return pd.DataFrame(out)
+
+
+def batch_section(rows: pd.DataFrame, n_boot: int = 2000) -> list[str]:
+    """Markdown lines of the batch section; [] when the store holds one batch size only."""
+    if "batch" not in rows or rows["batch"].fillna(1).nunique() < 2:
+        return []
+    table = batch_table(rows, n_boot)
+    lines = ["## Speculation against batch size", "",
+             "Drafted / plain tokens/s (all rows of a batch together), geometric mean over a cell's groups of "
+             "prompts with a 95% bootstrap interval; the kernel's and fp32's from the same paired runs.", "",
+             "| drafter | shape | kernel | batch | groups | speculation on the kernel | on fp32 |",
+             "|---|---|---|---:|---:|---|---|"]
+    for r in table.itertuples():
+        lines.append(f"| {r.drafter} | `{r.shape}` | {r.quant} | {r.batch} | {r.groups} | "
+                     f"{r.speculation:.2f} [{r.speculation_lo:.2f}, {r.speculation_hi:.2f}] | "
+                     f"{r.fp32_speculation:.2f} [{r.fp32_lo:.2f}, {r.fp32_hi:.2f}] |")
+    return [*lines, ""]

@@ -1,0 +1,45 @@
+"""The grid's batch axis: `batch=1,2` runs one cell per batch size, a batch cell's rows are groups
+decoded with `generate_batch` as paired 2x2s, and a batch of one keeps the cells' old identity."""
+
+from __future__ import annotations
+
+from experiments.store import load_rows
+
+from tests.test_experiments import extra_conf, run_grid  # noqa: F401  (fixture)
+
+
+def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
+    results = tmp_path / "results"
+    done = run_grid(results, "drafter=ngram", "shape=chain4", "quant=torchao_int4", "max_new_tokens=6", "batch=1,2",
+                    "dataset.question_ids=[smoke-1,smoke-2,smoke-3,smoke-4]", extra_conf=extra_conf)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = load_rows(results)
+    assert sorted(rows.batch.unique()) == [1, 2] and rows.cell_id.nunique() == 2
+    one, two = rows[rows.batch == 1], rows[rows.batch == 2]
+    assert not one.cell_id.iloc[0].count("__b") and two.cell_id.iloc[0].count("__b2__") == 1
+    assert len(two) == 2 and (two.rows == 2).all() and two.question_id.str.contains(r"\+").all()
+    assert (two.paired).all() and (two.interaction > 0).all()
+    # Greedy: a group's plain tokens are its members' plain tokens decoded alone, in order.
+    for _, group in two.iterrows():
+        members = group.question_id.split("+")
+        alone = one.set_index("question_id").loc[members]
+        assert group.baseline_new_tokens == alone.baseline_new_tokens.sum()
+
+
+def test_batch_section_shows_speculation_per_batch():
+    """The section appears only with two batch sizes and reads each cell's paired ratio per batch."""
+    import pandas as pd
+
+    from experiments.batches import batch_section, batch_table
+
+    def row(batch, q, drafted, plain):
+        return {"drafter": "ngram", "shape": "chain(4)", "quant": "int4", "batch": batch, "question_id": q,
+                "new_tokens": drafted, "wall_time_s": 1.0, "baseline_new_tokens": plain, "baseline_wall_time_s": 1.0,
+                "reference_new_tokens": 10, "reference_wall_time_s": 1.0,
+                "reference_drafted_new_tokens": 15, "reference_drafted_wall_time_s": 1.0}
+
+    rows = pd.DataFrame([row(1, "a", 20, 10), row(1, "b", 20, 10), row(8, "a+b", 8, 10), row(8, "c+d", 8, 10)])
+    table = batch_table(rows, n_boot=200)
+    assert table.speculation.round(3).tolist() == [2.0, 0.8] and table.fp32_speculation.round(3).tolist() == [1.5, 1.5]
+    assert "| ngram | `chain(4)` | int4 | 8 | 2 | 0.80" in "\n".join(batch_section(rows, n_boot=200))
+    assert batch_section(rows[rows.batch == 1]) == []
