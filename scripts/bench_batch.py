@@ -1,7 +1,7 @@
 """Batches: where speculation stops paying as the batch grows, and where lossy-KV self-drafting starts.
 
 For each context length and batch size, every drafter x shape runs `specdec.generate_batch` on the
-same B rows (long-suite text cut to the context, each row its own slice), with plain decoding
+same B rows (long-suite text cut to the context, each row its own slice of it), with plain decoding
 (drafter none) in the same rotation, `--repeats` times in rotating order so drift hits all alike.
 Every row decodes exactly `--tokens` tokens (EOS does not stop it). Per configuration it prints the
 total decode tokens/s (all rows, prefill excluded), the speedup over plain at the same batch and
@@ -51,18 +51,14 @@ DEFAULT_DRAFTERS = ("none,ngram,eagle,self_draft[kv=full],self_draft[kv=window@0
 
 
 def rows_at(target: specdec.Target, context: int, batch: int) -> list[list[int]]:
-    """`batch` rows of exactly `context` token ids: long-suite texts (no chat template), row b from
-    text b mod 6 starting 37 * (b // 6) tokens in, so no two rows are the same."""
+    """`batch` rows of exactly `context` token ids from the long suite's texts joined into one stream
+    (no chat template): row b starts 1,009 * b tokens in (modulo the room left), so rows differ."""
     texts = [json.loads(line)["turns"][0] for line in SUITE.read_text().splitlines() if line.strip()]
-    ids = [target.tokenizer.encode(t) for t in texts]
-    rows = []
-    for b in range(batch):
-        source, offset = ids[b % len(ids)], 37 * (b // len(ids))
-        if len(source) < offset + context:
-            raise SystemExit(f"error: the long suite's text {b % len(ids)} has {len(source)} tokens, "
-                             f"row {b} needs {offset + context}")
-        rows.append(source[offset:offset + context])
-    return rows
+    stream = [t for text in texts for t in target.tokenizer.encode(text)]
+    room = len(stream) - context
+    if room < 0:
+        raise SystemExit(f"error: the long suite has {len(stream)} tokens, a row needs {context}")
+    return [stream[(1009 * b) % (room + 1):][:context] for b in range(batch)]
 
 
 def sized(spec: str, options: dict, context: int) -> tuple[str, dict]:

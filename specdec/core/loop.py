@@ -173,7 +173,7 @@ def generate_batch(
     `max_new_tokens` is one number or one per prompt. A drafter must be batchable for more than one
     prompt (`specdec.core.draft.BatchDrafter`). `shape="auto"` picks one shape per step for the whole
     batch, planning with the latency curve at the batch's size (`python -m specdec.tune --batch B`) and
-    verifying each row's draft whole. `cache="graphs"` runs one prompt.
+    verifying each row's draft whole. `cache="auto"` is `static` for a batch; `graphs` runs one prompt.
     """
     prompts = list(prompts) if not isinstance(prompts, (str, torch.Tensor)) else [prompts]
     if not prompts:
@@ -366,7 +366,9 @@ def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | Shap
     generation past the context, a too short `cache_capacity`, a batch the cache or policy cannot
     run, or a batch whose cache would not fit in memory."""
     spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
-    kind = resolve_cache(cache, target)
+    # A batch's `auto` cache is the preallocated one: a growing cache copies every row's entries at every
+    # step (transformers' DynamicCache concatenates), which a batch of long rows pays for in full.
+    kind = "static" if cache == "auto" and len(rows) > 1 else resolve_cache(cache, target)
     max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
     width, buckets = verification_width(kind, max_nodes + 1, buckets)
     for b, (row, limit) in enumerate(zip(rows, limits)):
