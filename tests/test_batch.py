@@ -234,3 +234,19 @@ def test_steps_name_each_rows_absolute_positions(tiny_llama64, prompts):
     assert first == {b: list(range(len(p) - 1)) for b, p in enumerate(prompts)}
     second = {b: pos for b, pos in recorder.seen[len(prompts): 2 * len(prompts)]}
     assert second == {b: [len(p) - 1] for b, p in enumerate(prompts)}
+
+
+def test_batched_certificate_case_passes_and_names_unbatchable_drafters():
+    """`certify_batch.batch_case`: ngram's rows each follow their prompt's exact law; a drafter that
+    cannot batch gets no case (None) rather than a PASS."""
+    from specdec import certify
+    from specdec.measure.certify_batch import batch_case
+
+    world = certify.tiny_world()
+    case = batch_case(world.target, build_for_tests("ngram", target=world.target), "tree(2,2)", "top-k", 150)
+    assert case.problem is None and case.p_value >= 1e-3 and case.steps > 0
+
+    class Single:
+        name = "single"
+
+    assert batch_case(world.target, Single(), "chain(2)", "plain", 10) is None
