@@ -27,6 +27,15 @@ same loop: they read only the aux layers of the target's features, feed their ow
 deeper nodes, and score with their own lm_head over their d2t draft vocabulary, so the target's
 lm_head and softcap are not used for them.
 
+Batches (`specdec.generate_batch`): one head cache holds every row, each row's pairs at its own
+positions, with holes where a row ran fewer pairs or a shorter draft level (`specdec.target.cache`).
+A step runs every row's new pairs in one head forward, then grows each row's own tree (its own
+scores; its randomness only from its own generator) with `specdec.drafters.lockstep.grow_rows`, one
+head forward per depth for all rows, levels padded to the widest row; `commit` rolls each row back
+with `keep_rows` and finished rows leave with `select_rows`. A head batches when its forward takes
+per-row positions (`takes_row_positions`; a speculators EAGLE-3 head does not yet, so it drafts one
+prompt at a time).
+
 Head dtype: `head_dtype="auto"` (the default) runs the head in the dtype `python -m specdec.tune`
 stored for this machine x target x kernel x head geometry (`measure_head_dtypes` times both), else
 in the target's dtype; a depth reads its weights from memory after every target forward, so
@@ -49,8 +58,9 @@ from specdec.drafters.registry import register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.speculators_format import Eagle3Head, is_speculators_dir, load_speculators
 from specdec.drafters.common import BlockSlots
+from specdec.drafters.lockstep import Ask, grow_rows
 from specdec.target.loading import parse_dtype
-from specdec.target.model import Target, tree_attention
+from specdec.target.model import Target, batch_attention, tree_attention
 from specdec.core.shapes import SubVocab, grow_tree
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -64,6 +74,7 @@ class EagleDrafter:
                  refresh: bool = True, head_dtype: torch.dtype | None = None, name: str = "eagle") -> None:
         head.config.check_target(target)
         self.name = name
+        self.batchable = getattr(head, "takes_row_positions", False)  # its forward runs rows at their own positions
         self.refresh = refresh
         # A copy, cast and given the target's linear kernel: the caller's head may still be trained, or
         # be built into drafters of other dtypes (`measure_head_dtypes`), and must not change under them.
@@ -178,19 +189,144 @@ class EagleDrafter:
     def commit(self, step: Step) -> None:
         """Roll the head's cache back (refresh: drop every draft entry; else keep the accepted path's)
         and queue the target's features of the committed positions that the head has not run."""
+        if step.kept is not None:
+            self._commit_rows(step)
+            return
         if not step.is_prefill:
             kept = [] if self.refresh else self.block.accepted(step)
             self.cache.keep(self.consumed, kept)
             self.consumed += len(kept)
         first = int(step.positions[0, 0]) if step.positions.numel() else self.consumed
-        features = step.target_hidden  # [B, K, H] at positions first, first + 1, ...
+        features = self._step_features(step)  # [B, K, W] at positions first, first + 1, ...
+        self.features = torch.cat([self.features, features[:, max(0, self.consumed - first):]], 1)
+
+    def _step_features(self, step: Step) -> torch.Tensor:
+        """The target's features of a step's kept rows, [B, K, W]: final hidden states, then the aux layers'."""
+        features = step.target_hidden  # [B, K, H]
         if self.aux_layers:
             if step.target_aux is None:
                 raise ValueError(f"the EAGLE head fuses target layers {list(self.aux_layers)} but the Step carries "
                                  "no target_aux: the target must capture them (Target.capture_layers)")
             features = torch.cat([features, step.target_aux], -1)  # [B, K, (1 + k) H]
-        features = features.to(self.features.dtype)
-        self.features = torch.cat([self.features, features[:, max(0, self.consumed - first):]], 1)
+        return features.to(self.features.dtype)
+
+    # ---- batches (`specdec.generate_batch`) ------------------------------------------------------
+    # Row b's pairs sit in row b of one head cache at row b's own positions (pair i at position i);
+    # rows that ran fewer pairs have holes there (`specdec.target.cache.RowBook`). A draft block is
+    # padded per depth to the widest row, its padding entries are holes, and a row's block slot s is
+    # block column s in every row's `BlockSlots` (padding columns included).
+
+    def _start_rows(self, rows: int) -> None:
+        """Batch state for `rows` rows, at the prefill of a batch."""
+        self.cache = KVCache()
+        self.row_consumed = [0] * rows  # pairs of row b in the head's cache
+        self.row_features = [self.features[0, :0]] * rows  # [P_b, W] row b's target features not yet run
+        self.row_blocks = [BlockSlots() for _ in range(rows)]
+        self.block_begin = 0  # stored index of the draft block in the head's cache (= length: no block)
+
+    def _run_rows(self, features: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor | None,
+                  valid: torch.Tensor | None) -> torch.Tensor:
+        """Append n entries per row (features [B, n, W], tokens [B, n], block parents [B, M] or None = a
+        chain, valid [B, n]: False = padding, a hole) at each row's next position; predicted features [B, n, H]."""
+        rows, n = tokens.shape
+        starts = self.cache.next_positions
+        starts = starts.expand(rows) if starts.numel() == 1 else starts  # [B] ([1] before the first write)
+        positions, mask = batch_attention(parents, n, self.cache.length, starts, self.cache.valid, valid,
+                                          self.head.fc.weight.dtype)  # [B, n], [B, 1, n, past + n]
+        embeds = self.embed(tokens.to(self.lm_weight.device))  # [B, n, H]
+        predicted = self.head(features, embeds, positions, mask, self.cache.hf)
+        self.cache.append_valid(valid, n)
+        return predicted
+
+    def _score_rows(self, asks: dict[int, Ask]) -> dict[int, torch.Tensor]:
+        """One depth of every asking row's draft in one head forward (`grow_rows`' ScoreRows).
+
+        Example: row 0 asks nodes [3, 4] under parents [1, 1], row 1 asks nothing: the block gains
+        two columns; row 0's nodes read the predicted feature of node 1's column, row 1's columns
+        are padding (parent -1, holes), and only row 0 gets logits back."""
+        rows, width = len(self.row_blocks), max(len(nodes) for nodes, _, _ in asks.values())
+        reads = torch.zeros(rows, width, dtype=torch.long)  # [B, n] column of block_features each node reads
+        tokens = torch.zeros(rows, width, dtype=torch.long)  # [B, n]
+        for b, block in enumerate(self.row_blocks):
+            nodes, row_tokens, parent_ids = asks.get(b, ([], None, []))
+            if nodes:  # column 0 of block_features is the root's predicted feature, column s + 1 block slot s's
+                reads[b, :len(nodes)] = torch.tensor([block.slot[p] + 1 if p >= 0 else 0 for p in parent_ids])
+                tokens[b, :len(nodes)] = row_tokens[0].cpu()
+            block.add(nodes, parent_ids)
+            block.parents.extend([-1] * (width - len(nodes)))  # padding: no one's ancestor
+        counts = torch.tensor([len(asks.get(b, ([],))[0]) for b in range(rows)])
+        valid = torch.arange(width) < counts[:, None]  # [B, n]
+        parents = torch.tensor([block.parents for block in self.row_blocks], dtype=torch.long)  # [B, M]
+        reads = reads.to(self.block_features.device)[..., None].expand(-1, -1, self.block_features.shape[-1])
+        predicted = self._run_rows(self.block_features.gather(1, reads), tokens, parents,
+                                   None if bool(valid.all()) else valid)
+        self.block_features = torch.cat([self.block_features, predicted], 1)
+        logits = self._logits(predicted)  # [B, n, N]
+        return {b: logits[b:b + 1, :len(nodes)] for b, (nodes, _, _) in asks.items()}
+
+    @torch.inference_mode()
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        """One draft per row: every row's pending pairs in one head forward, then one forward per depth
+        for all rows (`grow_rows`); row b samples only from `request.generators[b]`."""
+        rows, width = request.token_ids.shape
+        lengths = request.lengths or [width] * rows
+        if rows != len(self.row_features):
+            raise ValueError(f"EAGLE holds {len(self.row_features)} batch rows but the request has {rows}: "
+                             "every Step must reach commit() and finished rows leave by select_rows()")
+        counts = [f.shape[0] for f in self.row_features]
+        for b, (consumed, count, length) in enumerate(zip(self.row_consumed, counts, lengths)):
+            if consumed + count != length - 1:
+                raise ValueError(f"EAGLE holds features for {consumed + count} positions of row {b} but "
+                                 f"{length} tokens are committed: every Step must reach commit()")
+        # 1. The pairs each row committed since its last draft: (target feature i, token i + 1).
+        n = max(counts)
+        features = self.features.new_zeros(rows, n, self.features.shape[-1])  # [B, n, W]
+        tokens = torch.zeros(rows, n, dtype=torch.long)  # [B, n]
+        for b, (consumed, count, length) in enumerate(zip(self.row_consumed, counts, lengths)):
+            start = width - length + consumed + 1  # row b's token consumed + 1, left padding skipped
+            features[b, :count] = self.row_features[b]
+            tokens[b, :count] = request.token_ids[b, start:start + count].cpu()
+        if n:
+            valid = torch.arange(n) < torch.tensor(counts)[:, None]  # [B, n]
+            predicted = self._run_rows(features, tokens, None, None if bool(valid.all()) else valid)
+            last = (torch.tensor(counts) - 1).clamp(min=0).to(predicted.device)
+            self.root_feature = predicted[torch.arange(rows, device=predicted.device), last][:, None]  # [B, 1, H]
+        self.row_consumed = [c + count for c, count in zip(self.row_consumed, counts)]
+        self.row_features = [f[:0] for f in self.row_features]
+        self.block_begin = self.cache.length
+        self.row_blocks = [BlockSlots() for _ in range(rows)]
+        if not n:  # only one-token prompts: no target feature exists yet, so nothing to draft from
+            return [Draft.empty(device=request.token_ids.device) for _ in range(rows)]
+        # 2. Every row grows its own tree from its own scores, the rows' depths run together.
+        self.block_features = self.root_feature
+        root_logits = self._logits(self.root_feature)[:, -1]  # [B, N]
+        generators = request.generators or [request.generator]
+        return grow_rows(request.shape, [root_logits[b:b + 1] if counts[b] else None for b in range(rows)],
+                         self._score_rows, request.sampling, generators, request.max_depth, self.sub_vocab)
+
+    def _commit_rows(self, step: Step) -> None:
+        """`commit` for a batch: per-row rollback of the head's cache (`keep_rows`), per-row features queued."""
+        if step.is_prefill:
+            self._start_rows(step.batch)
+        else:
+            kept = [[] if self.refresh else block.accepted(step.row(b)) for b, block in enumerate(self.row_blocks)]
+            self.cache.keep_rows(self.block_begin, kept)
+            self.row_consumed = [c + len(k) for c, k in zip(self.row_consumed, kept)]
+        self.block_begin = self.cache.length
+        self.row_blocks = [BlockSlots() for _ in range(step.batch)]
+        features = self._step_features(step)  # [B, K, W], row b's first step.kept[b] real
+        for b, consumed in enumerate(self.row_consumed):
+            first = int(step.positions[b, 0]) if step.kept[b] else consumed
+            new = features[b, max(0, consumed - first):step.kept[b]]
+            self.row_features[b] = torch.cat([self.row_features[b], new])
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only the batch rows `rows` (finished rows leave), in the head's cache and its queues."""
+        self.cache.select_rows(rows)
+        self.row_consumed = [self.row_consumed[b] for b in rows]
+        self.row_features = [self.row_features[b] for b in rows]
+        self.row_blocks = [self.row_blocks[b] for b in rows]
+        self.block_begin = self.cache.length
 
 
 def shipped_head_path(target: Target) -> Path:

@@ -172,6 +172,8 @@ class EagleHead(nn.Module):
 
     scores_own_vocabulary = False
     """The drafter scores this head's features with the target's lm_head rows (its `draft_vocab` ranks them)."""
+    takes_row_positions = True
+    """`forward` takes positions [B, n] and masks [B, 1, n, past + n]: a drafter can run a batch's rows at once."""
 
     def embedding(self, target) -> nn.Module:
         """The token embedding pairs read: the target's (shared, never trained)."""
@@ -185,12 +187,13 @@ class EagleHead(nn.Module):
         self,
         features: torch.Tensor,  # [B, n, H] predicted feature, or [B, n, (1 + k) H] the target's (final, then aux)
         token_embeds: torch.Tensor,  # [B, n, H] target embedding of the token at each position
-        positions: torch.Tensor,  # [n] long
-        mask: torch.Tensor | None,  # [n, past + n] additive, None = plain causal (training)
+        positions: torch.Tensor,  # [n] long, or [B, n]: each row at its own positions (a batch)
+        mask: torch.Tensor | None,  # [n, past + n] additive, or [B, 1, n, past + n]; None = plain causal (training)
         cache: DynamicCache | None = None,
     ) -> torch.Tensor:
         """Predicted features [B, n, H] (inputs of the target's lm_head). Features wider than H carry
-        the aux layers after the final hidden state (see the module docstring); exactly H: none."""
+        the aux layers after the final hidden state (see the module docstring); exactly H: none.
+        Positions and mask are shared by the rows, or per row (`takes_row_positions`)."""
         hsize = self.config.hidden_size
         x = self.fc(torch.cat([token_embeds, features[..., :hsize]], -1).to(self.fc.weight.dtype))
         if features.shape[-1] > hsize:
@@ -199,13 +202,13 @@ class EagleHead(nn.Module):
                 raise ValueError(f"features of width {features.shape[-1]} carry {len(aux)} aux layers; "
                                  f"this head fuses {len(self.config.aux_layers)} ({list(self.config.aux_layers)})")
             x = x + self.fc_aux(torch.cat([norm(a) for norm, a in zip(self.aux_norms, aux)], -1))
-        position_ids = positions[None].to(x.device)  # [B, n]
+        position_ids = (positions[None] if positions.dim() == 1 else positions).to(x.device)  # [1 or B, n]
         cos, sin = self.rotary(x, position_ids)
         if mask is None:
             n = x.shape[1]
             causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
             mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
-        mask = mask[None, None].to(device=x.device, dtype=x.dtype)  # [B, 1, n, past + n]
+        mask = (mask[None, None] if mask.dim() == 2 else mask).to(device=x.device, dtype=x.dtype)  # [1 or B, 1, n, past + n]
         layer = self.layer
         x = x + self._attention(layer.input_layernorm(x), cos, sin, mask, cache)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
