@@ -204,6 +204,9 @@ class DraftRequest:
     """Batches: committed tokens per row, left-padded in `token_ids` (None = every row has L)."""
     generators: list[torch.Generator] | None = None
     """Batches: each row's random stream (row b draws only from generators[b]); None = [generator]."""
+    max_depths: list[int] | None = None
+    """Batches: each row's own `max_depth` (rows have different numbers of tokens left); `max_depth` is
+    their largest. A row drafting past its own would draw randomness its run alone never draws."""
 
     @property
     def batch(self) -> int:
@@ -213,8 +216,9 @@ class DraftRequest:
         """Row b as a batch-of-one request (its tokens without padding, its own random stream)."""
         length = self.token_ids.shape[1] if self.lengths is None else self.lengths[b]
         generator = self.generator if self.generators is None else self.generators[b]
+        depth = self.max_depth if self.max_depths is None else self.max_depths[b]
         return DraftRequest(self.token_ids[b:b + 1, self.token_ids.shape[1] - length:], self.shape, self.sampling,
-                            generator, self.max_depth)
+                            generator, depth)
 
 
 @runtime_checkable

@@ -219,7 +219,8 @@ def generate_batch(
         if step_shape is not None:
             request = DraftRequest(token_ids=token_ids, shape=step_shape, sampling=sampling,
                                    generator=generators[active[0]], max_depth=max(remaining) - 1, lengths=lengths,
-                                   generators=[generators[i] for i in active] if batched else None)
+                                   generators=[generators[i] for i in active] if batched else None,
+                                   max_depths=[r - 1 for r in remaining] if batched else None)
             drafts = drafter.propose_batch(request) if batched else [drafter.propose(request)]
             if len(drafts) != len(active):
                 raise ValueError(f"drafter {drafter.name!r} returned {len(drafts)} drafts for {len(active)} rows")
