@@ -10,10 +10,12 @@ import pytest
 import torch
 
 import specdec
-from specdec.core.shapes import parse_shape
+from specdec.core.sampling import SamplingConfig
+from specdec.core.shapes import grow_tree, parse_shape
 from specdec.drafters import build
 from specdec.drafters.eagle import random_head
 from specdec.drafters.eagle_head import EagleHead, widen
+from specdec.drafters.lockstep import grow_rows
 
 SHAPES = ["chain(4)", "tree(2,2,1)", "dynamic(top_k=3,depth=4,budget=10)"]
 LIMITS = [12, 5, 9, 12]
@@ -129,6 +131,44 @@ def test_a_head_fusing_aux_layers_batches(prompts, shape):
         assert_same_drafts(log.drafts[b], alone_log.drafts[0], shape)
 
 
+def toy_logits(row: int, tokens: torch.Tensor) -> torch.Tensor:
+    """[1, n, 10] logits that depend on the row and the scored tokens only."""
+    return torch.sin(tokens[..., None].double() * torch.arange(10) + row) * 3
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_grow_rows_grows_each_rows_draft_as_grow_tree_alone(shape):
+    """Rows of different depth limits (0 = no draft: it never asks) sampled from their own generators:
+    each row's draft equals `grow_tree` alone, and the rows' calls are answered in rounds, one per depth."""
+    sampling, depths = SamplingConfig(temperature=1.0), [3, 1, 0, 4]
+    roots = [toy_logits(b, torch.tensor([[b]]))[:, 0] for b in range(4)]
+    rounds = []
+
+    def score_rows(asks):
+        rounds.append(sorted(asks))
+        return {b: toy_logits(b, tokens) for b, (_, tokens, _) in asks.items()}
+
+    drafts = grow_rows(parse_shape(shape), roots, score_rows, sampling,
+                       [torch.Generator().manual_seed(b) for b in range(4)], depths)
+    for b, (root, depth) in enumerate(zip(roots, depths)):
+        alone = grow_tree(parse_shape(shape), root, lambda _, tokens, __, b=b: toy_logits(b, tokens), sampling,
+                          torch.Generator().manual_seed(b), depth)
+        assert drafts[b].tokens.tolist() == alone.tokens.tolist()
+        assert drafts[b].parents.tolist() == alone.parents.tolist()
+    deepest = min(4, shape_depth(shape))
+    assert len(rounds) == deepest - 1 and rounds[0] == [0, 3]  # rows 1 and 2 never ask
+    assert rounds[-1] == ([3] if deepest == 4 else [0, 3])  # row 0 stops at its depth 3
+
+
+def test_grow_rows_raises_a_scoring_error_instead_of_hanging():
+    def broken(asks):
+        raise RuntimeError(f"no forward for rows {sorted(asks)}")
+
+    roots = [toy_logits(b, torch.tensor([[b]]))[:, 0] for b in range(3)]
+    with pytest.raises(RuntimeError, match=r"no forward for rows \[0, 1, 2\]"):
+        grow_rows(parse_shape("chain(3)"), roots, broken, SamplingConfig(), [torch.Generator()] * 3, [4, 4, 4])
+
+
 SAMPLED = [pytest.param("chain(4)", marks=pytest.mark.xfail(
     strict=True, reason="a sampled chain draws one token per depth from the row's generator, to the batch's "
     "max_depth: a row near its end draws more than alone until the loop gives per-row max depths")),
@@ -148,7 +188,7 @@ def test_sampled_rows_equal_their_seed_alone(tiny_llama64, prompts, shape):
         assert out.token_ids == alone.token_ids, f"row {b}"
 
 
-@pytest.mark.parametrize("shape,depths", [("chain(4)", 4), ("tree(2,2,1)", 3), ("dynamic(top_k=3,depth=4,budget=10)", 4)])
+@pytest.mark.parametrize("shape,depths", [("chain(4)", 4), ("tree(2,2,1)", 3), (SHAPES[2], 4)])
 def test_each_depth_is_one_head_forward_for_the_whole_batch(tiny_llama64, prompts, shape, depths):
     """A drafting step runs the head once for every row's new pairs, then once per expanded depth for
     all rows (the last depth is scored by nobody): `depths` forwards a step at any batch size."""

@@ -300,9 +300,10 @@ class EagleDrafter:
         # 2. Every row grows its own tree from its own scores, the rows' depths run together.
         self.block_features = self.root_feature
         root_logits = self._logits(self.root_feature)[:, -1]  # [B, N]
-        generators = request.generators or [request.generator]
+        rows_asked = [request.row(b) for b in range(rows)]  # each row's own generator and depth limit
         return grow_rows(request.shape, [root_logits[b:b + 1] if counts[b] else None for b in range(rows)],
-                         self._score_rows, request.sampling, generators, request.max_depth, self.sub_vocab)
+                         self._score_rows, request.sampling, [r.generator for r in rows_asked],
+                         [r.max_depth for r in rows_asked], self.sub_vocab)
 
     def _commit_rows(self, step: Step) -> None:
         """`commit` for a batch: per-row rollback of the head's cache (`keep_rows`), per-row features queued."""

@@ -208,7 +208,8 @@ class EagleHead(nn.Module):
             n = x.shape[1]
             causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
             mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
-        mask = (mask[None, None] if mask.dim() == 2 else mask).to(device=x.device, dtype=x.dtype)  # [1 or B, 1, n, past + n]
+        mask = mask[None, None] if mask.dim() == 2 else mask  # [1 or B, 1, n, past + n]
+        mask = mask.to(device=x.device, dtype=x.dtype)
         layer = self.layer
         x = x + self._attention(layer.input_layernorm(x), cos, sin, mask, cache)
         x = x + layer.mlp(layer.post_attention_layernorm(x))

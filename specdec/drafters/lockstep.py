@@ -5,10 +5,11 @@ very code a batch of one runs, so a row's draft equals the one it would get alon
 drawn only from its own generator), while the rows' `score` calls are answered together: when
 every row still growing waits on a score, one `score_rows` call runs all of them in one forward.
 Rows of one shape ask at the same depths with the same node counts (a grower's structure depends
-on the shape, not on the logits), so each depth costs one forward for the batch; a row that asks
-less often simply sits out a call. Each row's grower runs in a thread of its own only to be
-suspended at its score calls; the model runs in the caller's thread, one call at a time.
-Knows nothing about any model or cache: the drafter's `score_rows` does the forward.
+on the shape and the depth limit, not on the logits), so each depth costs one forward for the
+batch; a row that asks less often (a lower depth limit) sits out the later calls. Each row's
+grower runs in a thread of its own only to be suspended at its score calls: the caller's thread
+hands the turn to one row at a time and runs the model itself, so nothing runs concurrently. Knows nothing about any model or cache: the drafter's
+`score_rows` does the forward.
 """
 
 from __future__ import annotations
@@ -30,60 +31,59 @@ ScoreRows = Callable[[dict[int, Ask]], dict[int, torch.Tensor]]
 
 
 def grow_rows(shape: Shape, root_logits: list[torch.Tensor | None], score_rows: ScoreRows,
-              sampling: SamplingConfig, generators: list[torch.Generator], max_depth: int,
+              sampling: SamplingConfig, generators: list[torch.Generator], max_depths: list[int],
               vocab: SubVocab | None = None) -> list[Draft]:
     """One draft per row: row b grows from `root_logits[b]` ([1, Vd]; None = nothing to draft from,
-    an empty draft) with `generators[b]`, as `grow_tree` would alone; `score_rows` answers each round
-    of the rows' score calls at once (see the module docstring). An error in a row's grower or in
-    `score_rows` is raised here once every row has stopped."""
+    an empty draft) with `generators[b]`, at most `max_depths[b]` deep, as `grow_tree` would alone;
+    `score_rows` answers each round of the rows' score calls at once (see the module docstring). An
+    error in a row's grower or in `score_rows` is raised here once every row has stopped."""
     drafts = [Draft.empty() for _ in root_logits]  # a row with no root logits keeps its empty draft
-    lock = threading.Condition()
+    rows = [b for b, logits in enumerate(root_logits) if logits is not None]
+    turn = {row: threading.Semaphore(0) for row in rows}  # released: the row runs (one row at a time)
+    stopped = threading.Semaphore(0)  # released by the running row when it asks a score or finishes
     asks: dict[int, Ask] = {}
     answers: dict[int, torch.Tensor | BaseException] = {}
     errors: list[BaseException] = []
-    growing = sum(r is not None for r in root_logits)
 
     def ask(row: int, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
-        with lock:
-            asks[row] = (node_ids, tokens, parent_ids)
-            lock.notify_all()
-            lock.wait_for(lambda: row in answers)
-            answer = answers.pop(row)
+        asks[row] = (node_ids, tokens, parent_ids)
+        stopped.release()
+        turn[row].acquire()
+        answer = answers.pop(row)
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
     def grow(row: int) -> None:
-        nonlocal growing
+        turn[row].acquire()
         try:
             with torch.inference_mode():  # inference mode is per thread
                 drafts[row] = grow_tree(shape, root_logits[row], partial(ask, row), sampling, generators[row],
-                                        max_depth, vocab)
+                                        max_depths[row], vocab)
         except BaseException as err:  # noqa: BLE001 -- handed to the caller's thread below
             errors.append(err)
         finally:
-            with lock:
-                growing -= 1
-                lock.notify_all()
+            stopped.release()
 
-    threads = [threading.Thread(target=grow, args=(b,), daemon=True)
-               for b, r in enumerate(root_logits) if r is not None]
+    threads = [threading.Thread(target=grow, args=(row,), daemon=True) for row in rows]
     for thread in threads:
         thread.start()
-    with lock:
-        while True:
-            lock.wait_for(lambda: len(asks) == growing)  # every row still growing waits on a score
-            if not asks:
-                break
-            try:
-                answered = score_rows(dict(asks))
-                if set(answered) != set(asks):
-                    raise ValueError(f"score_rows answered rows {sorted(answered)}, asked by rows {sorted(asks)}")
-                answers.update(answered)
-            except BaseException as err:  # noqa: BLE001 -- every waiting row stops with it
-                answers.update({row: err for row in asks})
-            asks.clear()
-            lock.notify_all()
+    running = rows  # rows to run on, each until it asks a score or finishes
+    while running:
+        for row in running:
+            turn[row].release()
+            stopped.acquire()
+        if not asks:
+            break
+        try:
+            answered = score_rows(dict(asks))
+            if set(answered) != set(asks):
+                raise ValueError(f"score_rows answered rows {sorted(answered)}, asked by rows {sorted(asks)}")
+        except BaseException as err:  # noqa: BLE001 -- every asking row stops with it
+            answered = {row: err for row in asks}
+        answers.update(answered)
+        running = sorted(asks)
+        asks.clear()
     for thread in threads:
         thread.join()
     if errors:
