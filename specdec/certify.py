@@ -7,13 +7,19 @@ Owns the certificate that the test suite and the command line share:
   Pearson's chi-square of the first `LENGTH` generated tokens of n seeded generations against the
   target's exact law, per shape x {plain, top-k, top-p} x EOS stopping {off, on}; on a second prompt
   whose repeats branch (n-gram trees, more rejections); `auto` at T > 0 and the static and graphs
-  caches. Every draft is checked (`Recorder`): it fits the shape asked for, its draft_probs are
+  caches; batched rows (`specdec.measure.certify_batch.batch_case`, one case per sampling on
+  `BATCH_SHAPE`; a drafter that cannot batch gets a line saying so, not a failure). Every draft is checked (`Recorder`): it fits the shape asked for, its draft_probs are
   well formed, and the sampled tokens' ranks match the recorded draft_probs per depth (chi-square);
-- power (`power`): the reference cases (drafter-independent: point-mass siblings, sampled siblings
+- power (`specdec.measure.certify_power.power`, re-exported here): the reference cases (drafter-independent: point-mass siblings, sampled siblings
   with draft probabilities, a sampled chain under top-k and top-p through the real grower) run
   unmutated (the control) and under every mutant of `specdec.measure.mutants` (each one edit of the
   real acceptance code or draft sampler). A certificate passes only if every case of the drafter and
   the control pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA);
+- the width effect (`--target`): on a real target, how far a drafted run's next-token law is from
+  the plain loop's (`specdec.measure.width_effect`, TV per token with a CI over prompts). The
+  promise (`PROMISE`) is exactness with respect to the target's computation at the verification
+  width: on a target that is not plain fp32/fp64 (bf16/fp16, quantized weights, another kernel) the
+  certificate reports that effect and the verdict WIDTH-DEPENDENT instead of a PASS it cannot back;
 - `certify` and `main`: a readable certificate with one JSON line last, or with
   `--self-test` the power section alone as one JSON line.
 Knows nothing about any particular drafter: it builds them by name through the registry, with the
@@ -25,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -39,17 +44,18 @@ from specdec.core.reference import reference_generate
 from specdec.core.shapes import AutoShape
 from specdec.drafters.registry import _REGISTRY as _DRAFTERS
 from specdec.drafters.registry import build, parse_options
+from specdec.measure.certify_batch import batch_case
 from specdec.measure.certify_cases import LENGTH, SAMPLINGS, CaseResult, SiblingDrafter, distribution_case
+from specdec.measure import width_effect as widths
 from specdec.measure.latency import LatencyCurve
-from specdec.measure.mutants import MUTANTS, MutantDoesNotApply, mutated
+from specdec.measure.certify_power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
+from specdec.measure.mutants import MUTANTS
 from specdec.target.model import Target
 
+__all__ = ["ALPHA", "POWER_ALPHA", "POWER_N", "REFERENCE_CASES", "Certificate", "Power", "SiblingDrafter", "World",
+           "certify", "main", "power", "reference_cases", "tiny_world"]
 VOCAB = 5
 """Vocabulary of the T > 0 models: small enough to enumerate V^LENGTH sequences exactly."""
-ALPHA = 1e-4
-"""A case passes when its chi-square p-value is >= ALPHA."""
-POWER_ALPHA = 1e-6
-"""A mutant counts as caught when its p-value is <= POWER_ALPHA."""
 DISTRIBUTION_SHAPES = ("chain(2)", "tree(2,2)", "dynamic(top_k=2,depth=2,budget=4)")
 GREEDY_SHAPES = ("chain(1)", "chain(4)", "tree(3,2,2)", "dynamic(top_k=3,depth=5,budget=12)")
 GREEDY_PROMPTS = ([1, 5, 9, 5, 9, 5, 9, 13], [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 2, 3, 5])
@@ -64,6 +70,10 @@ COVERAGE = (("auto", "plain", "dynamic"), ("auto", "top-p", "dynamic"), ("tree(2
             ("chain(2)", "top-k", "static"), ("dynamic(top_k=2,depth=2,budget=4)", "plain", "graphs"),
             ("chain(2)", "top-p", "graphs"))
 """(shape, sampling, cache) of the coverage cases: `auto` at T > 0, the preallocated caches."""
+BATCH_SHAPE = "tree(2,2)"
+"""Shape of the batched cases (one per sampling)."""
+PROMISE = ("exact with respect to the target's computation at the verification width; in bf16/fp16 or "
+           "low-bit kernels the target's own law depends on the forward's width")
 
 
 # ---- the models and the drafter ----------------------------------------------------------------
@@ -130,6 +140,13 @@ def parse_case_shape(shape: str):
     return dataclasses.replace(spec, latency=AUTO_LATENCY) if isinstance(spec, AutoShape) else shape
 
 
+def batch_cases(world: World, drafter: Drafter, n: int, samplings: Sequence[str] = tuple(SAMPLINGS),
+                shape: str = BATCH_SHAPE) -> list[CaseResult] | None:
+    """One batched case per sampling on `shape` (n batches each); None when the drafter cannot batch."""
+    cases = [batch_case(world.target, drafter, shape, sampling, n) for sampling in samplings]
+    return None if any(c is None for c in cases) else cases
+
+
 def drafter_cases(world: World, drafter: Drafter, shapes: Sequence[str], n: int,
                   samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
                   coverage: bool = True) -> list[CaseResult]:
@@ -145,85 +162,6 @@ def drafter_cases(world: World, drafter: Drafter, shapes: Sequence[str], n: int,
     return cases
 
 
-# ---- power: the reference cases, unmutated and under every mutant -------------------------------
-
-POWER_N = 600
-"""Generations per reference case."""
-
-
-REFERENCE_CASES = ("point-mass siblings", "sampled siblings", "random chain")
-
-
-def reference_cases(world: World, n: int = POWER_N, names: Sequence[str] = REFERENCE_CASES) -> list[CaseResult]:
-    """The drafter-independent cases every mutant must fail:
-    - point-mass siblings at the flat target's three most likely tokens (`tree(3)`, 2 tokens): the
-      first sibling is rejected about 3 times in 4, and every wrong walk moves the first token's law;
-    - sampled siblings drawn without replacement with their draft probabilities, from a peaky draft
-      unrelated to the target (`tree(3)`, logits 4 x N(0, 1)): the first sibling is rejected often,
-      and a later sibling's conditional draft distribution differs most from the first's;
-    - a sampled chain of the `random` drafter through the real grower under top-k and top-p (its
-      recorded draft_probs are what the draft-probability check compares its samples with).
-    `names` picks some of them (`REFERENCE_CASES`)."""
-    unknown = sorted(set(names) - set(REFERENCE_CASES))
-    if unknown:
-        raise ValueError(f"unknown reference cases {unknown}; known: {', '.join(REFERENCE_CASES)}")
-    flat, target = world.flat_target, world.target
-    cases = []
-    if "point-mass siblings" in names:
-        point_mass = SiblingDrafter(VOCAB, width=3, depth=1, like=flat, noise=0.0, point_mass=True)
-        cases.append(distribution_case(flat, point_mass, "tree(3)", "plain", n, length=2,
-                                       prompt_name="point-mass siblings"))
-    if "sampled siblings" in names:
-        sampled = SiblingDrafter(VOCAB, width=3, depth=1, noise=4.0)
-        cases.append(distribution_case(flat, sampled, "tree(3)", "plain", n, length=2, prompt_name="sampled siblings"))
-    if "random chain" in names:
-        chain = build("random", target=target)
-        cases += [distribution_case(target, chain, "chain(2)", sampling, n, prompt_name="random chain")
-                  for sampling in ("top-k", "top-p")]
-    return cases
-
-
-@dataclass
-class Power:
-    """The reference cases unmutated (the control) and under each mutant."""
-
-    control: list[CaseResult]
-    mutants: dict[str, list[CaseResult]]
-    errors: dict[str, str] = field(default_factory=dict)
-    """mutant -> why it could not be applied (the certificate fails)."""
-    seconds: float = 0.0
-    """CPU seconds (process time) of the control and all mutants."""
-
-    @property
-    def control_p(self) -> float:
-        return min(c.min_p for c in self.control)
-
-    def mutant_p(self, name: str) -> float:
-        """min p over the reference cases under mutant `name` (NaN: it could not be applied)."""
-        return math.nan if name in self.errors else min(c.min_p for c in self.mutants[name])
-
-    @property
-    def passed(self) -> bool:
-        return self.control_p >= ALPHA and all(self.mutant_p(m.name) <= POWER_ALPHA for m in MUTANTS)
-
-    def json(self) -> dict:
-        return {"control": self.control_p, "mutants": {m.name: self.mutant_p(m.name) for m in MUTANTS}}
-
-
-def power(world: World, n: int = POWER_N) -> Power:
-    """Run the reference cases unmutated, then under each mutant of the real code."""
-    start = time.process_time()
-    result = Power(reference_cases(world, n), {})
-    for m in MUTANTS:
-        try:
-            with mutated(m):
-                result.mutants[m.name] = reference_cases(world, n)
-        except MutantDoesNotApply as err:
-            result.errors[m.name] = str(err)
-    result.seconds = time.process_time() - start
-    return result
-
-
 # ---- the certificate ----------------------------------------------------------------------------
 
 
@@ -234,22 +172,44 @@ class Certificate:
     greedy: dict[str, str | None] = field(default_factory=dict)
     """shape -> None (identical on every family and prompt) or what diverged."""
     cases: list[CaseResult] = field(default_factory=list)
+    batch: list[CaseResult] | None = None
+    """The batched cases; None when the drafter cannot batch (not a failure)."""
     power: Power | None = None
+    width: widths.WidthEffect | None = None
+    """The width effect on a real target (`--target`); None when none was given."""
     seconds: float = 0.0
     """CPU seconds (process time) of the whole certificate."""
 
     @property
     def min_p(self) -> float:
-        return min((c.min_p for c in self.cases), default=1.0)
+        return min((c.min_p for c in [*self.cases, *(self.batch or [])]), default=1.0)
 
     @property
-    def passed(self) -> bool:
+    def exact(self) -> bool:
+        """The algorithm is exact: greedy identity, every case and the power section pass (fp64 models)."""
         return (all(v is None for v in self.greedy.values()) and self.min_p >= ALPHA
                 and self.power is not None and self.power.passed)
 
+    @property
+    def width_dependent(self) -> bool:
+        """A real target was measured whose law depends on the forward's width (not plain fp32/fp64)."""
+        return self.width is not None and not self.width.exact_arithmetic
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, or WIDTH-DEPENDENT: exact algorithm, but the target's law moves with the width."""
+        return "FAIL" if not self.exact else "WIDTH-DEPENDENT" if self.width_dependent else "PASS"
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "PASS"
+
     def json_line(self) -> str:
-        return json.dumps({"drafter": self.drafter, "passed": self.passed, "cases": [c.row() for c in self.cases],
+        return json.dumps({"drafter": self.drafter, "passed": self.passed, "verdict": self.verdict,
+                           "cases": [c.row() for c in self.cases],
+                           "batch": None if self.batch is None else [c.row() for c in self.batch],
                            "min_p": self.min_p, "power": None if self.power is None else self.power.json(),
+                           "width": None if self.width is None else self.width.json(), "promise": PROMISE,
                            "cpu_seconds": round(self.seconds, 1)})
 
     def text(self) -> str:
@@ -262,6 +222,12 @@ class Certificate:
         lines += ["", f"Distribution (T > 0, chi-square of the first {LENGTH} tokens vs the exact law, vocab {VOCAB}; "
                   f"draft p: sampled draft tokens vs their recorded draft_probs; pass at p >= {ALPHA:g}):"]
         lines += _case_table(self.cases)
+        if self.batch is None:
+            lines += [f"  batches: drafter {self.drafter!r} does not batch (generate_batch refuses it); "
+                      "no batched case (not a failure)"]
+        else:
+            lines += [f"  batched (rows of {BATCH_SHAPE} batches, each against its own prompt's law):"]
+            lines += _case_table(self.batch)[1:]
         if self.power is None:
             lines += ["", "Power: skipped (--power-n 0): no evidence that these cases can fail, so no PASS"]
         else:
@@ -273,7 +239,14 @@ class Certificate:
                 p = self.power.mutant_p(m.name)
                 verdict = self.power.errors.get(m.name) or ("caught" if p <= POWER_ALPHA else "NOT CAUGHT")
                 lines.append(f"  {m.name:<34} p = {p:.2e}  {verdict}")
-        lines += ["", f"{'PASS' if self.passed else 'FAIL'}: min p = {self.min_p:.3g}, {self.seconds:.0f} CPU s"]
+        if self.width is not None:
+            lines += ["", *self.width.lines()]
+        lines += ["", f"Promise: {PROMISE}."]
+        tail = f"min p = {self.min_p:.3g}, {self.seconds:.0f} CPU s"
+        if self.verdict == "WIDTH-DEPENDENT":
+            tail += (f"; the algorithm is exact (fp64 cases above), but {self.width.label} samples from its law at "
+                     "the verification width, which differs from the plain loop's by the TV above: no PASS")
+        lines += ["", f"{self.verdict}: {tail}"]
         return "\n".join(lines)
 
 
@@ -291,10 +264,13 @@ def _case_table(cases: Sequence[CaseResult]) -> list[str]:
 def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: dict | None = None,
             n: int = 250, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
             power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None, coverage: bool = True,
-            power_result: Power | None = None) -> Certificate:
-    """Run the greedy identity, the drafter's distribution cases and the power section for `name`
-    (power_n = 0 skips the power section; such a certificate cannot pass). The power section does
-    not depend on the drafter: `power_result` reuses one already run (its CPU time is counted)."""
+            power_result: Power | None = None, batch_n: int | None = None, target: Target | None = None,
+            width_prompts: int = 8, width_tokens: int = 24) -> Certificate:
+    """Run the greedy identity, the drafter's distribution and batched cases (`batch_n` batches per
+    case, default n; 0 skips them) and the power section for `name` (power_n = 0 skips the power
+    section; such a certificate cannot pass). The power section does not depend on the drafter:
+    `power_result` reuses one already run (its CPU time is counted). With a real `target`, the width
+    effect of the drafter (built with `options` only) is measured on `width_prompts` prompts."""
     start = time.process_time()
     world = tiny_world()
     cert = Certificate(name, dict(options or {}))
@@ -303,7 +279,12 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
                                                 for t in world.greedy_targets)), None)
     drafter = build_drafter(name, world.target, options)
     cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage)
+    batch_n = n if batch_n is None else batch_n
+    cert.batch = batch_cases(world, drafter, batch_n, samplings) if batch_n else []
     cert.power = power_result or (power(world, power_n) if power_n else None)
+    if target is not None:
+        real = build(name, target=target, **dict(options or {}))
+        cert.width = widths.width_effect(target, real, widths.PROMPTS[:width_prompts], tokens=width_tokens)
     cert.seconds = time.process_time() - start + (power_result.seconds if power_result else 0.0)
     return cert
 
@@ -317,13 +298,19 @@ def split_shapes(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.certify", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec.certify", description=__doc__.split("\n")[0],
+                                     epilog="exit status: 0 PASS, 1 FAIL, 2 bad input, 3 WIDTH-DEPENDENT")
     parser.add_argument("drafter", nargs="?", help=f"a registered drafter ({', '.join(specdec.drafters.names())})")
     parser.add_argument("--shapes", default=" ".join(DISTRIBUTION_SHAPES),
                         help="draft shapes of the distribution cases, separated by ';' or spaces")
     parser.add_argument("--options", default="", help="drafter options k=v,... (override its test_options)")
     parser.add_argument("-n", type=int, default=250, help="generations per distribution case (default 250)")
     parser.add_argument("--power-n", type=int, default=POWER_N, help="generations per reference case (0 = skip)")
+    parser.add_argument("--target", help="also measure the width effect on this target (e.g. smollm2-135m)")
+    parser.add_argument("--dtype", default=None, help="the target's dtype (e.g. bfloat16)")
+    parser.add_argument("--kernel", default="auto", help="the target's linear kernel")
+    parser.add_argument("--quant", default=None, help="the target's quantization spec")
+    parser.add_argument("--width-prompts", type=int, default=8, help="prompts of the width effect (2..12)")
     parser.add_argument("--self-test", action="store_true",
                         help="only the power section: one JSON line {control: p, mutants: {name: p}}")
     args = parser.parse_args(argv)
@@ -341,13 +328,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_options(args.options)
         if args.drafter not in specdec.drafters.names():
             raise KeyError(f"unknown drafter {args.drafter!r}; registered: {', '.join(specdec.drafters.names())}")
+        if not 2 <= args.width_prompts <= len(widths.PROMPTS):
+            raise ValueError(f"--width-prompts {args.width_prompts}: between 2 and {len(widths.PROMPTS)}")
+        target = None if args.target is None else specdec.load_target(
+            args.target, dtype=args.dtype, kernel=args.kernel, quant=args.quant, threads=1)
     except (ValueError, KeyError) as err:
         print(f"certify: {err.args[0]}", file=sys.stderr)
         return 2
-    cert = certify(args.drafter, shapes=shapes, options=options, n=args.n, power_n=args.power_n)
+    cert = certify(args.drafter, shapes=shapes, options=options, n=args.n, power_n=args.power_n, target=target,
+                   width_prompts=args.width_prompts)
     print(cert.text())
     print(cert.json_line())
-    return 0 if cert.passed else 1
+    return {"PASS": 0, "FAIL": 1, "WIDTH-DEPENDENT": 3}[cert.verdict]
 
 
 if __name__ == "__main__":

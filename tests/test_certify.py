@@ -15,18 +15,30 @@ from specdec.measure.mutants import MUTANTS
 
 
 def test_certificate_ends_with_one_json_line(capsys):
-    status = certify.main(["random", "--shapes", "chain(2);tree(2,1)", "-n", "30", "--power-n", "20"])
+    status = certify.main(["random", "--shapes", "chain(2);tree(2,1)", "-n", "30", "--power-n", "20",
+                           "--target", "tiny-llama", "--dtype", "bfloat16", "--width-prompts", "2"])
     out = capsys.readouterr().out.strip().splitlines()
     record = json.loads(out[-1])
-    assert set(record) == {"drafter", "passed", "cases", "min_p", "power", "cpu_seconds"}
-    assert record["drafter"] == "random" and record["passed"] is False
+    assert set(record) == {"drafter", "passed", "verdict", "cases", "batch", "min_p", "power", "width", "promise",
+                           "cpu_seconds"}
+    assert record["drafter"] == "random" and record["passed"] is False and record["verdict"] == "FAIL"
+    # random batches: one batched case per sampling, each row against its own prompt's law
+    assert [c["sampling"] for c in record["batch"]] == list(certify.SAMPLINGS)
+    assert all(c["prompt"] == "batch of 3" and c["problem"] is None for c in record["batch"])
+    # the width effect on the bf16 target: TV per token with a CI, per temperature
+    width = record["width"]
+    assert width["dtype"] == "bfloat16" and width["exact_arithmetic"] is False and width["prompts"] == 2
+    assert [r["temperature"] for r in width["width_effect"]] == [0.7, 1.0]
+    assert all(r["ci_low"] <= r["tv_per_token"] <= r["ci_high"] for r in width["width_effect"])
+    assert "verification width" in record["promise"] and any(line.startswith("Promise: ") for line in out)
+    assert any(line.startswith("Width effect on tiny-llama (bfloat16") for line in out)
     # shapes x samplings x EOS off/on, shapes x samplings on the branch prompt, the coverage cases
     assert len(record["cases"]) == 2 * 3 * 2 + 2 * 3 + len(certify.COVERAGE)
     assert all(c["n"] == 30 and c["problem"] is None for c in record["cases"])
     assert {c["cache"] for c in record["cases"]} == {"dynamic", "static", "graphs"}
     assert any(c["shape"] == "auto" for c in record["cases"])
     assert any(c["draft_p"] is not None for c in record["cases"])  # random's sampled chains are checked
-    assert record["min_p"] == min(min(c["p_value"], c["draft_p"] or 1.0) for c in record["cases"])
+    assert record["min_p"] == min(min(c["p_value"], c["draft_p"] or 1.0) for c in record["cases"] + record["batch"])
     assert set(record["power"]["mutants"]) == {m.name for m in MUTANTS}
     assert status == 1 and "FAIL" in out[-2] and "NOT CAUGHT" in "\n".join(out)
     assert any("identical" in line for line in out)
@@ -134,3 +146,46 @@ def test_a_sampled_draft_recorded_as_point_mass_is_still_exact(monkeypatch):
     assert all(c.problem is None and c.draft_p is None for c in cert.cases)
     assert cert.min_p >= certify.ALPHA and cert.cases[0].rejections > 0
     assert not cert.passed and "skipped" in cert.text()  # no power section, no PASS
+
+
+def _certificate(width_exact: bool | None, algorithm_exact: bool = True) -> certify.Certificate:
+    """A certificate with made-up results: cases at p = 0.5, a power section whose mutants are all
+    caught (or, algorithm_exact False, one not caught), and a width effect (None: no --target)."""
+    from specdec.measure.certify_cases import CaseResult
+    from specdec.measure.width_effect import PromptEffect, WidthEffect
+
+    case = CaseResult("chain(2)", "plain", False, 100, 0.5)
+    caught = {m.name: [CaseResult("tree(3)", "plain", False, 100, 0.0 if algorithm_exact or i else 0.5)]
+              for i, m in enumerate(MUTANTS)}
+    cert = certify.Certificate("random", {}, {"chain(2)": None}, [case], None, certify.Power([case], caught))
+    if width_exact is not None:
+        effects = [PromptEffect("chain(4)", t, [0.01 * (i + 1)] * 4, [0.1] * 4, 0, [5] * 4, prompt=i)
+                   for i in range(3) for t in (0.7, 1.0)]
+        cert.width = WidthEffect("smollm2-135m", "bfloat16", "torch", "none", "random", 4, 3, effects, width_exact)
+    return cert
+
+
+@pytest.mark.parametrize("width_exact, algorithm_exact, verdict", [
+    (None, True, "PASS"), (True, True, "PASS"), (False, True, "WIDTH-DEPENDENT"), (False, False, "FAIL"),
+    (None, False, "FAIL"),
+])
+def test_a_width_dependent_target_gets_no_pass(width_exact, algorithm_exact, verdict):
+    cert = _certificate(width_exact, algorithm_exact)
+    assert cert.verdict == verdict and cert.passed == (verdict == "PASS")
+    text = cert.text()
+    assert text.splitlines()[-1].startswith(f"{verdict}: min p = ")
+    assert f"Promise: {certify.PROMISE}." in text
+    assert ("TV per token 0.02 [" in text) == (width_exact is not None)  # mean over 3 prompts of 0.01, 0.02, 0.03
+    if verdict == "WIDTH-DEPENDENT":
+        assert "no PASS" in text.splitlines()[-1]
+    assert json.loads(cert.json_line())["verdict"] == verdict
+
+
+def test_a_drafter_that_cannot_batch_gets_a_line_not_a_failure():
+    world = certify.tiny_world()
+    drafter = certify.SiblingDrafter(certify.VOCAB, width=2, depth=1)
+    assert not getattr(drafter, "batchable", False)
+    assert certify.batch_cases(world, drafter, 5) is None
+    cert = _certificate(None)
+    assert cert.batch is None and cert.passed
+    assert "does not batch (generate_batch refuses it); no batched case (not a failure)" in cert.text()
