@@ -5,9 +5,13 @@ drafter.
 The near-tie rule: a tree forward of many tokens and a one-token forward round differently, so a
 speculative run may leave the plain run where the target's top two logits are closer than the
 rounding: the first position where the two outputs differ is *excused* when the plain model's top-2
-logits there are within NEAR_TIE[dtype] (fp32: 1e-3; bf16: 0.25, a few bf16 steps at logits of
-magnitude ~10-20); any other difference fails. The number of excused positions is printed and
-recorded as the test property `excused_positions`."""
+logits there are within NEAR_TIE[dtype]; any other difference fails. fp32: 1e-3. bf16: derived, not
+guessed: `python scripts/bench_width_effect.py` measures the largest shift of the plain top-1 minus
+top-2 logit gap between the plain loop and drafted runs on this target in bf16 (record kind
+`width_effect`, rendered in docs/measurements/<machine key>.md, field `near_tie_derivation`), and the
+allowance is its `near_tie_allowance` (NEAR_TIE_MARGIN = 2 x that shift; `tests/test_width_effect.py`
+checks that NEAR_TIE[bf16] is the largest recorded allowance). The number of excused positions is
+printed and recorded as the test property `excused_positions`."""
 
 import pytest
 import torch
@@ -25,7 +29,7 @@ PROMPTS = [
     "Repeat after me: one two three, one two three, one two three.",
 ]
 NEW_TOKENS = 20
-NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.25}
+NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 1.375}  # bf16: the recorded near_tie_allowance (see above)
 """Largest top-1 minus top-2 logit gap at which a divergence from the plain loop is excused."""
 
 pytestmark = pytest.mark.slow
