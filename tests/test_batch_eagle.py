@@ -1,6 +1,6 @@
 """EAGLE in a batch (`specdec.generate_batch`): every row drafts what it drafts alone and outputs what it
 outputs alone (chain, static tree, dynamic tree; mixed prompt lengths, rows stopping early, both
-rollbacks), rows sample only from their own generator, each draft depth is one head forward for the
+rollbacks; `auto`: outputs), rows sample only from their own generator, each draft depth is one head forward for the
 whole batch, and a head that cannot run rows at their own positions is refused.
 
 Tiny fp64 targets with an untrained head (token-exact); the embedded target with its shipped head.
@@ -100,11 +100,13 @@ def small_vocab():
     return specdec.tiny_target("llama", vocab_size=8, dtype=torch.float64, seed=1, logit_scale=2.0)
 
 
+SMALL_PROMPTS, SMALL_LIMITS = [[1, 2, 3, 4, 5, 6, 7], [3], [2, 6, 1], [7, 7, 0, 1, 5]], [16, 7, 12, 16]
+
+
 @pytest.mark.parametrize("refresh", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rows_that_accept_differently_roll_back_per_row(small_vocab, shape, refresh):
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [3], [2, 6, 1], [7, 7, 0, 1, 5]]
-    limits = [16, 7, 12, 16]
+    prompts, limits = SMALL_PROMPTS, SMALL_LIMITS
     drafter = build("eagle", target=small_vocab, head="random", refresh=refresh)
     with DraftLog(drafter, len(prompts)) as log:
         outs = specdec.generate_batch(small_vocab, drafter, prompts, shape=shape, max_new_tokens=limits, chat=False,
@@ -117,6 +119,18 @@ def test_rows_that_accept_differently_roll_back_per_row(small_vocab, shape, refr
                                      stop_on_eos=False)
         assert out.token_ids == alone.token_ids, f"row {b}"
         assert_same_drafts(log.drafts[b], alone_log.drafts[0])
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_auto_rows_output_what_they_do_alone(small_vocab, refresh):
+    """`auto` picks one shape per step for the batch (so rows draft other shapes than alone); every
+    row's greedy output still equals its prompt alone."""
+    prompts, limits = SMALL_PROMPTS, SMALL_LIMITS
+    drafter = build("eagle", target=small_vocab, head="random", refresh=refresh)
+    outs = specdec.generate_batch(small_vocab, drafter, prompts, shape="auto", max_new_tokens=limits, chat=False)
+    for b, (prompt, out, limit) in enumerate(zip(prompts, outs, limits)):
+        alone = specdec.generate(small_vocab, drafter, prompt, shape="auto", max_new_tokens=limit, chat=False)
+        assert out.token_ids == alone.token_ids, f"row {b}"
 
 
 @pytest.mark.parametrize("shape", SHAPES)
