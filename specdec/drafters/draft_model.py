@@ -9,6 +9,11 @@ is fed with the next request.
 `small` builds one from `model=` (a built-in name, path, hub id or a loaded `Target`); without
 one it is the `self_draft` preset `layers=first(k)`: the target's first k decoder layers with the
 target's own final norm and lm_head (weights shared, no training: an early-exit self-draft).
+
+Batches: one cache for every row, with holes. `propose_batch` feeds each row's unseen committed
+tokens in one forward (right-padded, padding becomes holes), then grows each row's own draft with
+`grow_rows` (`self_draft.score_rows`: one tree forward per depth for all rows); `commit` keeps each
+row's accepted run nodes with `keep_rows`.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import torch
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.common import BlockSlots
 from specdec.drafters.registry import register
-from specdec.drafters.self_draft import build_self_draft
-from specdec.target.forwards import drafter_cache
+from specdec.drafters.lockstep import grow_rows
+from specdec.drafters.self_draft import build_self_draft, score_rows
+from specdec.target.forwards import drafter_cache, drafter_cache_kind
 from specdec.target.model import Target
 from specdec.core.shapes import grow_tree
 
@@ -37,12 +43,17 @@ class ModelDrafter:
         self.model = draft_model
         self.cache_kind = cache
         """Its own cache (`specdec.target.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA."""
+        self.batchable = drafter_cache_kind(draft_model, cache) != "graphs"
+        """Batches run on the dynamic or static cache (the CUDA-graph runner serves one row)."""
         self.reset()
 
     def reset(self) -> None:
         self.cache, self._forward = drafter_cache(self.model, self.cache_kind)
         self.consumed = 0  # committed tokens whose KV is in self.cache
         self.block = BlockSlots()
+        self.row_consumed: list[int] = []  # batches: per row, committed tokens whose KV is in self.cache
+        self.blocks: list[BlockSlots] = []  # batches: each row's block
+        self.block_begin = 0  # batches: stored index of this step's first draft entry
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
         parents = self.block.add(node_ids, parent_ids)
@@ -57,11 +68,58 @@ class ModelDrafter:
                          request.sampling, request.generator, request.max_depth)
 
     def commit(self, step: Step) -> None:
+        if step.kept is not None:
+            self._commit_rows(step)
+            return
         if step.is_prefill:
             return
         kept = self.block.accepted(step)
         self.cache.keep(self.consumed, kept)
         self.consumed += len(kept)
+
+    # ---- batches ------------------------------------------------------------------------------
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        rows, width = request.token_ids.shape
+        lengths = request.lengths or [width] * rows
+        if len(self.row_consumed) != rows:
+            raise RuntimeError(f"{self.name}: holds {len(self.row_consumed)} batch rows, the request {rows}; every "
+                               "Step must reach commit() and finished rows leave by select_rows()")
+        # 1. Each row's unseen committed tokens (always its root) as one right-padded chain.
+        #    Example: width 6, lengths [6, 3], consumed [4, 0] -> row 0 feeds its tokens 4, 5 and row 1
+        #    its 3 tokens (columns 3..5 of the left-padded request): pending [[t4, t5, 0], [u0, u1, u2]].
+        counts = [length - consumed for length, consumed in zip(lengths, self.row_consumed)]
+        pending = torch.zeros(rows, max(counts), dtype=torch.long)  # [B, P]
+        for b, count in enumerate(counts):
+            pending[b, :count] = request.token_ids[b, width - count:].cpu()
+        valid = torch.arange(pending.shape[1]) < torch.tensor(counts)[:, None]  # [B, P]
+        out = self.model.forward(pending, self.cache, valid=None if bool(valid.all()) else valid)
+        root = out.logits[torch.arange(rows), torch.tensor(counts) - 1].float()  # [B, V] after each root
+        self.row_consumed = list(lengths)
+        self.block_begin = self.cache.length
+        self.blocks = [BlockSlots() for _ in range(rows)]
+        # 2. Every row grows its own draft; each depth is one tree forward for all rows.
+        asked = [request.row(b) for b in range(rows)]  # each row's own generator and depth limit
+        if request.max_depth < 1:
+            return [Draft.empty(device=request.token_ids.device) for _ in range(rows)]
+        return grow_rows(request.shape, [root[b:b + 1] for b in range(rows)],
+                         score_rows(self.model, self.cache, self.blocks), request.sampling,
+                         [r.generator for r in asked], [r.max_depth for r in asked])
+
+    def _commit_rows(self, step: Step) -> None:
+        """`commit` for a batch: each row keeps the run nodes of its accepted path (`keep_rows`)."""
+        if step.is_prefill:
+            self.row_consumed = [0] * step.batch
+            return
+        if not self.blocks:  # no draft this step: the new tokens are fed with the next request
+            return
+        kept = [block.accepted(step.row(b)) for b, block in enumerate(self.blocks)]
+        self.cache.keep_rows(self.block_begin, kept)
+        self.row_consumed = [c + len(k) for c, k in zip(self.row_consumed, kept)]
+        self.blocks = []
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.cache.select_rows(rows)
+        self.row_consumed = [self.row_consumed[b] for b in rows]
 
 
 @register("small")

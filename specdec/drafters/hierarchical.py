@@ -18,6 +18,11 @@ Worked example: the tree has nodes 0..5, the intermediate accepts tree nodes [1,
 x, so the chain is [tok1, tok4, x]. The target accepts 3 chain nodes and adds y: the top drafter's
 Step has draft = tree + leaf 6 (token x, parent 4, id EXTRA_NODE_ID), path [1, 4, 6], next token y.
 Had the target accepted 1 chain node: path [1], next token = the target's.
+Batches: a hierarchical drafter batches when its top drafter does (`batchable`). The top drafts
+every row (`propose_batch`), the intermediate runs every row's pending tokens, root and tree in one
+tree forward (per-row parents, padded; padding becomes holes in its cache) and accepts per row; on
+`commit` each row keeps its own entries (`keep_rows`) and the top drafter hears one B-row Step in
+its own node ids.
 Knows nothing about how the top drafter drafts or how the target verifies.
 """
 
@@ -49,6 +54,8 @@ class HierarchicalDrafter:
         self.name = "hierarchical"
         self.top = top
         self.mid = mid
+        self.batchable = bool(getattr(top, "batchable", False))
+        """True when the top drafter batches (the intermediate always does)."""
         self.reset()
 
     def reset(self) -> None:
@@ -59,6 +66,8 @@ class HierarchicalDrafter:
         self.tree: Draft | None = None  # the top drafter's draft of this step (None: not asked this step)
         self.path: list[int] = []  # tree nodes the intermediate accepted
         self.mid_token: int | None = None
+        self.rows: list[_Row] = []  # batches: each row's state (B = 1 runs on the fields above)
+        self.block_begin = 0  # batches: stored index of this step's first entry in self.cache
 
     def propose(self, request: DraftRequest) -> Draft:
         ids = request.token_ids[0].tolist()
@@ -81,6 +90,9 @@ class HierarchicalDrafter:
         return Draft(torch.tensor([chain], device=request.token_ids.device), tree_ops.chain_parents(len(chain)))
 
     def commit(self, step: Step) -> None:
+        if step.kept is not None:
+            self._commit_rows(step)
+            return
         if step.is_prefill or self.tree is None:  # the prefill, or a step that asked for no draft:
             self.top.commit(step)  # the intermediate runs the new tokens with the next request
             return
@@ -95,19 +107,102 @@ class HierarchicalDrafter:
 
     def _top_step(self, step: Step, tree_path: list[int], took_extra: bool) -> Step:
         """`step` re-expressed in the top drafter's draft (see the module docstring)."""
-        tree, path = self.tree, list(tree_path)
-        if took_extra:
-            last = self.path[-1] if self.path else -1
-            tree = Draft(torch.cat([tree.tokens, torch.tensor([[self.mid_token]], device=tree.tokens.device)], 1),
-                         torch.cat([tree.parents, torch.tensor([last])]), None,
-                         torch.cat([tree.node_ids, torch.tensor([EXTRA_NODE_ID])]))
-            path.append(tree.num_nodes - 1)
-        kids = tree_ops.children(tree.parents)
-        next_token = step.acceptance.next_token
-        acceptance = Acceptance(path=path, next_token=next_token, bonus=not kids[path[-1] if path else -1])
+        tree, acceptance = top_acceptance(self.tree, self.path, self.mid_token, tree_path, took_extra,
+                                          step.acceptance.next_token)
         return Step(token_ids=step.token_ids, num_new=step.num_new, draft=tree, acceptances=[acceptance],
                     positions=step.positions, target_hidden=step.target_hidden,
                     target_aux=step.target_aux, _kv=step.target_kv)
+
+    # ---- batches ------------------------------------------------------------------------------
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        rows, width = request.token_ids.shape
+        lengths = request.lengths or [width] * rows
+        if len(self.rows) != rows:
+            raise RuntimeError(f"hierarchical: holds {len(self.rows)} batch rows, the request {rows}; every Step "
+                               "must reach commit() and finished rows leave by select_rows()")
+        trees = self.top.propose_batch(request)
+        # One tree forward for all rows: row b's pending tokens and root as a chain (slots 0..m_b-1),
+        # then its tree (node i at slot m_b + i), right-padded to the widest row (padding: holes).
+        blocks, pendings = [], []
+        for b, (row, tree, length) in enumerate(zip(self.rows, trees, lengths)):
+            pending = request.token_ids[b, width - length + row.consumed:].cpu()  # [m_b], ends with the root
+            m = pending.numel()
+            parents = torch.cat([torch.arange(m) - 1, torch.where(tree.parents < 0, m - 1, tree.parents + m)])
+            blocks.append((torch.cat([pending, tree.tokens[0].cpu()]), parents))
+            pendings.append(m)
+        n = max(tokens.numel() for tokens, _ in blocks)
+        tokens = torch.zeros(rows, n, dtype=torch.long)  # [B, n]
+        parents = torch.full((rows, n), -1, dtype=torch.long)  # [B, n] padding: children of the block's start
+        valid = torch.zeros(rows, n, dtype=torch.bool)  # [B, n]
+        for b, (row_tokens, row_parents) in enumerate(blocks):
+            tokens[b, : row_tokens.numel()], parents[b, : row_tokens.numel()] = row_tokens, row_parents
+            valid[b, : row_tokens.numel()] = True
+        self.block_begin = self.cache.length
+        logits = self.mid.forward(tokens, self.cache, parents, valid=None if bool(valid.all()) else valid).logits
+        drafts = []
+        for b, (row, tree, m) in enumerate(zip(self.rows, trees, pendings)):
+            mid = accept_greedy(tree, logits[b, m - 1: m + tree.num_nodes].argmax(-1))
+            row.tree, row.pending, row.path, row.mid_token = tree, m, mid.path, mid.next_token
+            chain = (tree.tokens[0, mid.path].tolist() + [mid.next_token])[:max(request.row(b).max_depth, 0)]
+            device = request.token_ids.device
+            drafts.append(Draft(torch.tensor([chain], device=device), tree_ops.chain_parents(len(chain)))
+                          if chain else Draft.empty(device=device))
+        return drafts
+
+    def _commit_rows(self, step: Step) -> None:
+        """`commit` for a batch: each row keeps its pending tokens, root and target-accepted tree nodes
+        (`keep_rows`); the top drafter hears the B-row step in its own node ids."""
+        if step.is_prefill or not self.rows or self.rows[0].tree is None:
+            if step.is_prefill:
+                self.rows = [_Row() for _ in range(step.batch)]
+            self.top.commit(step)
+            return
+        kept, trees, acceptances = [], [], []
+        for row, acceptance in zip(self.rows, step.acceptances):
+            tree_path = row.path[:acceptance.num_accepted]
+            kept.append(list(range(row.pending)) + [row.pending + i for i in tree_path])
+            row.consumed += row.pending + len(tree_path)
+            tree, top = top_acceptance(row.tree, row.path, row.mid_token, tree_path,
+                                       acceptance.num_accepted > len(row.path), acceptance.next_token)
+            trees.append(tree)
+            acceptances.append(top)
+            row.tree = None
+        self.cache.keep_rows(self.block_begin, kept)
+        self.top.commit(Step(token_ids=step.token_ids, num_new=step.num_new, draft=trees[0], acceptances=acceptances,
+                             positions=step.positions, target_hidden=step.target_hidden, target_aux=step.target_aux,
+                             _kv=step.target_kv, drafts=trees, lengths=step.lengths, kept=step.kept))
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.cache.select_rows(rows)
+        self.rows = [self.rows[b] for b in rows]
+        self.top.select_rows(rows)
+
+
+class _Row:
+    """One batch row's state: committed tokens in the intermediate's cache, this step's tree,
+    pending count (its tokens fed this step, the root last), intermediate path and next token."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+        self.tree: Draft | None = None
+        self.pending = 0
+        self.path: list[int] = []
+        self.mid_token: int | None = None
+
+
+def top_acceptance(tree: Draft, mid_path: list[int], mid_token: int | None, tree_path: list[int],
+                   took_extra: bool, next_token: int) -> tuple[Draft, Acceptance]:
+    """The top drafter's draft and acceptance of a step (see the module docstring): `tree` extended by
+    the intermediate's token as leaf EXTRA_NODE_ID when the target took it (`took_extra`)."""
+    path = list(tree_path)
+    if took_extra:
+        last = mid_path[-1] if mid_path else -1
+        tree = Draft(torch.cat([tree.tokens, torch.tensor([[mid_token]], device=tree.tokens.device)], 1),
+                     torch.cat([tree.parents, torch.tensor([last])]), None,
+                     torch.cat([tree.node_ids, torch.tensor([EXTRA_NODE_ID])]))
+        path.append(tree.num_nodes - 1)
+    kids = tree_ops.children(tree.parents)
+    return tree, Acceptance(path=path, next_token=next_token, bonus=not kids[path[-1] if path else -1])
 
 
 DEFAULT_MID_QUANT = "torchao_int4"

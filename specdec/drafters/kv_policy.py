@@ -19,7 +19,13 @@ a fresh prefill of the committed tokens (`apply_to_prefill`), which the tests ch
 
 Eviction goes through `KVCache.retain` (absolute positions survive in `evicted`), so one selection
 is shared by every layer and head: a per-head selection (as SnapKV does) would need a per-head
-cache and is the extension point. Knows nothing about drafts, acceptance or the loop.
+cache and is the extension point.
+
+Batches: on a cache of several rows (or one with holes, `specdec.target.cache.RowBook`) every hook
+acts on each row's own real entries, in order, exactly as it would on that row alone, and evicts
+per row with `KVCache.retain_rows` (per-row `evicted`). SnapKV's probe then answers for the rows
+that select at once (`RowsProbe`, one forward for them all). Knows nothing about drafts, acceptance
+or the loop.
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ class KVPolicy:
 QueryProbe = Callable[[KVCache, int], torch.Tensor]
 """(cache of the exact prompt entries, W) -> attention mass [S] each stored entry gets from the last
 W prompt positions' queries, summed over layers, heads and queries (used by snapkv only)."""
+RowsProbe = Callable[[KVCache, int, list[int]], list[torch.Tensor]]
+"""`QueryProbe` for a batched cache: (cache, W, rows) -> per listed row, the mass [n_b] of each of
+its real entries (`row_entries` order)."""
 
 
 class Window(KVPolicy):
@@ -102,6 +111,13 @@ class Window(KVPolicy):
                              f"{facts.context_length}; use sink + recent <= {facts.context_length} (or kv=full)")
 
     def after_commit(self, cache: KVCache) -> None:
+        if by_rows(cache):
+            entries = row_entries(cache)
+            keep = self.sink + self.recent
+            if max(e.numel() for e in entries) > keep:
+                retain_per_row(cache, [e if e.numel() <= keep else torch.cat([e[: self.sink], e[-self.recent:]])
+                                       for e in entries])
+            return
         n = cache.length
         if n > self.sink + self.recent:
             # Example: sink 2, recent 3, 8 stored -> keep stored entries [0, 1, 5, 6, 7].
@@ -125,12 +141,28 @@ class SnapKV(KVPolicy):
             raise ValueError(f"{self.spec}: budget {self.budget} exceeds the context length {facts.context_length}")
 
     def after_prefill(self, cache: KVCache, queries: QueryProbe) -> None:
+        if by_rows(cache):
+            self._select_rows(cache, queries)
+            return
         n = cache.length
         if n <= self.budget:
             return
         mass = queries(cache, self.window)[: n - self.window]  # [n - W] attention to the prefix
         chosen = mass.topk(self.budget - self.window).indices.sort().values.cpu()
         cache.retain(torch.cat([chosen, torch.arange(n - self.window, n)]))
+
+    def _select_rows(self, cache: KVCache, queries: RowsProbe) -> None:
+        """`after_prefill` per row of a batch: each row over budget selects among its own entries."""
+        entries = row_entries(cache)
+        over = [b for b, e in enumerate(entries) if e.numel() > self.budget]
+        if not over:
+            return
+        chosen = list(entries)
+        for b, mass in zip(over, queries(cache, self.window, over)):
+            n = entries[b].numel()
+            top = mass[: n - self.window].topk(self.budget - self.window).indices.sort().values.cpu()
+            chosen[b] = entries[b][torch.cat([top, torch.arange(n - self.window, n)])]
+        retain_per_row(cache, chosen)
 
 
 class Quant(KVPolicy):
@@ -192,6 +224,29 @@ class Compose(KVPolicy):
     def retention(self, stored: int, positions: int) -> float:
         quant = [p for p in self.parts if isinstance(p, Quant)]
         return quant[-1].retention(stored, positions) if quant else stored / max(positions, 1)
+
+
+def by_rows(cache: KVCache) -> bool:
+    """True when `cache` needs the per-row hooks: several rows, holes, or per-row evictions."""
+    return cache.batch > 1 or cache.valid is not None or not isinstance(cache.evicted, int)
+
+
+def row_entries(cache: KVCache) -> list[torch.Tensor]:
+    """Per row, the stored indices of its real entries (ascending): what the row alone would store."""
+    if cache.valid is None:
+        return [torch.arange(cache.length) for _ in range(cache.batch)]
+    return [row.nonzero().flatten() for row in cache.valid]
+
+
+def retain_per_row(cache: KVCache, chosen: list[torch.Tensor]) -> None:
+    """Row b keeps the stored entries chosen[b] (ascending), the rest evicted for that row.
+    Example: chosen [[0, 1, 5], [2]] -> index [[0, 1, 5], [2, 0, 0]], real [[T, T, T], [T, F, F]]."""
+    width = max(c.numel() for c in chosen)
+    index = torch.zeros(len(chosen), width, dtype=torch.long)  # [B, K]
+    real = torch.zeros(len(chosen), width, dtype=torch.bool)  # [B, K]
+    for b, c in enumerate(chosen):
+        index[b, : c.numel()], real[b, : c.numel()] = c, True
+    cache.retain_rows(index, real)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
@@ -274,24 +329,66 @@ def attention_probe(model: Target, prompt: list[int]) -> QueryProbe:
         scratch.append([(k[..., : n - window, :], v[..., : n - window, :]) for k, v in cache.tensors()])
         scratch.evicted = cache.evicted
         keys = [k for k, _ in cache.tensors()]  # [B, kv_heads, n, D] exact prompt keys per layer
-        mass = torch.zeros(n, dtype=torch.float64)
-        captured: list[torch.Tensor] = []
-        hooks = [layer.self_attn.register_forward_pre_hook(_capture_queries(captured), with_kwargs=True)
-                 for layer in model.model.model.layers]
-        try:
-            model.forward(torch.tensor([prompt[end - window: end]]), scratch)
-        finally:
-            for h in hooks:
-                h.remove()
-        for q, k in zip(captured, keys):  # q [B, heads, W, D]
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).to(q.dtype)  # [B, heads, n, D]
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, heads, W, n]
-            causal = torch.arange(n)[None] > torch.arange(n - window, n)[:, None]  # [W, n]
-            scores = scores.masked_fill(causal.to(scores.device), float("-inf"))
-            mass += scores.float().softmax(-1).sum((0, 1, 2)).double().cpu()
-        return mass
+        captured = _queries(model, torch.tensor([prompt[end - window: end]]), scratch)
+        return _mass(captured, keys, n, window)
 
     return probe
+
+
+def attention_probe_rows(model: Target, prompts: list[list[int]]) -> RowsProbe:
+    """`attention_probe` for a batched cache, row b's prompt being `prompts[b]`: one forward runs the
+    last W prompt tokens of every listed row, each over a front-packed copy of its row's real entries
+    but the last W (the rest are holes), and each row is scored over its own entries as it is alone."""
+
+    def probe(cache: KVCache, window: int, rows: list[int]) -> list[torch.Tensor]:
+        entries = [row_entries(cache)[b] for b in rows]
+        counts = torch.tensor([e.numel() for e in entries])  # [R] real entries per listed row
+        index = torch.zeros(len(rows), int(counts.max()), dtype=torch.long)  # [R, n_max]
+        for r, e in enumerate(entries):
+            index[r, : e.numel()] = e
+        packed = []  # per layer (keys, values) [R, kv_heads, n_max, D], row r's real entries first
+        for k, v in cache.tensors():
+            gather = index.to(k.device)[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+            packed.append((k[rows].gather(2, gather), v[rows].gather(2, gather)))
+        evicted = cache.evicted[rows] if isinstance(cache.evicted, torch.Tensor) else \
+            torch.full((len(rows),), cache.evicted)  # [R]
+        scratch = KVCache()
+        scratch.append(packed)
+        scratch.valid = torch.arange(index.shape[1]) < (counts - window)[:, None]  # [R, n_max]
+        scratch.evicted = evicted
+        ends = (counts + evicted).tolist()  # each row's next position
+        tokens = torch.tensor([prompts[b][end - window: end] for b, end in zip(rows, ends)])  # [R, W]
+        captured = _queries(model, tokens, scratch)
+        return [_mass([q[r:r + 1] for q in captured], [k[r:r + 1, :, :n] for k, _ in packed], n, window)
+                for r, n in enumerate(counts.tolist())]
+
+    return probe
+
+
+def _queries(model: Target, tokens: torch.Tensor, cache: KVCache) -> list[torch.Tensor]:
+    """Run `tokens` [B, W] through `model` over `cache`; the RoPE'd queries [B, heads, W, D] per layer."""
+    captured: list[torch.Tensor] = []
+    hooks = [layer.self_attn.register_forward_pre_hook(_capture_queries(captured), with_kwargs=True)
+             for layer in model.model.model.layers]
+    try:
+        model.forward(tokens, cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+def _mass(queries: list[torch.Tensor], keys: list[torch.Tensor], n: int, window: int) -> torch.Tensor:
+    """[n] attention mass of n keys ([1, kv_heads, n, D] per layer) from the last W of them as
+    queries ([1, heads, W, D] per layer, causal), summed over layers, heads and queries."""
+    mass = torch.zeros(n, dtype=torch.float64)
+    for q, k in zip(queries, keys):  # q [B, heads, W, D]
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).to(q.dtype)  # [B, heads, n, D]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, heads, W, n]
+        causal = torch.arange(n)[None] > torch.arange(n - window, n)[:, None]  # [W, n]
+        scores = scores.masked_fill(causal.to(scores.device), float("-inf"))
+        mass += scores.float().softmax(-1).sum((0, 1, 2)).double().cpu()
+    return mass
 
 
 def _capture_queries(out: list[torch.Tensor]):

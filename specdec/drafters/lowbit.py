@@ -5,8 +5,9 @@ Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV): 
 stays exact w.r.t. the unquantized target; the draft reads the target's exact K/V for committed
 tokens (see `self_draft`). Knows nothing about quantization beyond the spec string it passes on.
 
-Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations; see `DEFAULT_QUANT`). Tiny test models use `rtn8_pc`, which needs no
-optional library and fits any layer width.
+Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations; see `DEFAULT_QUANT`). Tiny
+test models use `rtn8_pc`, which needs no optional library and fits any layer width. It batches as
+`self_draft` does (one forward per depth for every row).
 """
 
 from __future__ import annotations

@@ -27,6 +27,14 @@ selection runs the last W prompt tokens through the draft layers to get their qu
 (`kv_policy.attention_probe`). Positions come from the cache (`next_position`), so a windowed cache
 needs no position bookkeeping here.
 
+Batches (`specdec.generate_batch`): one cache for every row, with holes (`specdec.target.cache`).
+`commit` drops the draft entries of all rows, appends each row's kept target entries (padding
+becomes holes) and runs the policy per row (`kv_policy`: each row's real entries are what it keeps
+alone); `propose_batch` runs every row's root in one forward, then grows each row's own draft with
+`grow_rows` (the batch-of-one grower, the row's own generator), one tree forward per depth for all
+rows (`score_rows`, per-row parents padded to one block). A drafter on the CUDA-graph cache drafts
+one prompt only (`batchable` False).
+
 Knows nothing about acceptance or the target's cache beyond the read-only step view.
 """
 
@@ -39,8 +47,10 @@ import torch
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.registry import register
 from specdec.drafters.common import BlockSlots, early_exit_copy
+from specdec.drafters.lockstep import Ask, ScoreRows, grow_rows
+from specdec.target.cache import Cache
 from specdec.target.forwards import drafter_cache, drafter_cache_kind
-from specdec.drafters.kv_policy import KVPolicy, attention_probe, model_facts, parse_kv_policy
+from specdec.drafters.kv_policy import KVPolicy, attention_probe, attention_probe_rows, model_facts, parse_kv_policy
 from specdec.target.model import Target
 from specdec.core.shapes import grow_tree
 
@@ -90,12 +100,16 @@ class SelfDrafter:
         self.cache_kind = cache
         """Its own cache (`specdec.target.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
         unless the KV policy evicts."""
+        self.batchable = drafter_cache_kind(model, cache, policy.evicts) != "graphs"
+        """Batches run on the dynamic or static cache (the CUDA-graph runner serves one row)."""
         self.reset()
 
     def reset(self) -> None:
         self.cache, self._forward = drafter_cache(self.model, self.cache_kind, self.policy.evicts)
         self.committed = 0  # absolute position after the last committed entry
         self.block = BlockSlots()
+        self.stored = 0  # batches: stored entries of committed tokens (the draft's block follows)
+        self.blocks: list[BlockSlots] = []  # batches: each row's block
 
     def _exact(self, step: Step) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The target's K/V for the kept rows, first `self.layers` layers, copied in the draft's dtype."""
@@ -104,6 +118,9 @@ class SelfDrafter:
                 for k, v in step.target_kv()[: self.layers]]
 
     def commit(self, step: Step) -> None:
+        if step.kept is not None:
+            self._commit_rows(step)
+            return
         self.cache.truncate(self.committed)  # drop every draft entry, accepted ones included
         self.cache.append(self.policy.transform(self._exact(step)))
         if step.is_prefill:
@@ -127,6 +144,71 @@ class SelfDrafter:
         self.block = BlockSlots()
         return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
                          request.sampling, request.generator, request.max_depth)
+
+
+    # ---- batches ------------------------------------------------------------------------------
+    def _commit_rows(self, step: Step) -> None:
+        """`commit` for a batch: drop every row's draft entries, append each row's first step.kept[b]
+        target entries (the padding after them becomes holes), then the policy per row."""
+        if self.cache.length > self.stored:
+            self.cache.keep_rows(self.stored, [[] for _ in range(step.batch)])
+        width = step.positions.shape[1]  # K: the widest row's kept entries
+        if width:
+            self.cache.append(self.policy.transform(self._exact(step)))
+            self.cache.append_valid(torch.arange(width) < torch.tensor(step.kept)[:, None], width)  # [B, K]
+        if step.is_prefill:
+            prompts = [step.row(b).token_ids[0].tolist() for b in range(step.batch)]
+            self.policy.after_prefill(self.cache, attention_probe_rows(self.model, prompts))
+        else:
+            self.policy.after_commit(self.cache)
+        self.stored = self.cache.length
+
+    def propose_batch(self, request: DraftRequest) -> list[Draft]:
+        rows, width = request.token_ids.shape
+        lengths = torch.tensor(request.lengths or [width] * rows)
+        held = self.cache.next_positions.expand(rows) if self.cache.length == 0 else self.cache.next_positions
+        if held.shape[0] != rows or not torch.equal(held, lengths - 1):
+            raise RuntimeError(f"{self.name}: cache rows hold {held.tolist()} committed positions, the request "
+                               f"{(lengths - 1).tolist()}; every Step must reach commit() and finished rows "
+                               "leave by select_rows()")
+        if request.max_depth < 1:
+            return [Draft.empty(device=request.token_ids.device) for _ in range(rows)]
+        root = self.model.forward(request.token_ids[:, -1:], self.cache).logits[:, -1].float()  # [B, V]
+        self.blocks = [BlockSlots() for _ in range(rows)]
+        asked = [request.row(b) for b in range(rows)]  # each row's own generator and depth limit
+        return grow_rows(request.shape, [root[b:b + 1] for b in range(rows)],
+                         score_rows(self.model, self.cache, self.blocks), request.sampling,
+                         [r.generator for r in asked], [r.max_depth for r in asked])
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.cache.select_rows(rows)
+        self.stored = self.cache.length
+
+
+def score_rows(model: Target, cache: Cache, blocks: list[BlockSlots]) -> ScoreRows:
+    """The `grow_rows` scorer of a model drafter: each round's asks run as one tree forward of `model`
+    over `cache`, row b's nodes recorded in `blocks[b]`. Rows asking fewer nodes (or none) are padded:
+    padding tokens become holes and their block slots (parent -1) are never any node's.
+    Example: row 0 asks nodes [3, 4] under [0, 0], row 1 nothing; both blocks held 3 slots ->
+    tokens [[t3, t4], [0, 0]], valid [[T, T], [F, F]], parents [[-1, 0, 1, 0, 0], [-1, 0, 1, -1, -1]]."""
+
+    def score(asks: dict[int, Ask]) -> dict[int, torch.Tensor]:
+        n = max(tokens.shape[1] for _, tokens, _ in asks.values())
+        tokens = torch.zeros(len(blocks), n, dtype=torch.long)  # [B, n]
+        valid = torch.zeros(len(blocks), n, dtype=torch.bool)  # [B, n]
+        for b, block in enumerate(blocks):
+            count = 0
+            if b in asks:
+                node_ids, row_tokens, parent_ids = asks[b]
+                block.add(node_ids, parent_ids)
+                count = row_tokens.shape[1]
+                tokens[b, :count], valid[b, :count] = row_tokens[0].cpu(), True
+            block.parents.extend([-1] * (n - count))
+        parents = torch.tensor([block.parents for block in blocks], dtype=torch.long)  # [B, M]
+        logits = model.forward(tokens, cache, parents, valid=None if bool(valid.all()) else valid).logits
+        return {b: logits[b:b + 1, : ask[1].shape[1]].float() for b, ask in asks.items()}  # [1, n_b, V]
+
+    return score
 
 
 @register("self_draft")
