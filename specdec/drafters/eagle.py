@@ -301,8 +301,8 @@ class EagleDrafter:
         self.block_features = self.root_feature
         root_logits = self._logits(self.root_feature)[:, -1]  # [B, N]
         rows_asked = [request.row(b) for b in range(rows)]  # each row's own generator and depth limit
-        return grow_rows(request.shape, [root_logits[b:b + 1] if counts[b] else None for b in range(rows)],
-                         self._score_rows, request.sampling, [r.generator for r in rows_asked],
+        roots = [root_logits[b:b + 1] if counts[b] and r.max_depth >= 1 else None for b, r in enumerate(rows_asked)]
+        return grow_rows(request.shape, roots, self._score_rows, request.sampling, [r.generator for r in rows_asked],
                          [r.max_depth for r in rows_asked], self.sub_vocab)
 
     def _commit_rows(self, step: Step) -> None:
