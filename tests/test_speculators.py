@@ -203,6 +203,22 @@ def test_greedy_output_is_the_targets(tiny):
         assert generate(tiny, drafter, prompt, shape=shape, max_new_tokens=24, stop_on_eos=False).token_ids == plain
 
 
+@pytest.mark.parametrize("flags", FLAGS, ids=["plain", "fcnorm-resnorm-outnorm", "norm-before-fc"])
+def test_an_eagle3_head_drafts_a_batch_as_each_row_alone(tiny, flags):
+    """A speculators EAGLE-3 head batches: every row of `generate_batch` (prompts of different
+    lengths, rows stopping at different lengths) drafts and outputs what it does alone."""
+    from specdec.core.loop import generate, generate_batch
+
+    drafter = build("eagle", target=tiny, head=random_eagle3(flags), head_dtype=None)
+    prompts, limits = [[5, 9, 13, 2, 7], [3, 1], [8, 8, 4, 2, 6, 1, 9, 9]], [16, 7, 12]
+    for shape in ("chain(4)", "tree(2,2)", "dynamic(top_k=4,depth=4,budget=10)"):
+        outs = generate_batch(tiny, drafter, prompts, shape=shape, max_new_tokens=limits, stop_on_eos=False)
+        for prompt, limit, out in zip(prompts, limits, outs):
+            alone = generate(tiny, drafter, prompt, shape=shape, max_new_tokens=limit, stop_on_eos=False)
+            assert out.token_ids == alone.token_ids
+            assert [s.accepted for s in out.stats.steps] == [s.accepted for s in alone.stats.steps]
+
+
 # ---- bad checkpoints ---------------------------------------------------------------------------
 @pytest.fixture
 def saved(tmp_path, tiny):

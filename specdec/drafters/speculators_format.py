@@ -108,6 +108,8 @@ class Eagle3Head(nn.Module):
     lm_head over the draft vocabulary. Module names are the checkpoint's tensor names."""
 
     scores_own_vocabulary = True
+    takes_row_positions = True
+    """Its forward takes per-row positions [B, n] and masks [B, 1, n, past + n] (a batch)."""
     """The drafter scores `logit_features` with `lm_head`, columns = `draft_vocab` (target ids)."""
 
     def __init__(self, config: Eagle3Config, draft_vocab: torch.Tensor | None = None, embed: bool = False) -> None:
@@ -144,8 +146,8 @@ class Eagle3Head(nn.Module):
         self,
         features: torch.Tensor,  # [B, n, H] a parent's output, or [B, n, (1 + k) H] the target's (final, then aux)
         token_embeds: torch.Tensor,  # [B, n, H] embedding of the token at each position
-        positions: torch.Tensor,  # [n] long
-        mask: torch.Tensor | None,  # [n, past + n] additive, None = plain causal
+        positions: torch.Tensor,  # [n] or [B, n] long
+        mask: torch.Tensor | None,  # [n, past + n] or [B, 1, n, past + n] additive, None = plain causal
         cache: DynamicCache | None = None,
     ) -> torch.Tensor:
         """The residual stream after the last layer, [B, n, H] (normed with norm_output): what children
@@ -164,12 +166,12 @@ class Eagle3Head(nn.Module):
             if self.config.fc_norm:
                 aux = torch.cat([norm(a) for norm, a in zip(self.fc_norm, aux.split(hsize, -1))], -1)
             g = self.fc(aux)
-        cos, sin = self.rotary(g, positions[None].to(g.device))
+        cos, sin = self.rotary(g, (positions[None] if positions.dim() == 1 else positions).to(g.device))
         if mask is None:
             n = g.shape[1]
             causal = torch.ones(n, n, dtype=torch.bool, device=g.device).tril()
             mask = torch.zeros(n, n, dtype=dtype, device=g.device).masked_fill(~causal, torch.finfo(dtype).min)
-        mask = mask[None, None].to(device=g.device, dtype=dtype)  # [B, 1, n, past + n]
+        mask = (mask[None, None] if mask.dim() == 2 else mask).to(device=g.device, dtype=dtype)  # [B, 1, n, past + n]
         first = self.layers[0]
         hidden = first.hidden_norm(g)
         residual = hidden if self.config.norm_before_residual else g
