@@ -114,6 +114,60 @@ def test_greedy_rows_draft_and_output_what_they_do_alone(tiny64, prompts, case, 
         assert [s.accepted for s in out.stats.steps] == [s.accepted for s in alone.stats.steps], f"row {b}"
 
 
+@pytest.mark.parametrize("shape", ["tree(2,2,1)", "auto"])
+@pytest.mark.parametrize("case", ["self_draft quant(4)", "small (a draft model)"])
+def test_the_static_draft_cache_and_auto_batch(tiny_llama64, prompts, case, shape):
+    """The drafters' preallocated cache (`cache='static'`) and `shape='auto'` give every row its output alone."""
+    name, options = DRAFTERS[case]
+    options = {"model": specdec.tiny_target("llama", vocab_size=64, dtype=torch.float64, seed=3, logit_scale=4.0)} \
+        if options == "model" else options
+    drafter = build(name, target=tiny_llama64, cache="static", **options)
+    outs = specdec.generate_batch(tiny_llama64, drafter, prompts, shape=shape, max_new_tokens=LIMITS, chat=False,
+                                  stop_on_eos=False)
+    for b, (prompt, out, limit) in enumerate(zip(prompts, outs, LIMITS)):
+        alone = specdec.generate(tiny_llama64, drafter, prompt, shape=shape, max_new_tokens=limit, chat=False,
+                                 stop_on_eos=False)
+        assert out.token_ids == alone.token_ids, f"row {b}"
+
+
+def first_draft_forwards(drafter, models: list, target, prompts: list, shape: str) -> int:
+    """Forwards of `models` during the drafter's first proposal for `prompts` (one or a batch)."""
+    calls = []
+    for model in models:  # an instance attribute shadows the method for every caller
+        model.forward = lambda *args, inner=model.forward, **kwargs: calls.append(1) or inner(*args, **kwargs)
+    counted = []
+    propose, propose_batch = drafter.propose, drafter.propose_batch
+
+    def counting(inner):
+        def run(request):
+            start = len(calls)
+            drafts = inner(request)
+            counted.append(len(calls) - start)
+            return drafts
+        return run
+
+    drafter.propose, drafter.propose_batch = counting(propose), counting(propose_batch)
+    try:
+        specdec.generate_batch(target, drafter, prompts, shape=shape, max_new_tokens=6, chat=False, stop_on_eos=False)
+    finally:
+        drafter.propose, drafter.propose_batch = propose, propose_batch
+        for model in models:
+            del model.forward
+    return counted[0]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("case", ["self_draft snapkv", "small (a draft model)", "hierarchical (self_draft window)"])
+def test_a_batch_costs_the_draft_forwards_of_one_row(tiny_llama64, prompts, case, shape):
+    """Drafting four rows runs the draft models as often as drafting one (forwards batched, never a
+    loop over rows), counted on the first step, where every row drafts to the same depth."""
+    drafter = make(case, tiny_llama64)
+    models = [drafter.top.model, drafter.mid] if case.startswith("hierarchical") else [drafter.model]
+    one = first_draft_forwards(drafter, models, tiny_llama64, prompts[:1], shape)
+    four = first_draft_forwards(drafter, models, tiny_llama64, prompts, shape)
+    assert one >= 2 and four == one
+
+
 @pytest.mark.parametrize("kv", ["window(sink=1,recent=3)", "snapkv(budget=4,window=1)+quant(bits=2)"])
 def test_lossy_rows_accept_what_they_accept_alone(tiny_llama64, kv):
     """A lossy cache makes rows accept different counts per step; each row keeps its own count."""
