@@ -5,6 +5,7 @@ findings report, ending with the report's verdict.
     python -m experiments.main max_new_tokens=24 results.dir=results/quick
     python -m experiments.main --dry-run             # print the commands it runs (paste them as they are)
     python -m experiments.main size=full             # the publication-size grid (grids/full.yaml)
+    python -m experiments.main kv=off                # without the KV-retention curve (`kv:` of the grid)
 
 Owns the grids (`size=NAME` picks grids/NAME.yaml; default `main`): their blocks (each a Hydra
 multirun, `python -m experiments.run -m ...`, cells one at a time in one process), the drafters it names resolved against the registry at start (`others` =
@@ -13,7 +14,9 @@ later join with no change here; named drafters that are not registered and quant
 backend is not registered are dropped with a note), its fixed settings, and command-line overrides
 (which replace the grid's value for the same key in every block). After the grid it writes the
 leaderboard (RESULTS/leaderboard/) and the report (RESULTS/REPORT.md) and prints only the report's
-verdict and, last, its JSON line with the grid's exit status added.
+verdict and, last, its JSON line with the grid's exit status added. A grid's `kv:` entry (option: value)
+adds the reduced KV-retention curve, `python -m experiments.kv RESULTS --option value ...`, run after
+the grid's blocks into the same results directory; the report reads it from there.
 """
 
 from __future__ import annotations
@@ -120,6 +123,19 @@ def tune_command(blocks: list[list[str]]) -> list[str]:
     return [sys.executable, "-m", "specdec.tune", model, "--reuse"] + (["--threads", threads] if int(threads) else [])
 
 
+def kv_command(grid_file: Path, results: str, extra: list[str]) -> list[str] | None:
+    """`python -m experiments.kv RESULTS --OPTION VALUE ...` from the grid's `kv:` entry (None without
+    one, or with the override `kv=off`)."""
+    bad = [o for o in extra if o != "kv=off"]
+    if bad:
+        raise ValueError(f"{bad[0]}: the KV curve takes only kv=off (its settings are the grid file's `kv:` entry)")
+    settings = OmegaConf.to_container(OmegaConf.load(grid_file)).get("kv")
+    if not settings or extra:
+        return None
+    options = [a for key, value in settings.items() for a in (f"--{key.replace('_', '-')}", str(value))]
+    return [sys.executable, "-m", "experiments.kv", results, *options]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the main grid, then print the findings report's verdict.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every block, e.g. max_new_tokens=32")
@@ -128,18 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid_file, overrides = pick_grid(args.overrides)
-        blocks, notes = grid_blocks(overrides, grid_file)
+        kv_off = [o for o in overrides if o.startswith("kv=")]
+        blocks, notes = grid_blocks([o for o in overrides if o not in kv_off], grid_file)
+        results = next(o.split("=", 1)[1] for o in reversed(blocks[0]) if o.startswith("results.dir="))
+        kv = kv_command(grid_file, results, kv_off)
     except ValueError as err:
         print(f"experiments.main: error: {err}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    runs = [tune_command(blocks), *commands(blocks)]  # the machine's choices first, then the grid
+    runs = [tune_command(blocks), *commands(blocks), *([kv] if kv else [])]  # the machine's choices first
     for command in runs:
         print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
-    results = next(o.split("=", 1)[1] for o in reversed(blocks[0]) if o.startswith("results.dir="))
     try:
         ResultsStore(results)  # an incompatible results directory fails here, before any work
     except StoreError as err:

@@ -300,8 +300,9 @@ def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):
     from experiments.main import main as main_job
 
     assert main_job(["--dry-run"]) == 0
-    tune, *lines = capsys.readouterr().out.strip().splitlines()
+    tune, *lines, kv = capsys.readouterr().out.strip().splitlines()
     assert shlex.split(tune) == [sys.executable, "-m", "specdec.tune", "smollm2-135m", "--reuse", "--threads", "1"]
+    assert shlex.split(kv)[:4] == [sys.executable, "-m", "experiments.kv", "results/main"]  # the grid's `kv:`
     assert lines
     for line in lines:
         words = shlex.split(line)
