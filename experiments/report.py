@@ -15,17 +15,20 @@ gptqref) say only how acceptance changes: they get no speed verdict and sit apar
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments import figures, heldout
-from experiments.leaderboard import SETTING, SPEEDUPS, entry_stats
-from experiments.store import load_rows, open_existing
+from experiments import figures, heldout, kv
+from experiments.batches import batch_section
+from experiments.leaderboard import SETTING, SPEEDUPS, LeaderboardError, entry_stats
+from experiments.store import StoreError, load_rows, open_existing
 from experiments.verdict import MARGIN, Interaction, drift, interaction, is_paired, job_drift
 from specdec.measure import costmodel
 from specdec.measure.latency import LatencyCurve
@@ -295,13 +298,14 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
                        f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
                        f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions)")
     verdict.append(f"- Drift: fp32 plain tok/s per cell (median) spans {spread:.0%} of its median across the job")
-    verdict = verdict[:15]
+    kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
+    verdict = (verdict + kv_verdict)[:15]
 
     summary = {"cells": len(cells), "control": control,
                "verdict": {c.name: found[c.cell_id].label for c in speed},
                "interaction": {c.name: [round(found[c.cell_id].point, 4), round(found[c.cell_id].lo, 4),
                                         round(found[c.cell_id].hi, 4)] for c in speed + [c for c in cells if c.control]},
-               "cost_model": score, "drift": round(spread, 4)}
+               "cost_model": score, "drift": round(spread, 4), **({"kv": kv_summary} if kv_summary else {})}
 
     curves: dict[str, LatencyCurve] = {}
     for cell in cells:
@@ -345,6 +349,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
                           _ci(c.stats, "speedup_compound"), "{median:.1f} [{min:.1f}, {max:.1f}]".format(**drifts[c.cell_id]),
                           f"{c.stats['same_tokens_as_baseline']:.0%}"] for c in group])
         md.append("")
+    md += batch_section(pd.concat([c.rows for c in cells]), n_boot)  # [] for a single-batch store
     md += ["![compound](compound_heatmap.png)", "", "## Acceptance apart from cost", "",
            "Free-running MAL on the kernel and on fp32 (same prompts, paired runs); teacher-forced MAL: the drafter's "
            "drafts along the fp32 plain continuation judged by the kernel's argmax after each prefix of that same "
@@ -372,6 +377,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     md += _md_table(["kernel", "machine", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
                     [[label, curve.machine, f"{1e3 * curve.at(1):.1f}",
                       *(f"{curve.ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))] for label, curve in sorted(curves.items())])
+    md += kv_md  # starts with a blank line; [] without a KV curve or sweep
     if projections or projection_notes:
         md += ["", "## Projected to other hardware (projected, not measured)", "", *[f"- {n}" for n in projection_notes]]
         if projections:
@@ -414,12 +420,6 @@ def write_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    from experiments.leaderboard import LeaderboardError
-    from experiments.store import StoreError
-
     parser = argparse.ArgumentParser(description="Write RESULTS/REPORT.md and PNGs; print the verdict and a JSON line.")
     parser.add_argument("results", help="a results store directory")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (fixed seed)")
