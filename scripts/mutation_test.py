@@ -1,0 +1,403 @@
+"""Mutation testing of the exactness code against the fast exactness tests, in memory.
+
+    pip install mutmut==2.5.1        # the mutant generator (a venv with --system-site-packages will do)
+    python scripts/mutation_test.py specdec/core/sampling.py specdec/core/tree.py
+    python scripts/mutation_test.py specdec/core/tree.py --only 12,40   # rerun some mutants
+
+Owns the run: mutmut 2.5.1 lists every mutant of each module (its operators: numbers, strings,
+comparison / arithmetic / boolean operators, keywords, arguments, ...); each mutant is run in a
+forked child of one warm process (torch, pytest and the tests imported once) in which every function
+or method of the module whose code or defaults the mutant changes has its `__code__` / `__defaults__`
+swapped for the mutant's (the same in-memory patching as `specdec.measure.mutants`): every importer
+sees it, no file is written. The tests run with `-x`; a mutant is *killed* when they fail, *timeout*
+(also killed) when they run past `--timeout-factor` x the unmutated run, *survived* when they pass,
+*not applied* when its edit changes nothing a running function reads (e.g. a docstring).
+Survivors are explained in `EQUIVALENT` (why no test can tell the mutant from the real code) or by
+a test added to kill them. Writes `docs/measurements/mutation-testing.md` (generated: one table per
+module with every survivor and its verdict, the score) and the raw per-mutant results beside it.
+
+Knows nothing about what the modules compute: the tests decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import difflib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ("tests/test_sampling_contract.py", "tests/test_tree_contract.py", "tests/test_sampling.py", "tests/test_tree.py", "tests/test_exact_law.py", "tests/test_exactness.py",
+         "tests/test_chain_mask.py")
+"""The fast exactness tests (the chi-square grid of test_exactness.py is deselected by `DESELECT`); the
+two contract files were added to kill the survivors of a first run without them."""
+DESELECT = "not sampling_matches and not reference_cases and not sibling_draft and not greedy_output and not same_seed"
+OUT = ROOT / "docs" / "measurements" / "mutation-testing.md"
+
+_S, _T = "specdec/core/sampling.py", "specdec/core/tree.py"
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_S, "if sampling.top_k and sampling.top_k < scaled.shape[-1]:",
+     "if sampling.top_k and sampling.top_k <= scaled.shape[-1]:"):
+        "at top_k = V the k-th largest is the minimum, and masking the values below the minimum masks nothing",
+    (_T, 'if parents.device.type != "cpu":', 'if parents.device.type != "XXcpuXX":'):
+        "every tensor then takes the ancestor-mask path, which gives the same depths (the host walk is a "
+        "speed choice)",
+    (_T, "rows = torch.arange(n, device=parents.device)", "rows = None"):
+        "`rows` is never read (dead code in `ancestor_mask`)",
+    (_T, "for _ in range(max(1, n).bit_length()):  # 2^rounds >= n >= depth: no host sync needed",
+     "for _ in range(max(2, n).bit_length()):  # 2^rounds >= n >= depth: no host sync needed"):
+        "one more pointer-jumping round for n <= 1; a round after every ancestor is marked changes nothing",
+    (_T, "up = torch.where(has, up, torch.full_like(up, -1))", "up = torch.where(has, up, torch.full_like(up, -2))"):
+        "a negative `up` is only compared with 0 and clamped before indexing: -2 acts as -1",
+    (_T, "new_index = torch.full((parents.numel(),), -1, dtype=torch.long)",
+     "new_index = torch.full((parents.numel(),), +1, dtype=torch.long)"):
+        "the fill is never read: new_index is read at the parents of kept nodes, which are kept (keep is "
+        "ancestor-closed)",
+    (_T, "new_index = torch.full((parents.numel(),), -1, dtype=torch.long)",
+     "new_index = torch.full((parents.numel(),), -2, dtype=torch.long)"):
+        "the fill is never read: new_index is read at the parents of kept nodes, which are kept (keep is "
+        "ancestor-closed)",
+    (_T, "return torch.where(old >= 0, new_index[old.clamp(min=0)], old)",
+     "return torch.where(old > 0, new_index[old.clamp(min=0)], old)"):
+        "differs only where the old parent is node 0; node 0 is then kept and first in `keep`, so its new "
+        "index is 0 too",
+    (_T, "return torch.where(old >= 0, new_index[old.clamp(min=0)], old)",
+     "return torch.where(old >= 1, new_index[old.clamp(min=0)], old)"):
+        "differs only where the old parent is node 0; node 0 is then kept and first in `keep`, so its new "
+        "index is 0 too",
+}
+"""(module path, original line, mutated line), both stripped -> why the mutant cannot be told apart
+from the real code by any test of the module's contract."""
+
+
+# ---- mutants ------------------------------------------------------------------------------------
+
+def list_mutants(path: str) -> list[dict]:
+    """Every mutmut mutant of the module at `path`: its id, line and mutated source."""
+    try:
+        import mutmut
+    except ImportError as err:
+        raise SystemExit(f"mutation testing needs mutmut 2.5.1 ({err}): pip install mutmut==2.5.1") from err
+    source = (ROOT / path).read_text()
+    ids = mutmut.list_mutations(mutmut.Context(source=source, filename=path))
+    old_lines = source.split("\n")
+    bodies = _function_bodies(source)
+    mutants = []
+    for number, mid in enumerate(ids):
+        mutated, count = mutmut.mutate(mutmut.Context(source=source, mutation_id=mid, filename=path))
+        if count != 1:
+            raise RuntimeError(f"{path}: mutmut applied {count} mutations for id {mid}, expected 1")
+        new_lines = mutated.split("\n")
+        tag, i1, i2, j1, j2 = next(op for op in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+                                   .get_opcodes() if op[0] != "equal")
+        while i1 + 1 < i2 and not old_lines[i1].strip():  # a removed line aligned after a blank one
+            i1 += 1
+        mutants.append({"module": path, "id": number, "line": i1 + 1,
+                        "old": " / ".join(x.strip() for x in old_lines[i1:max(i2, i1 + 1)]),
+                        "new": " / ".join(x.strip() for x in new_lines[j1:j2]) or "(line removed)",
+                        "in_function": any(a <= i1 + 1 <= b for a, b in bodies),
+                        "names": _top_level_names(source, i1 + 1), "source": mutated})
+    return mutants
+
+
+def _function_bodies(source: str) -> list[tuple[int, int]]:
+    """(first, last) line of every function body: an edit there changes only that function's code."""
+    return [(node.body[0].lineno, node.end_lineno) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _top_level_names(source: str, line: int) -> list[str]:
+    """Names bound by the top-level statement(s) of `source` that span `line` (decorators included)."""
+    names = []
+    for node in ast.parse(source).body:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        if first <= line <= node.end_lineno:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.append(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def rebind(module: types.ModuleType, namespace: dict, names: list[str]) -> int:
+    """Replace the real objects called `names` by the mutant's wherever a loaded module holds them
+    (a class or constant whose definition the mutant edits outside any function body)."""
+    count = 0
+    for name in names:
+        old, new = getattr(module, name), namespace[name]
+        for mod in list(sys.modules.values()):
+            holder = getattr(mod, "__dict__", None)
+            if not isinstance(holder, dict):
+                continue
+            for key, value in list(holder.items()):
+                if value is old:
+                    holder[key] = new
+                    count += 1
+    return count
+
+
+def _functions(namespace: dict, module_name: str):
+    """(owner, attribute, function) for every function and method defined in a module's namespace."""
+    for name, value in namespace.items():
+        if isinstance(value, types.FunctionType) and value.__module__ == module_name:
+            yield namespace, name, value
+        elif isinstance(value, type) and value.__module__ == module_name:
+            for attr, member in vars(value).items():
+                if isinstance(member, property):
+                    member, attr = member.fget, f"{attr}.fget"
+                elif isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, types.FunctionType):
+                    yield value, attr, member
+
+
+def swaps(module: types.ModuleType, mutated_source: str) -> tuple[list[tuple[types.FunctionType, types.FunctionType]], dict]:
+    """(real function, mutant function) pairs whose code or defaults differ, and the namespace of the
+    mutated module (`exec` into a fresh one; SyntaxError and the like propagate: it cannot import)."""
+    namespace = {"__name__": module.__name__, "__file__": module.__file__, "__builtins__": __builtins__}
+    exec(compile(mutated_source, module.__file__, "exec", dont_inherit=True), namespace)
+    new = {(id(owner) if owner is not namespace else 0, attr): fn
+           for owner, attr, fn in _functions(namespace, module.__name__)}
+    old_classes = {name: v for name, v in vars(module).items() if isinstance(v, type)}
+    new_classes = {name: v for name, v in namespace.items() if isinstance(v, type)}
+    out = []
+    for owner, attr, fn in _functions(vars(module), module.__name__):
+        key = (0, attr)
+        if owner is not vars(module):
+            name = next(n for n, c in old_classes.items() if c is owner)
+            key = (id(new_classes[name]), attr)
+        mutant = new.get(key)
+        if mutant is None:
+            continue
+        if (fn.__code__ != mutant.__code__ or fn.__defaults__ != mutant.__defaults__
+                or fn.__kwdefaults__ != mutant.__kwdefaults__):
+            out.append((fn, mutant))
+    return out, namespace
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+class _FirstFailure:
+    """pytest plugin: remembers the first failing test's node id."""
+
+    def __init__(self) -> None:
+        self.nodeid = None
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed and self.nodeid is None:
+            self.nodeid = report.nodeid
+
+
+def pytest_args(tests: list[str]) -> list[str]:
+    return [*tests, "-x", "-q", "-p", "no:cacheprovider", "-k", DESELECT, "-W", "ignore"]
+
+
+def run_mutant(module: types.ModuleType, mutant: dict, stages: list[list[str]], timeout: float) -> dict:
+    """Fork, patch the mutant in, run the tests stage by stage (the module's own tests first, so a
+    kill there skips collecting the rest); the verdict with the first failing test."""
+    import pytest
+
+    report = tempfile.NamedTemporaryFile("r", suffix=".txt", delete=False)
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # child: patch, test, exit with pytest's code
+        code = 98
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            try:
+                pairs, namespace = swaps(module, mutant["source"])
+            except Exception as err:  # the mutant does not even import: any test fails
+                Path(report.name).write_text(f"import: {type(err).__name__}: {err}")
+                os._exit(1)
+            if mutant["in_function"]:
+                if not pairs:
+                    os._exit(97)
+                for fn, new in pairs:
+                    fn.__code__, fn.__defaults__, fn.__kwdefaults__ = new.__code__, new.__defaults__, new.__kwdefaults__
+            elif not rebind(module, namespace, mutant["names"]):
+                os._exit(97)
+            plugin = _FirstFailure()
+            for tests in stages:
+                code = int(pytest.main(pytest_args(tests), plugins=[plugin]))
+                if code != 0:
+                    break
+            Path(report.name).write_text(plugin.nodeid or "")
+        finally:
+            os._exit(code)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.perf_counter() - start > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            status = None
+            break
+        time.sleep(0.05)
+    seconds = round(time.perf_counter() - start, 1)
+    first = Path(report.name).read_text().strip()
+    os.unlink(report.name)
+    if status is None:
+        verdict = "timeout"
+    else:
+        code = os.waitstatus_to_exitcode(status)
+        verdict = {0: "survived", 1: "killed", 97: "not applied"}.get(code, f"error (exit {code})")
+    return {k: mutant[k] for k in ("module", "id", "line", "old", "new")} | {
+        "verdict": verdict, "killed_by": first if verdict == "killed" else None, "seconds": seconds}
+
+
+def run_module(path: str, only: set[int] | None, timeout_factor: float, log, earlier: dict) -> list[dict]:
+    """Run every mutant of `path` (or those in `only`); a mutant `earlier` (a previous run's results
+    by (module, id, old, new)) found killed keeps that verdict, the others run again."""
+    import importlib
+
+    import pytest
+
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    own = [t for t in TESTS if Path(t).stem.startswith(f"test_{Path(path).stem}")]
+    stages = [own, [t for t in TESTS if t not in own]]  # the module's own tests first: most kills are there
+    start = time.perf_counter()
+    if pytest.main(pytest_args(list(TESTS))) != 0:
+        raise SystemExit(f"the tests fail on the unmutated {path}: fix them first")
+    baseline = time.perf_counter() - start
+    results = []
+    for mutant in list_mutants(path):
+        if only is not None and mutant["id"] not in only:
+            continue
+        before = earlier.get((path, mutant["id"], mutant["old"], mutant["new"]))
+        if before is not None and before["verdict"] in ("killed", "timeout"):
+            results.append(before)
+            continue
+        result = run_mutant(module, mutant, stages, timeout_factor * baseline + 20)
+        if earlier:  # the verdict of the earlier run, where it reached this mutant
+            result["first"] = before.get("first", before["verdict"]) if before else None
+        else:
+            result["first"] = result["verdict"]
+        result["equivalent"] = EQUIVALENT.get((path, result["old"], result["new"]))
+        results.append(result)
+        log.write(json.dumps(result) + "\n")
+        log.flush()
+        print(f"{path}:{result['line']} #{result['id']} {result['verdict']} {result['seconds']}s  "
+              f"{result['old']!r} -> {result['new']!r}", file=sys.stderr)
+    return results
+
+
+# ---- the generated page -------------------------------------------------------------------------
+
+def score(results: list[dict]) -> dict:
+    applied = [r for r in results if r["verdict"] != "not applied"]
+    killed = [r for r in applied if r["verdict"] in ("killed", "timeout")]
+    equivalent = [r for r in applied if r["verdict"] == "survived" and r["equivalent"]]
+    return {"mutants": len(results), "applied": len(applied), "killed": len(killed),
+            "equivalent": len(equivalent), "unexplained": len(applied) - len(killed) - len(equivalent)}
+
+
+def render(results: list[dict], meta: dict) -> str:
+    lines = ["# Mutation testing of the exactness code", "",
+             f"Generated by `{meta['command']}` on {meta['date']} at commit {meta['commit']}.",
+             f"Machine: `lscpu` \"{meta['cpu']}\", {os.cpu_count()} cores shared; mutmut {meta['mutmut']} lists the "
+             "mutants, each is patched in memory into a forked child (`scripts/mutation_test.py`).",
+             f"Tests: `{' '.join(TESTS)}` with `-k \"{DESELECT}\"` (the chi-square grid deselected), `-x`.", "",
+             "Score = killed / (applied - equivalent); a timeout counts as killed; *not applied* = the edit "
+             "changes no code a function runs (docstrings, annotations).", ""]
+    for path in dict.fromkeys(r["module"] for r in results):
+        mine = [r for r in results if r["module"] == path]
+        s = score(mine)
+        denominator = s["applied"] - s["equivalent"]
+        lines += [f"## `{path}`", "",
+                  f"{s['mutants']} mutants, {s['applied']} applied: {s['killed']} killed, {s['equivalent']} "
+                  f"equivalent, {s['unexplained']} survived unexplained. Score {s['killed']}/{denominator}"
+                  f" = {s['killed'] / denominator:.3f}." if denominator else "no mutant applied.", "",
+                  "Every mutant that survived the first run or survives now, with its verdict now:", "",
+                  "| # | line | original | mutant | first run | now |", "| --- | --- | --- | --- | --- | --- |"]
+        first = [r for r in mine if r.get("first", r["verdict"]) is not None]
+        lines[-4:-4] = [f"First run (the tests before the contract files): {len(first)} mutants reached, "
+                        f"{sum(r.get('first', r['verdict']) == 'survived' for r in first)} survived.", ""]
+        for r in mine:
+            if r.get("first", r["verdict"]) in ("killed", "timeout") or (
+                    r.get("first", r["verdict"]) is None and r["verdict"] in ("killed", "timeout")):
+                continue
+            now = {"killed": f"killed by `{r['killed_by']}`"}.get(r["verdict"], r["verdict"])
+            if r["verdict"] == "survived" and r["equivalent"]:
+                now = f"equivalent: {r['equivalent']}"
+            lines.append(f"| {r['id']} | {r['line']} | `{_cell(r['old'])}` | `{_cell(r['new'])}` | "
+                         f"{r.get('first', r['verdict']) or 'not reached'} | {now} |")
+        killers = {}
+        for r in mine:
+            if r["killed_by"]:
+                test = r["killed_by"].split("[")[0]
+                killers[test] = killers.get(test, 0) + 1
+        lines += ["", "Kills per test (first failing test, `-x`): " +
+                  "; ".join(f"`{t}` {n}" for t, n in sorted(killers.items(), key=lambda kv: -kv[1])), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+        return (f"{fields.get('Model name', '?').strip()}, family {fields.get('CPU family', '?').strip()} "
+                f"model {fields.get('Model', '?').strip()}")
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="+", help="module paths, e.g. specdec/core/tree.py")
+    parser.add_argument("--only", default=None, help="comma-separated mutant numbers (one module)")
+    parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--out", default=str(OUT), help="the generated page; its raw results go beside it (.jsonl)")
+    parser.add_argument("--resume", default=None, help="raw results (.jsonl) of an earlier run: its killed "
+                        "mutants keep their verdict, the others run again (after tests were added)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp())
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp())
+    os.chdir(ROOT)
+    import mutmut
+    import torch
+
+    torch.set_num_threads(1)  # and no thread pool to inherit across fork
+    only = None if args.only is None else {int(x) for x in args.only.split(",")}
+    out = Path(args.out)
+    raw = out.with_suffix(".jsonl")
+    earlier = {}
+    if args.resume:
+        for line in Path(args.resume).read_text().splitlines():
+            r = json.loads(line)
+            earlier[(r["module"], r["id"], r["old"], r["new"])] = r
+    results = []
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as log:
+        for path in args.modules:
+            results += run_module(path, only, args.timeout_factor, log, earlier)
+    if only is not None:  # a partial rerun: print, do not overwrite the page
+        print(json.dumps(results))
+        return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"command": "python scripts/mutation_test.py " + " ".join(args.modules),
+            "date": datetime.date.today().isoformat(), "commit": commit, "cpu": _cpu_name(),
+            "mutmut": mutmut.__version__}
+    raw.write_text("".join(json.dumps(r) + "\n" for r in results))
+    out.write_text(render(results, meta))
+    print(json.dumps({path: score([r for r in results if r["module"] == path]) for path in args.modules}))
+
+
+if __name__ == "__main__":
+    main()
