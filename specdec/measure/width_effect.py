@@ -23,6 +23,7 @@ report what it measures.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -173,6 +174,8 @@ class WidthEffect:
     effects: list[PromptEffect] = field(default_factory=list)
     exact_arithmetic: bool = False
     """The target computes in fp32/fp64, unquantized, with the torch kernel (`exact_arithmetic`)."""
+    cpu_seconds: float = 0.0
+    """Process CPU time of the measurement."""
 
     @property
     def label(self) -> str:
@@ -199,7 +202,7 @@ class WidthEffect:
         """`summary` (the per-temperature rows only) with `exact_arithmetic`."""
         s = self.summary()
         s["width_effect"] = [r for r in s["width_effect"] if r["shape"] == "all"]
-        return {**s, "exact_arithmetic": self.exact_arithmetic}
+        return {**s, "exact_arithmetic": self.exact_arithmetic, "cpu_seconds": round(self.cpu_seconds, 1)}
 
     def summary(self) -> dict:
         """The measurement as a JSON-able dict (per temperature, pooled and per shape)."""
@@ -233,7 +236,8 @@ def lines(effect: WidthEffect) -> list[str]:
             out.append(f"  T = {row['temperature']:<4g} TV per token {row['tv_per_token']:.3g} "
                        f"[{row['ci_low']:.3g}, {row['ci_high']:.3g}], max {row['max_tv']:.3g}, argmax differs at "
                        f"{row['argmax_differs']} of {row['tokens']} tokens, mean width {row['mean_width']:.1f}")
-    out.append(f"  largest shift of the top-1 minus top-2 logit gap: {effect.max_gap_shift:.3g}")
+    out.append(f"  largest shift of the top-1 minus top-2 logit gap: {effect.max_gap_shift:.3g}; "
+               f"{effect.cpu_seconds:.0f} CPU s")
     return out
 
 
@@ -246,6 +250,7 @@ def width_effect(target: Target, drafter: Drafter, prompts: Sequence[str | Seque
     result = WidthEffect(target.name, str(target.dtype).removeprefix("torch."), target.kernel, target.quant,
                          getattr(drafter, "name", type(drafter).__name__), tokens, len(prompts),
                          exact_arithmetic=exact_arithmetic(target))
+    start = time.process_time()
     for i, prompt in enumerate(prompts):
         ids = target.encode_prompt(prompt)
         for shape in shapes:
@@ -253,6 +258,7 @@ def width_effect(target: Target, drafter: Drafter, prompts: Sequence[str | Seque
                 effect = prompt_width_effect(target, drafter, ids, shape, t, tokens, seed)
                 effect.prompt = i
                 result.effects.append(effect)
+    result.cpu_seconds = time.process_time() - start
     return result
 
 
