@@ -258,3 +258,19 @@ def test_a_store_of_several_settings_is_refused(store):
     (store / "cells" / cid / "rows.jsonl").write_text(rows)
     with pytest.raises(ReportError, match="holds 2 settings"):
         write_report(store, n_boot=10)
+
+
+def test_the_kv_curve_reaches_the_verdict_the_report_and_the_json_line(store, capsys):
+    rows = [{"prompt": f"p{i}", "kind": "summary", "policy": policy, "retention": r, "kv": policy, "accept": a,
+             "tv": 1 - a, "kl": 0.1, "memory_fraction": r, "mal": None}
+            for i in range(4) for policy, r, a in (("full", 1.0, 1.0), ("control", 1.0, 1.0), ("window", 0.25, 0.5),
+                                                   ("window", 1.0, 1.0))]
+    settings = {"prompts": 4, "context": 2048, "new_tokens": 64, "depth": 12, "mal_prompts": 1, "seconds": 1.0}
+    (store / "kv_curve.json").write_text(json.dumps({"settings": settings, "rows": rows}))
+    assert report_cli([str(store), "--bootstrap", "200"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(out[-1])["kv"]["greedy"] == {"window": 1.0} and json.loads(out[-1])["kv"]["control"] == "within"
+    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line for line in out[:-1])
+    report = (store / "REPORT.md").read_text()
+    assert "## The KV question" in report and "| window | 25% | `window` |" in report
+    assert "## Speculation against batch size" not in report  # one batch size: no batch section
