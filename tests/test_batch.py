@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.core import loop
+from specdec.core import rows
 from specdec.core.draft import Draft
 from specdec.drafters.common import PerRow
 from specdec.drafters.registry import build_for_tests
@@ -153,8 +153,8 @@ def test_bad_batches_are_refused_before_any_work(tiny_llama64, prompts, monkeypa
 
     with pytest.raises(ValueError, match="drafter 'single' cannot draft a batch"):
         specdec.generate_batch(t, Single(), prompts, chat=False)
-    monkeypatch.setattr(loop, "free_memory", lambda device: 1000)
-    need = loop.kv_bytes(t, 4, 1)
+    monkeypatch.setattr(rows, "free_memory", lambda device: 1000)
+    need = rows.kv_bytes(t, 4, 1)
     with pytest.raises(ValueError, match=r"a batch of 4 rows x \d+ cache slots needs .* GiB .* is free"):
         specdec.generate_batch(t, None, prompts, chat=False)
     assert need > 0

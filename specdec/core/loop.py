@@ -1,7 +1,8 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit.
 
-Owns `generate`, input validation, the target's KV cache for one generation (created here, rolled
-back here, nowhere else) and the per-step records. Plain autoregressive decoding (drafter None) is
+Owns `generate` and `generate_batch` (its batch of one is `generate`), input validation, the target's
+KV cache for one generation (created here, rolled back here, nowhere else) and the per-step records;
+the padding and per-row bookkeeping of a batch is in `specdec.core.rows`. Plain autoregressive decoding (drafter None) is
 the same loop with no draft. Knows nothing about how a drafter builds its draft or how acceptance is
 decided beyond calling `acceptance.verify`; imports no drafter and keeps no drafter state: every drafter
 hears the same `drafter.commit(Step)` after the prefill and after each verification.
@@ -33,13 +34,14 @@ import torch
 from specdec.core import tree as tree_ops
 from specdec.core.policy import FixedShape, ShapePolicy, shape_policy
 from specdec.target.cache import Cache
-from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
+from specdec.core.draft import Draft, Drafter, DraftRequest, Step
 from specdec.target.forwards import CACHES, resolve_cache, verification_width
 from specdec.core.metrics import BatchStats, GenerationStats, StepRecord
-from specdec.target.model import ForwardOut, Target
+from specdec.target.model import Target
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import ShapeSpec, parse_shape
 from specdec.core.acceptance import verify
+from specdec.core.rows import check_memory, commit_step, left_padded, prefill_rows, verify_block
 
 
 @dataclass
@@ -71,38 +73,6 @@ def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
         draft=Draft.empty(), acceptances=[], positions=torch.arange(count)[None], target_hidden=hidden,
         target_aux=aux, _kv=lambda: cache.tail(count),
     )
-
-
-def prefill_rows(target: Target, cache: Cache, rows: Sequence[Sequence[int]]) -> Step:
-    """`prefill` for a batch: every row's tokens but its last, right-padded to the longest (the
-    padding slots become holes), in one forward; the B-row prefill `Step`."""
-    counts = [len(r) - 1 for r in rows]
-    width = max(counts)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, r in enumerate(rows):
-        tokens[b, : counts[b]] = torch.tensor(list(r[:-1]), dtype=torch.long)
-    if width:
-        valid = None if len(set(counts)) == 1 else torch.arange(width) < torch.tensor(counts)[:, None]
-        out = target.forward(tokens, cache, valid=valid, logits_rows=slice(-1, None))
-        hidden, aux = out.hidden, out.aux
-    else:
-        hidden = torch.empty(len(rows), 0, target.hidden_size, dtype=target.dtype, device=target.device)
-        aux = hidden.new_empty(len(rows), 0, target.hidden_size * len(target.aux_layers)) if target.aux_layers else None
-    token_ids, lengths = _left_padded(rows)
-    return Step(
-        token_ids=token_ids, num_new=[len(r) for r in rows], draft=Draft.empty(len(rows)), acceptances=[],
-        positions=torch.arange(width).expand(len(rows), width), target_hidden=hidden, target_aux=aux,
-        _kv=lambda: cache.tail(width), lengths=lengths, kept=counts,
-    )
-
-
-def _left_padded(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int] | None]:
-    """Rows of token ids as one left-padded [B, L] tensor, and their lengths (None when all equal)."""
-    lengths = [len(r) for r in rows]
-    out = torch.zeros(len(rows), max(lengths), dtype=torch.long)
-    for b, r in enumerate(rows):
-        out[b, out.shape[1] - len(r):] = torch.tensor(list(r), dtype=torch.long)
-    return out, None if len(set(lengths)) == 1 else lengths
 
 
 def generate(
@@ -235,7 +205,7 @@ def generate_batch(
         t1 = time.perf_counter()
         begin = cache.length
         past = cache.next_positions if batched else cache.next_position  # each row's block position
-        tokens, parents, valid = _verify_block(drafts, [committed[i][-1] for i in active])
+        tokens, parents, valid = verify_block(drafts, [committed[i][-1] for i in active])
         out = forward(tokens, cache, parents) if valid is None else forward(tokens, cache, parents, valid=valid)
         sync()
         t2 = time.perf_counter()
@@ -256,9 +226,9 @@ def generate_batch(
             draft_tokens = d.tokens[0].tolist()
             news.append([draft_tokens[j] for j in a.path] + [a.next_token])
             committed[i].extend(news[-1])
-        token_ids, lengths = _left_padded([committed[i] for i in active])
+        token_ids, lengths = left_padded([committed[i] for i in active])
         t3 = time.perf_counter()
-        hear(_commit_step(drafts, acceptances, kept, news, out, token_ids, lengths, cache, past, batched))
+        hear(commit_step(drafts, acceptances, kept, news, out, token_ids, lengths, cache, past, batched))
         sync()
         t4 = time.perf_counter()
         for b, (d, a, i) in enumerate(zip(drafts, acceptances, active)):
@@ -291,7 +261,7 @@ def generate_batch(
             cache.select_rows(keep)
             drafter is not None and drafter.select_rows(keep)
             active = [active[b] for b in keep]
-            token_ids, lengths = _left_padded([committed[i] for i in active])
+            token_ids, lengths = left_padded([committed[i] for i in active])
         elif done:
             active = []
 
@@ -301,51 +271,6 @@ def generate_batch(
     batch_stats.row_mal = [o.stats.mean_acceptance_length for o in result]
     result.stats = batch_stats
     return result
-
-
-def _verify_block(drafts: list[Draft], roots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's
-    root (block index 0) then its draft nodes, padded to the widest row (padding: children of the
-    block's start, never anyone's ancestor, marked invalid)."""
-    if len(drafts) == 1:
-        d = drafts[0]
-        tokens = torch.cat([d.tokens.new_tensor([[roots[0]]]), d.tokens], 1)  # [1, 1 + N]
-        return tokens, torch.cat([torch.tensor([-1]), d.parents + 1]), None  # draft roots hang off block 0
-    width = 1 + max(d.num_nodes for d in drafts)
-    tokens = torch.zeros(len(drafts), width, dtype=torch.long)
-    parents = torch.full((len(drafts), width), -1, dtype=torch.long)
-    for b, (d, root) in enumerate(zip(drafts, roots)):
-        tokens[b, 0], tokens[b, 1: d.num_nodes + 1] = root, d.tokens[0].cpu()
-        parents[b, 1: d.num_nodes + 1] = d.parents + 1
-    sizes = torch.tensor([d.num_nodes + 1 for d in drafts])
-    valid = None if bool((sizes == width).all()) else torch.arange(width) < sizes[:, None]
-    if bool((parents == parents[0]).all()):
-        parents = parents[0]
-    return tokens, parents, valid
-
-
-def _commit_step(drafts: list[Draft], acceptances: list[Acceptance], kept: list[list[int]], news: list[list[int]],
-                 out: ForwardOut, token_ids: torch.Tensor, lengths: list[int] | None, cache: Cache,
-                 past: int | torch.Tensor, batched: bool) -> Step:
-    """The `Step` a drafter's `commit` hears after a verification (B rows; see `Step`)."""
-    if not batched:
-        rows = kept[0]
-        return Step(
-            token_ids=token_ids, num_new=[len(news[0])], draft=drafts[0], acceptances=acceptances,
-            positions=torch.arange(past, past + len(rows))[None], target_hidden=out.hidden[:, rows],
-            target_aux=None if out.aux is None else out.aux[:, rows], _kv=lambda n=len(rows): cache.tail(n),
-        )
-    width = max(len(k) for k in kept)
-    index = torch.zeros(len(kept), width, dtype=torch.long)
-    for b, k in enumerate(kept):
-        index[b, : len(k)] = torch.tensor(k)
-    gather = index.to(out.hidden.device)[..., None]
-    return Step(
-        token_ids=token_ids, num_new=[len(n) for n in news], draft=drafts[0], acceptances=acceptances,
-        positions=past[:, None] + torch.arange(width), target_hidden=out.hidden.gather(1, gather.expand(-1, -1, out.hidden.shape[-1])),
-        target_aux=None if out.aux is None else out.aux.gather(1, gather.expand(-1, -1, out.aux.shape[-1])),
-        _kv=lambda: cache.tail(width), drafts=drafts, lengths=lengths, kept=[len(k) for k in kept],
-    )
 
 
 def _row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
@@ -386,7 +311,7 @@ def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | Shap
         needed = longest + most * (1 + (0 if drafter is None else _depth_bound(spec, max_nodes))) + width - 1
         if kind == "graphs":
             raise ValueError(f"cache='graphs' runs one prompt at a time; a batch of {len(rows)} runs with cache='static' or 'dynamic'")
-        _check_memory(target, len(rows), needed)
+        check_memory(target, len(rows), needed)
     if cache_capacity is not None and cache_capacity < needed:
         padded = f", padded to bucket {width}" if kind == "graphs" else ""
         raise ValueError(f"cache_capacity={cache_capacity} is too short: prompt ({longest}) + "
@@ -402,35 +327,6 @@ def _depth_bound(spec: ShapeSpec | None, max_nodes: int) -> int:
         if isinstance(depth, int):
             return depth
     return max_nodes
-
-
-def kv_bytes(target: Target, rows: int, entries: int) -> int:
-    """Bytes of a target KV cache holding `entries` slots for `rows` rows (keys and values, every layer)."""
-    cfg = target.model.config.get_text_config()
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    itemsize = torch.empty(0, dtype=target.dtype).element_size()
-    return 2 * cfg.num_hidden_layers * heads * head_dim * itemsize * rows * entries
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes free now on `device` (host: MemAvailable), None where it cannot be told."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return None
-
-
-def _check_memory(target: Target, rows: int, entries: int) -> None:
-    """ValueError, before any allocation, when a batch's cache (at its bound) would not fit in the
-    memory free now (host memory on CPU, device memory on CUDA)."""
-    need, free = kv_bytes(target, rows, entries), free_memory(target.device)
-    if free is not None and need > free:
-        raise ValueError(f"a batch of {rows} rows x {entries} cache slots needs {need / 2**30:.2f} GiB of KV cache, "
-                         f"{free / 2**30:.2f} GiB is free: lower the batch, the prompt lengths or max_new_tokens")
 
 
 def _cut_at_eos(new_ids: list[int], eos: set[int]) -> list[int]:
