@@ -10,7 +10,7 @@ Owns the certificate that the test suite and the command line share:
   caches; batched rows (`specdec.measure.certify_batch.batch_case`, one case per sampling on
   `BATCH_SHAPE`; a drafter that cannot batch gets a line saying so, not a failure). Every draft is checked (`Recorder`): it fits the shape asked for, its draft_probs are
   well formed, and the sampled tokens' ranks match the recorded draft_probs per depth (chi-square);
-- power (`specdec.measure.certify_power.power`, re-exported here): the reference cases (drafter-independent: point-mass siblings, sampled siblings
+- power (`specdec.certify_power.power`, re-exported here): the reference cases (drafter-independent: point-mass siblings, sampled siblings
   with draft probabilities, a sampled chain under top-k and top-p through the real grower) run
   unmutated (the control) and under every mutant of `specdec.measure.mutants` (each one edit of the
   real acceptance code or draft sampler). A certificate passes only if every case of the drafter and
@@ -48,7 +48,7 @@ from specdec.measure.certify_batch import batch_case
 from specdec.measure.certify_cases import LENGTH, SAMPLINGS, CaseResult, SiblingDrafter, distribution_case
 from specdec.measure import width_effect as widths
 from specdec.measure.latency import LatencyCurve
-from specdec.measure.certify_power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
+from specdec.certify_power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
 from specdec.measure.mutants import MUTANTS
 from specdec.target.model import Target
 
