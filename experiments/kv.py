@@ -248,7 +248,10 @@ def verdict(rows: list[dict], key: str = "accept", n_boot: int = 2000) -> dict:
 
 
 def _pct(retention: float | None) -> str:
-    return "none" if retention is None else f"{100 * retention:g}%"
+    """A verdict's retention; at 100% (for window and snapkv, the full cache itself) no lower one held."""
+    if retention is None:
+        return "none"
+    return f"{100 * retention:g}%" + (" (none lower)" if retention >= 1 else "")
 
 
 def latest_sweep(root: str | os.PathLike | None = None) -> dict | None:
