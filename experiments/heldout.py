@@ -11,7 +11,9 @@ Owns which runs predict which (the model itself, its inputs and its nulls are in
   the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
 Errors are |predicted / measured - 1| of the pooled speculation speedup (tokens/s over the summed runs).
 Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
-cells (fp32 cost) are listed apart and left out of the score. Knows nothing about files or figures.
+cells (fp32 cost) are listed apart and left out of the score. Batch cells (`batch` > 1) are not
+predicted yet: their rows record each row's own verify widths, while a batch step costs the padded
+width of its widest row at the batch's curve (`costmodel.PlainRun.batch`), which the cells do not store. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
                        flat=costmodel.predict_speculation(source, plain, None))
 
     out = []
+    if int(labels.get("batch", 1) or 1) > 1:
+        return out  # see the module docstring
     own_reference = labels["quant"] == "none"
     if not own_reference and "reference_drafted_verify_widths" in rows and rows.reference_drafted_verify_widths.notna().all():
         out.append(one("kernel", "all", draft_profile(rows, "reference_drafted_"), rows))

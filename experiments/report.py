@@ -65,7 +65,9 @@ class Cell:
 
     @property
     def entry(self) -> tuple[str, str]:
-        return self.labels["drafter"], self.labels["shape"]
+        """(drafter, shape), the shape marked with its batch size in a batch cell (`chain(4) @b8`)."""
+        batch = self.labels.get("batch", 1)
+        return self.labels["drafter"], self.labels["shape"] + (f" @b{batch}" if batch > 1 else "")
 
     @property
     def quant(self) -> str:
@@ -145,7 +147,8 @@ def load_cells(results: str | os.PathLike) -> list[Cell]:
         cell.labels = {**first[["drafter", "shape", "quant", "bits", "model", "dataset", "prompts", "temperature",
                                 "max_new_tokens"]].to_dict(),
                        "numerics_only": bool(first.get("numerics_only", False)),
-                       "control": isinstance(first.get("control"), (bool, np.bool_)) and bool(first.get("control"))}
+                       "control": isinstance(first.get("control"), (bool, np.bool_)) and bool(first.get("control")),
+                       "batch": int(first["batch"]) if pd.notna(first.get("batch", np.nan)) else 1}
         key = (cell.entry, cell.quant)
         if key in seen:
             raise ReportError(f"{results} holds two cells for {cell.name} ({seen[key]}, {cell.cell_id}): one was "

@@ -65,7 +65,6 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     in row up[i], giving the full lower triangle.
     """
     n = parents.numel()
-    rows = torch.arange(n, device=parents.device)
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)
     up = parents
     for _ in range(max(1, n).bit_length()):  # 2^rounds >= n >= depth: no host sync needed
