@@ -177,15 +177,9 @@ class BatchStats:
         self.draft_time_s += draft_s
         self.step_time_s += total_s
 
-    @property
-    def tokens_per_s(self) -> float:
-        """Total new tokens (all rows) per second of wall time, prefill included."""
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        decode = self.wall_time_s - self.prefill_time_s
-        return self.new_tokens / decode if decode > 0 else 0.0
+    tokens_per_s = GenerationStats.tokens_per_s
+    """Total new tokens (all rows) per second of wall time, prefill included."""
+    decode_tokens_per_s = GenerationStats.decode_tokens_per_s
 
     def time_split(self) -> dict[str, float]:
         """Fractions of the summed step time: {"target", "draft", "other"}."""
