@@ -44,12 +44,18 @@ from specdec.target.forwards import CACHES
 from experiments.questions import Question
 
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
-ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
-"""The four runs' orders, prompt by prompt (indices into RUNS): a Williams square, so every run is in
-every position once and follows every other run once per four prompts. A plain rotation always ran
-the kernel's plain run right after its drafted run and the fp32 drafted run right after the fp32
-plain run: any carry-over from one run to the next then biased the interaction, and an A/A control
-read 0.90 [0.85, 0.96]."""
+ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (3, 2, 1, 0), (2, 0, 3, 1))
+"""The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every
+run is in every position once and follows every other run once per four prompts. Across rows too: the
+prompts run back to back, so a row's first run follows the previous row's last, and the sequence of
+16 runs (cyclic; the warm-up ends as the last row does) is unchanged by swapping the kernel's runs
+with the reference's (drafted <-> reference_drafted, plain <-> reference) in every run's position and
+predecessor. A carry-over from one run to the next, or a drift with position, then biases the
+kernel's speculation and the reference's alike and cancels in the interaction.
+History: a plain rotation always ran the kernel's plain right after its drafted run (an A/A control
+read 0.90 [0.85, 0.96]); the Williams square that replaced it balanced the rows but not the seams
+between prompts (the reference's drafted run followed a drafted run twice per four prompts, the
+kernel's once), and its A/A control read 0.97-0.99 in four runs (0.97 [0.95, 1.00] in one)."""
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
 """(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
 the cells of a process (the drafter is kept so its id cannot be reused by another)."""
@@ -194,7 +200,7 @@ def run_cell(
         return specdec.generate(model, draft, prompt, shape=shape, seed=seed, **{**options, **override})
 
     if warmup_tokens > 0 and questions:
-        for run in runs:
+        for run in run_order(runs, -1):  # the last row of ORDERS: the first prompt's runs follow it as any row does
             decode(run, questions[0].turns[0], sampling.seed, max_new_tokens=warmup_tokens)
     if batch > 1:
         return _run_batches(model_of, runs, questions, batch, shape, sampling.seed, options, on_turn)
@@ -205,7 +211,7 @@ def run_cell(
         history: list[dict[str, str]] = []
         for turn, text in enumerate(question.turns):
             prompt = text if turn == 0 else [*history, {"role": "user", "content": text}]
-            order = run_order(runs, index + turn)
+            order = run_order(runs, len(rows))  # turns run back to back: the design's rows follow them
             outputs = {run: decode(run, prompt, seed) for run in order}
             outputs.setdefault("reference", outputs["plain"])
             outputs.setdefault("reference_drafted", outputs["drafted"])

@@ -366,8 +366,9 @@ def test_incompatible_store_is_refused_untouched(composer, tmp_path):
 
 
 def test_paired_run_orders_balance_position_and_carry_over():
-    """Over four prompts every run takes every position once and follows every other run once, so a
-    carry-over from one run to the next cannot bias the interaction (a plain rotation always ran the
+    """Over four prompts every run takes every position once and follows every other run once, and the
+    seams between prompts are balanced between the kernel and the reference, so a carry-over from one
+    run to the next cannot bias the interaction (a plain rotation always ran the
     kernel's plain right after its drafted run, and the fp32 drafted right after the fp32 plain)."""
     from collections import Counter
 
@@ -379,4 +380,16 @@ def test_paired_run_orders_balance_position_and_carry_over():
         {(run, i): 1 for run in RUNS for i in range(4)})
     follows = Counter(pair for o in orders for pair in zip(o, o[1:]))
     assert sorted(follows) == sorted((a, b) for a in RUNS for b in RUNS if a != b) and set(follows.values()) == {1}
+    # The prompts run back to back: across the seams too (cyclic, the warm-up being row -1), swapping the
+    # kernel's runs with the reference's leaves every (run, position, predecessor) count unchanged, so
+    # an A/A control's interaction has no carry-over bias. The previous square failed this.
+    swap = {"drafted": "reference_drafted", "reference_drafted": "drafted", "plain": "reference", "reference": "plain"}
+
+    def seen(rows):
+        return Counter((run, i, o[i - 1] if i else rows[k - 1][-1]) for k, o in enumerate(rows) for i, run in enumerate(o))
+
+    assert run_order(RUNS, -1) == orders[-1]
+    assert seen(orders) == Counter({(swap[r], i, swap[b]): n for (r, i, b), n in seen(orders).items()})
+    old = [[RUNS[i] for i in row] for row in ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))]
+    assert seen(old) != Counter({(swap[r], i, swap[b]): n for (r, i, b), n in seen(old).items()})
     assert run_order(RUNS[:2], 0) == ["drafted", "plain"] and run_order(RUNS[:2], 1) == ["plain", "drafted"]
