@@ -13,6 +13,9 @@ checkpoint needs --grow (recorded in the run's data_history); any other change i
 AdamW, step, batch order, generator, the shard set's checksum); `--out/head-best.safetensors` the best
 head by validation chain MAL; the curve is appended to --curve (one JSON line per validation). A
 checkpoint that exists without --resume is an error (a run is continued, never restarted by accident).
+When the session ends, --keep (data/eagle/run-state.pt, committed) receives the compact state
+(`Run.save(compact=True)`: bf16 head and second moment, ~20 MB): on a machine without --out's state,
+--resume continues from it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sets", nargs="+", required=True, help="rollout set folders (data/eagle/...)")
     ap.add_argument("--out", default="outputs/eagle-run", help="checkpoint folder (run.pt, head-best)")
     ap.add_argument("--curve", default="data/eagle/curve.jsonl")
+    ap.add_argument("--keep", default="data/eagle/run-state.pt", help="the compact run state kept in the "
+                    "repository, written when the session ends; --resume starts from it when --out has no "
+                    "later state (another machine); empty = none")
     ap.add_argument("--feature-cache", default="outputs/eagle-features")
     ap.add_argument("--resident-shards", type=int, default=32, help="shards of features held in memory at once")
     ap.add_argument("--resume", action="store_true")
@@ -114,10 +120,16 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "run.pt"
     seqs = token_sequences(sets)
+    keep = Path(args.keep) if args.keep else None
     if checkpoint.exists() and not args.resume:
         raise SystemExit(f"{checkpoint} exists: pass --resume to continue that run, or another --out to start one")
     if args.resume:
-        run = Run.resume(checkpoint, target, cfg, checksum, expected, shards, grow=args.grow)
+        if keep is not None and Run.saved_step(keep) > Run.saved_step(checkpoint):
+            print(f"resuming from {keep} (step {Run.saved_step(keep)}): {checkpoint} is older or absent", flush=True)
+            start = keep
+        else:
+            start = checkpoint
+        run = Run.resume(start, target, cfg, checksum, expected, shards, grow=args.grow)
         trim_curve(args.curve, run.step)
     else:
         val_ids = validation_prompts([s.prompt_id for s in seqs], [s.temperature for s in seqs], args.num_validation,
@@ -144,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
                    val_every=args.val_every, checkpoint=checkpoint, curve=args.curve,
                    deadline=started + 60 * args.minutes,
                    on_best=lambda r: r.head.save(out / "head-best", dtype=torch.float32))
+    if keep is not None:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        run.save(keep, compact=True)
     summary = {"step": run.step, "reached": done, "best": run.best, "previous_best_step": best_step,
                "train_sequences": len(train_rows), "val_sequences": len(val_rows), "dropped_near_val": len(near), "data_checksum": checksum[:16],
                "minutes": round((time.time() - started) / 60, 1)}

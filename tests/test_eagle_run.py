@@ -72,6 +72,30 @@ def test_a_run_cut_and_resumed_equals_an_uncut_run(tiny, data, tmp_path):
     assert fresh(tiny).head.state_dict()["fc.weight"].ne(run.head.state_dict()["fc.weight"]).any()
 
 
+def test_the_compact_state_kept_in_the_repository_resumes_the_run_close_to_the_full_state(tiny, data, tmp_path):
+    """`save(compact=True)` keeps the head and AdamW's moments in bf16: half the size; resuming from it continues at the same step, batch order and schedule, and
+    ends near the run resumed from the full state (what the compaction costs is one bf16 rounding)."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    run = fresh(tiny)
+    assert train(run, data, tmp_path / "a", 4)
+    full, small = run.save(tmp_path / "a" / "run.pt"), run.save(tmp_path / "b" / "run.pt", compact=True)
+    assert small.stat().st_size < 0.6 * full.stat().st_size
+    assert Run.saved_step(small) == Run.saved_step(full) == 4 and Run.saved_step(tmp_path / "none.pt") == -1
+    a = Run.resume(full, tiny, CFG, "sum-a", HeadConfig.for_target(tiny))
+    b = Run.resume(small, tiny, CFG, "sum-a", HeadConfig.for_target(tiny))
+    assert (a.step, a.order, a.best) == (b.step, b.order, b.best)
+    for (name, x), y in zip(a.head.state_dict().items(), b.head.state_dict().values()):
+        assert y.dtype == torch.float32 and torch.equal(x.to(torch.bfloat16).float() if x.dim() > 1 else x, y), name
+    state = b.opt.state_dict()["state"][0]
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(state[name], a.opt.state_dict()["state"][0][name].to(torch.bfloat16).float())
+    assert train(a, data, tmp_path / "a", CFG.max_steps) and train(b, data, tmp_path / "b", CFG.max_steps)
+    for (name, x), y in zip(a.head.state_dict().items(), b.head.state_dict().values()):
+        moved = (x - fresh(tiny).head.state_dict()[name]).norm()
+        assert (x - y).norm() < 0.05 * moved + 1e-6, name  # close, but not equal: the compaction is lossy
+    assert any(not torch.equal(x, y) for x, y in zip(a.head.state_dict().values(), b.head.state_dict().values()))
+
+
 def test_resuming_with_other_settings_head_or_data_is_an_error_naming_the_checkpoint(tiny, data, tmp_path):
     run = fresh(tiny)
     train(run, data, tmp_path, 3)
@@ -154,12 +178,14 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
     train = ["--target", "tiny-llama", "--sets", data, "--out", str(tmp_path / "run"), "--curve",
              str(tmp_path / "curve.jsonl"), "--feature-cache", str(tmp_path / "features"), "--num-validation", "24",
              "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2", "--warmup-steps", "1",
-             "--anneal-start", "4", "--max-steps", "6"]
+             "--anneal-start", "4", "--max-steps", "6", "--keep", str(tmp_path / "kept.pt")]
     first = trainer.main(train + ["--steps", "3"])
     assert first["step"] == 3 and first["val_sequences"] == 24
     assert first["dropped_near_val"] > 0 and first["train_sequences"] + first["dropped_near_val"] == 8
     with pytest.raises(SystemExit, match="run.pt exists: pass --resume"):
         trainer.main(train)
+    assert Run.saved_step(tmp_path / "kept.pt") == 3  # the compact copy, written when the session ended
+    (tmp_path / "run" / "run.pt").unlink()  # another machine: only the repository's copy is there
     assert trainer.main(train + ["--steps", "5", "--resume"])["step"] == 6
     assert [json.loads(ln)["step"] for ln in (tmp_path / "curve.jsonl").read_text().splitlines()] == [0, 2, 4, 6]
     rollouts.main(roll[:-1] + ["1"])  # the set grows by a shard

@@ -6,7 +6,11 @@ depends on the step alone, so the constant phase can be extended on resume witho
 `validation_prompts` (validation chosen by prompt id, fixed for the run's life), and `Run`: head +
 AdamW + step + batch order + generator + the shard set's checksum, saved as one checkpoint file
 (written atomically) from which `Run.resume` continues exactly where `Run.save` stopped, and the
-validation curve appended as JSON lines. Knows nothing about how data is made or read: it trains on
+validation curve appended as JSON lines. `Run.save(path, compact=True)` writes the state small enough
+to keep in the repository (half the full one: the head's matrices and AdamW's moments in bf16, the rest
+as is), so a run outlives the machine it ran on; resuming from it rounds them to bf16 once (a matrix
+entry, |w| < 0.1, by less than 2^-9 |w|, under one step's update at the run's rates; the norms' weights,
+near 1, stay fp32, where bf16 would move them by more than a step). Knows nothing about how data is made or read: it trains on
 `Rollouts` (specdec/training/features.py makes them from token shards) and `TrainBatch`es.
 
 Resuming refuses, naming the checkpoint: another head geometry, other training settings (only the
@@ -183,13 +187,26 @@ class Run:
                 "data_checksum": self.data_checksum, "val_ids": list(self.val_ids), "shards": self.shards,
                 "data_history": list(self.data_history)}
 
-    def save(self, path: str | Path) -> Path:
-        """Write the run's whole state to `path` (atomically: a cut mid-write leaves the previous one)."""
+    def save(self, path: str | Path, compact: bool = False) -> Path:
+        """Write the run's whole state to `path` (atomically: a cut mid-write leaves the previous one);
+        `compact`: the repository's copy (see the module docstring)."""
         path = Path(path)
+        state = self.state()
+        if compact:
+            state["head"] = {k: v.to(torch.bfloat16) if v.dim() > 1 else v for k, v in state["head"].items()}
+            state["opt"]["state"] = {k: {n: t if n == "step" else t.to(torch.bfloat16) for n, t in v.items()}
+                                     for k, v in state["opt"]["state"].items()}
+            state["compact"] = True
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(self.state(), tmp)
+        torch.save(state, tmp)
         os.replace(tmp, path)
         return path
+
+    @staticmethod
+    def saved_step(path: str | Path) -> int:
+        """The step of the run saved at `path` (-1 when there is no file)."""
+        path = Path(path)
+        return torch.load(path, weights_only=False, map_location="cpu")["step"] if path.exists() else -1
 
     @classmethod
     def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
@@ -219,6 +236,10 @@ class Run:
             raise ShardError(f"{path} trained on shard set {state['data_checksum'][:16]}, the data now has checksum "
                              f"{data_checksum[:16]}: the shard set changed underneath the run; resume on the same "
                              "shards, or pass grow when the sets only gained shards (appended, none changed)")
+        if state.get("compact"):
+            state["head"] = {k: v.float() for k, v in state["head"].items()}
+            state["opt"]["state"] = {k: {n: t if n == "step" else t.float() for n, t in v.items()}
+                                     for k, v in state["opt"]["state"].items()}
         head = EagleHead(head_config, draft_vocab=state["draft_vocab"].cpu())
         head.load_state_dict(state["head"])
         run = cls(replace(cfg), head, target, data_checksum, state["val_ids"], shards)
