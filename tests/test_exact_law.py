@@ -272,3 +272,19 @@ def test_verify_names_what_is_wrong_with_its_input():
 def test_acceptance_probability_is_a_probability():
     assert float(acceptance_probability(torch.tensor(0.8), torch.tensor(0.2))) == 1.0
     assert float(acceptance_probability(torch.tensor(0.1), torch.tensor(0.4))) == pytest.approx(0.25)
+
+
+def test_sampled_acceptance_marks_the_bonus_token_only_past_a_leaf():
+    """`bonus` (the next token came from the distribution after a leaf) at T > 0: a chain the target
+    takes whole ends in a bonus token; a rejection at the root does not (a mutant negating it survived
+    every other test)."""
+
+    def onehot(i, v=4):
+        return torch.nn.functional.one_hot(torch.tensor(i), v).double()
+
+    chain = Draft(torch.tensor([[1, 2]]), torch.tensor([-1, 0]), None)  # point-mass drafts
+    g = torch.Generator().manual_seed(0)
+    whole = acceptance.accept_sampling(chain, torch.stack([onehot(1), onehot(2), torch.full((4,), 0.25).double()]), g)
+    assert whole.path == [0, 1] and whole.bonus
+    rejected = acceptance.accept_sampling(chain, torch.stack([onehot(0), onehot(2), onehot(3)]), g)
+    assert rejected.path == [] and rejected.next_token == 0 and not rejected.bonus
