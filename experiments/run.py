@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 import specdec
 from specdec import quant as quantization
+from specdec.core.shapes import AutoShape
 from specdec.measure.latency import cached_latency
 from experiments.cell import run_cell
 from experiments.leaderboard import cell_summary
@@ -184,16 +185,27 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
     }
 
 
+def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
+    """The widths of a cell's latency curve: `runner.latency_widths` plus the width of the shape's full
+    draft (root + `max_nodes`, for chain, tree and dynamic shapes; `auto` plans its own widths), the width
+    most of its verifications have. A kernel's cost can step between two of the grid's widths (a GEMM
+    tiled by 8 costs at 5 what it costs at 8), and the cost model's interpolation across such a step
+    would misprice every full verification."""
+    shape = specdec.parse_shape(cfg.shape.spec)
+    extra = set() if isinstance(shape, AutoShape) else {shape.max_nodes + 1}
+    return tuple(sorted(set(cfg.runner.latency_widths) | extra))
+
+
 def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str) -> dict:
     """The target's latency curve (JSON), from `cached_latency`: measured once per target x machine x
     threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here. Timed through
     the forward the cells' loop runs (`cache="auto"`: the CUDA graph fast path on CUDA)."""
     runner = cfg.runner
-    key = (_target_key(cfg, spec), tuple(runner.latency_widths), tuple(runner.latency_contexts), runner.latency_repeats,
-           cfg.batch)
+    widths = curve_widths(cfg)
+    key = (_target_key(cfg, spec), widths, tuple(runner.latency_contexts), runner.latency_repeats, cfg.batch)
     if key not in _CURVES:
         log.info("latency curve of %s", target.label)
-        _CURVES[key] = cached_latency(target, widths=tuple(runner.latency_widths),
+        _CURVES[key] = cached_latency(target, widths=widths,
                                       contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
                                       cache="auto", batch=cfg.batch).to_json()
     return _CURVES[key]

@@ -393,3 +393,19 @@ def test_paired_run_orders_balance_position_and_carry_over():
     old = [[RUNS[i] for i in row] for row in ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))]
     assert seen(old) != Counter({(swap[r], i, swap[b]): n for (r, i, b), n in seen(old).items()})
     assert run_order(RUNS[:2], 0) == ["drafted", "plain"] and run_order(RUNS[:2], 1) == ["plain", "drafted"]
+
+
+def test_a_cells_latency_curve_includes_its_shapes_full_verification_width():
+    """The cost model prices most verifications at the shape's full width; the curve measures that
+    width itself instead of interpolating across a kernel's step between grid points."""
+    from types import SimpleNamespace
+
+    from experiments.run import curve_widths
+
+    def widths(spec):
+        return curve_widths(SimpleNamespace(shape=SimpleNamespace(spec=spec),
+                                            runner=SimpleNamespace(latency_widths=[1, 2, 4, 8])))
+
+    assert widths("chain(4)") == (1, 2, 4, 5, 8) and widths("chain(3)") == (1, 2, 4, 8)
+    assert widths("tree(2,2)") == (1, 2, 4, 7, 8) and widths("dynamic(top_k=4,depth=3,budget=12)") == (1, 2, 4, 8, 13)
+    assert widths("auto") == (1, 2, 4, 8)
