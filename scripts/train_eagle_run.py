@@ -124,11 +124,10 @@ def main(argv: list[str] | None = None) -> dict:
     if checkpoint.exists() and not args.resume:
         raise SystemExit(f"{checkpoint} exists: pass --resume to continue that run, or another --out to start one")
     if args.resume:
-        if keep is not None and Run.saved_step(keep) > Run.saved_step(checkpoint):
-            print(f"resuming from {keep} (step {Run.saved_step(keep)}): {checkpoint} is older or absent", flush=True)
-            start = keep
-        else:
-            start = checkpoint
+        kept_step = Run.saved_step(keep) if keep is not None else -1
+        start = keep if kept_step > Run.saved_step(checkpoint) else checkpoint
+        if start == keep:
+            print(f"resuming from {keep} (step {kept_step}): {checkpoint} is older or absent", flush=True)
         run = Run.resume(start, target, cfg, checksum, expected, shards, grow=args.grow)
         trim_curve(args.curve, run.step)
     else:
