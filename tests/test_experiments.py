@@ -20,6 +20,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
+import specdec
+
 from experiments.config import CONF_DIR, DatasetConfig
 from experiments.leaderboard import main as leaderboard_cli
 from experiments.main import grid_blocks
@@ -99,7 +101,8 @@ def test_grid_fills_the_store(tiny_grid):
     meta = json.loads((cells[0] / "cell.json").read_text())
     assert meta["config"]["model"]["name"] == "tiny-llama"
     assert {"git", "hardware", "versions", "key", "overrides", "latency", "model_sizes"} <= set(meta)
-    assert meta["latency"]["target"]["widths"] == [1, 2, 4, 8]
+    full = specdec.parse_shape(meta["config"]["shape"]["spec"]).max_nodes + 1  # the shape's full verification
+    assert meta["latency"]["target"]["widths"] == sorted({1, 2, 4, 8, full})
     assert meta["versions"]["torch"] and meta["hardware"]["cpu_count"]
 
 
