@@ -354,24 +354,30 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
 @torch.no_grad()
 def acceptance_per_depth(head, embed, vocab_weight: torch.Tensor, vocab: torch.Tensor, batches: list[TrainBatch],
                          depth: int) -> dict[str, float]:
+    """Greedy chain acceptance of specdec's own head (`chain_acceptance`), its draft token of depth s the
+    argmax over `vocab` [N] of its prediction scored by the lm_head rows `vocab_weight` [N, H]."""
+    return chain_acceptance(head, embed, batches, depth,
+                            lambda pred: vocab[F.linear(pred.float(), vocab_weight).argmax(-1)])
+
+
+@torch.no_grad()
+def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_tokens) -> dict[str, float]:
     """Greedy chain acceptance on target sequences: for every pair j whose next `depth + 1` tokens are
-    the target's greedy continuation, the draft token of depth s (argmax over `vocab` of the head's
-    prediction) is compared with t_{j+s+1}. Returns `acc@s` = P(depth s right | depths 1..s-1 right)
+    the target's greedy continuation, the draft token of depth s (`draft_tokens(prediction)` -> [B, n]
+    target ids) is compared with t_{j+s+1}. Returns `acc@s` = P(depth s right | depths 1..s-1 right)
     and `chain_mal` = 1 + sum_s P(depths 1..s right) (mean acceptance length of chain(depth), bonus
-    included). vocab_weight [N, H] are the lm_head rows of `vocab` [N]."""
+    included)."""
     reach = torch.zeros(depth + 1)
     for batch in batches:
         outs = unroll(head, embed, batch, depth)
         n = batch.tokens.shape[1] - 1
         j = torch.arange(n, device=batch.tokens.device)
         # counted pairs: t_{j+2} .. t_{j+depth+1} all exist and are the target's (greedy) continuation
-        ok = F.pad(batch.generated[:, 2:], (0, 1)) & ((j[None] + depth + 1) < batch.length[:, None])  # [B, n]
-        reach[0] += ok.sum().item()
-        alive = ok
+        alive = F.pad(batch.generated[:, 2:], (0, 1)) & ((j[None] + depth + 1) < batch.length[:, None])  # [B, n]
+        reach[0] += alive.sum().item()
         for s, pred in enumerate(outs, start=1):
-            draft = vocab[F.linear(pred.float(), vocab_weight).argmax(-1)]  # [B, n] draft token ids
             truth = F.pad(batch.tokens[:, s + 1:], (0, s))  # [B, n] t_{j+s+1}
-            alive = alive & (draft == truth)
+            alive = alive & (draft_tokens(pred) == truth)
             reach[s] += alive.sum().item()
     stats = {f"acc@{s}": float(reach[s] / reach[s - 1]) if reach[s - 1] > 0 else 0.0 for s in range(1, depth + 1)}
     stats["chain_mal"] = float(1 + reach[1:].sum() / reach[0]) if reach[0] > 0 else 1.0

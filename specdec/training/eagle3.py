@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from specdec.drafters.eagle_head import HeadConfig
 from specdec.drafters.speculators_format import Eagle3Config, Eagle3Head
-from specdec.training.eagle import TrainBatch, depth_targets, unroll
+from specdec.training.eagle import TrainBatch, chain_acceptance, depth_targets, unroll
 
 
 def new_eagle3_head(target, aux_layers: tuple[int, ...], draft_vocab: torch.Tensor, *, layers: int = 1,
@@ -110,19 +110,5 @@ def eagle3_acceptance(head: Eagle3Head, embed, batches: list[TrainBatch], depth:
     the target's continuation, `acc@s` = P(depth s right | depths 1..s-1 right) and `chain_mal` =
     1 + sum_s P(depths 1..s right) (chain(depth)'s mean acceptance length, bonus included)."""
     head.eval()
-    reach = torch.zeros(depth + 1)
-    for batch in batches:
-        outs = unroll(head, embed, batch, depth)
-        n = batch.tokens.shape[1] - 1
-        j = torch.arange(n, device=batch.tokens.device)
-        # counted pairs: t_{j+2} .. t_{j+depth+1} exist and are the target's continuation
-        alive = F.pad(batch.generated[:, 2:], (0, 1)) & ((j[None] + depth + 1) < batch.length[:, None])  # [B, n]
-        reach[0] += alive.sum().item()
-        for s, pred in enumerate(outs, start=1):
-            draft = head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)]  # [B, n] target ids
-            alive = alive & (draft == F.pad(batch.tokens[:, s + 1:], (0, s)))  # t_{j+s+1}
-            reach[s] += alive.sum().item()
-    stats = {f"acc@{s}": float(reach[s] / reach[s - 1]) if reach[s - 1] > 0 else 0.0 for s in range(1, depth + 1)}
-    stats["chain_mal"] = float(1 + reach[1:].sum() / reach[0]) if reach[0] > 0 else 1.0
-    stats["positions"] = int(reach[0])
-    return stats
+    return chain_acceptance(head, embed, batches, depth,
+                            lambda pred: head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)])
