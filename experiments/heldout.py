@@ -9,24 +9,45 @@ Owns which runs predict which (the model itself, its inputs and its nulls are in
   runs the target's own layers, e.g. self_draft, costs more or less on another kernel).
 - *prompts* (held-out prompts): a cell's questions split in two halves (alternating, sorted by id);
   the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
+- *shape* (held-out shape): a cell in chain(k) is predicted from the nearest deeper chain(K) cell of
+  the same drafter on the same kernel (an A/A control counts as fp32) over the same questions: MAL of
+  chain(k) = `costmodel.chain_mal` of the deeper cell's acceptance profile (`tf_reached_by_depth` /
+  `tf_accepted_by_depth`: `specdec.measure.profiles` counts at every position of the decode, T = 0),
+  one forward of width k + 1 per step, and delta = the deeper cell's bookkeeping per step + its
+  drafting per step x k / K (a chain drafter drafts one level at a time); the smaller cell's plain runs
+  and curve as above, its drafted runs never read. Trees and dynamic shapes are not predicted: cutting
+  a smaller tree out of a recorded one needs the profile's drafts (sibling ranks), which cells do not store.
 Errors are |predicted / measured - 1| of the pooled speculation speedup (tokens/s over the summed runs).
 Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
-cells (fp32 cost) are listed apart and left out of the score. Batch cells (`batch` > 1) are not
+cells (fp32 cost) are listed apart and left out of the score. A kind that no cell allows is absent
+from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are not
 predicted yet: their rows record each row's own verify widths, while a batch step costs the padded
 width of its widest row at the batch's curve (`costmodel.PlainRun.batch`), which the cells do not store. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
+from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure import costmodel
 from specdec.measure.latency import LatencyCurve
 
 WITHIN = 0.25
 """A prediction 'within 25%' has |predicted / measured - 1| <= WITHIN."""
+KINDS = ("kernel", "prompts", "shape")
+ABSENT = {"kernel": "no cell on a kernel other than fp32 carries paired fp32 drafted runs",
+          "prompts": "no cell ran two or more questions",
+          "shape": "no drafter x kernel ran a chain shorter than another chain of it"}
+"""Why a kind has no prediction, when the caller gives no more specific note."""
+REFERENCE = "none"
+"""The fp32 kernel's label; an A/A control cell (`control`) measures it again under another label."""
+PROFILE = ("tf_reached_by_depth", "tf_accepted_by_depth")
+"""A cell's acceptance profile counts (`experiments.cell.teacher_forced`): per depth, the positions whose
+recorded draft reached it and those whose accepted path did."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +60,9 @@ class HeldOut:
     quant: str
     numerics_only: bool
     kind: str
-    """kernel or prompts (module docstring)."""
+    """kernel, prompts or shape (module docstring)."""
     part: str
-    """Which runs were predicted: `all` prompts, or the half `A` / `B`."""
+    """Which runs were predicted: `all` prompts, the half `A` / `B`, or (shape) `from SHAPE on KERNEL`."""
     measured: float
     predicted: float
     flat: float
@@ -113,32 +134,132 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     return out
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What the shape predictions read of one stored cell."""
+
+    cell_id: str
+    labels: dict
+    """drafter, shape, quant, numerics_only, control, batch (the report's cell labels)."""
+    rows: pd.DataFrame
+    curve: LatencyCurve
+    """The cell's target latency curve."""
+
+    @property
+    def kernel(self) -> str:
+        return REFERENCE if self.labels.get("control") else self.labels["quant"]
+
+    @property
+    def chain(self) -> int | None:
+        """k of a chain(k) cell at batch 1, else None."""
+        shape = parse_shape(self.labels["shape"])
+        return shape.k if isinstance(shape, ChainShape) and int(self.labels.get("batch", 1) or 1) == 1 else None
+
+    def has_profile(self) -> bool:
+        return all(c in self.rows and self.rows[c].notna().all() for c in PROFILE)
+
+
+def _pooled(column: pd.Series) -> list[int]:
+    """Per-depth counts summed over rows (lists of unequal length padded with 0)."""
+    out: list[int] = []
+    for counts in column:
+        out += [0] * (len(counts) - len(out))
+        for d, n in enumerate(counts):
+            out[d] += int(n)
+    return out
+
+
+def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> costmodel.DraftProfile:
+    """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*)."""
+    mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
+    steps = int(deeper.steps.sum())
+    drafting = float(deeper.draft_time_s.sum())
+    other = float((deeper.wall_time_s - deeper.prefill_time_s - deeper.verify_time_s).sum())
+    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * k / depth) / steps)
+
+
+def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | None]:
+    """Each chain cell predicted from the nearest deeper chain cell of its drafter x kernel that has an
+    acceptance profile (ties: the same kernel label first, then cell id), and a note on what could not
+    be predicted (None when nothing was left out)."""
+    out, missing, trees = [], [], []
+    for small in sorted(cells, key=lambda c: c.cell_id):
+        group = [c for c in cells if c is not small and c.labels["drafter"] == small.labels["drafter"]
+                 and c.kernel == small.kernel and int(c.labels.get("batch", 1) or 1) == 1]
+        if small.chain is None:
+            if group and int(small.labels.get("batch", 1) or 1) == 1:
+                trees.append(f"{small.labels['shape']} on {small.labels['quant']}")
+            continue
+        deeper = sorted((c for c in group if c.chain is not None and c.chain > small.chain),
+                        key=lambda c: (c.chain, c.labels["quant"] != small.labels["quant"], c.cell_id))
+        source = next((c for c in deeper if c.has_profile()), None)
+        if source is None:
+            missing += [c.cell_id for c in deeper]
+            continue
+        target = small.rows[small.rows.question_id.isin(set(source.rows.question_id))]
+        if target.empty:
+            missing.append(f"{source.cell_id} (no question in common with {small.cell_id})")
+            continue
+        draft = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))],
+                              small.chain, source.chain)
+        plain = plain_run(target)
+        out.append(HeldOut(cell_id=small.cell_id, drafter=small.labels["drafter"], shape=small.labels["shape"],
+                           quant=small.labels["quant"], numerics_only=bool(small.labels.get("numerics_only", False)),
+                           kind="shape", part=f"from {source.labels['shape']} on {source.labels['quant']}",
+                           measured=measured_speculation(target),
+                           predicted=costmodel.predict_speculation(draft, plain, small.curve),
+                           flat=costmodel.predict_speculation(draft, plain, None)))
+    notes = []
+    if missing:
+        notes.append(f"no acceptance profile ({' / '.join(PROFILE)}: T = 0 and runner.teacher_forcing) in "
+                     f"{', '.join(dict.fromkeys(missing))}")
+    if trees:
+        notes.append(f"not predicted: {', '.join(trees)} (a smaller tree is cut out of a recorded tree's drafts, "
+                     "which cells do not store; only chains shorter than a recorded chain are predicted)")
+    if not out and not notes:
+        notes.append(ABSENT["shape"])
+    return out, "; ".join(notes) or None
+
+
 def table(held: list[HeldOut]) -> pd.DataFrame:
     """One line per prediction with its error and both nulls' errors."""
     return pd.DataFrame([{**h.__dict__, "error": h.error(h.predicted), "flat_error": h.error(h.flat),
                           "constant_error": h.error(1.0)} for h in held])
 
 
-def score(frame: pd.DataFrame) -> dict:
-    """The JSON line's `cost_model`: the held-out score over real kernels and both nulls'."""
-    scored = frame[~frame.numerics_only] if len(frame) else frame
-    if scored.empty:
-        return {"predictions": 0, "note": "no held-out prediction could be made (no paired cells, or one prompt)"}
+def _scored(part: pd.DataFrame) -> dict:
+    """within 25% and median error of the model and both nulls over `part`."""
 
     def med(column: str) -> float:
-        return round(float(scored[column].median()), 4)
+        return round(float(part[column].median()), 4)
 
     def within(column: str) -> float:
-        return round(float((scored[column] <= WITHIN).mean()), 4)
+        return round(float((part[column] <= WITHIN).mean()), 4)
 
-    by_kind = {kind: {"n": int(len(part)), "within_25pct": round(float((part.error <= WITHIN).mean()), 4),
-                      "median_error": round(float(part.error.median()), 4)}
-               for kind, part in scored.groupby("kind", sort=True)}
     better_null = min(med("constant_error"), med("flat_error"))
-    return {"heldout_within_25pct": within("error"), "heldout_median_error": med("error"),
+    return {"n": int(len(part)), "within_25pct": within("error"), "median_error": med("error"),
             "null_median_error": {"constant": med("constant_error"), "flat_curve": med("flat_error")},
             "null_within_25pct": {"constant": within("constant_error"), "flat_curve": within("flat_error")},
-            "predictions": int(len(scored)), "by_kind": by_kind,
-            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2),
-            "speedup": "speculation (drafted / plain on the same kernel), predicted without its drafted runs"}
+            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2)}
 
+
+def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:
+    """The JSON line's `cost_model`: the held-out score over real kernels (every kind pooled), both nulls',
+    the same per kind (`by_kind`), and `absent`: {kind: why} for each kind with no scored prediction
+    (`notes` gives the why where the caller knows it)."""
+    notes = dict(notes or {})
+    scored = frame[~frame.numerics_only] if len(frame) else frame
+    present = set(scored.kind) if len(scored) else set()
+    predicted = set(frame.kind) if len(frame) else set()
+    absent = {kind: notes.get(kind) or ("only numerics-only cells were predicted" if kind in predicted else ABSENT[kind])
+              for kind in KINDS if kind not in present}
+    if scored.empty:
+        return {"predictions": 0, "absent": absent,
+                "note": "no held-out prediction could be made (no paired cells, or one prompt)"}
+    pooled = _scored(scored)
+    return {"heldout_within_25pct": pooled["within_25pct"], "heldout_median_error": pooled["median_error"],
+            "null_median_error": pooled["null_median_error"], "null_within_25pct": pooled["null_within_25pct"],
+            "predictions": pooled["n"],
+            "by_kind": {kind: _scored(part) for kind, part in scored.groupby("kind", sort=True)},
+            **({"absent": absent} if absent else {}), "beats_nulls": pooled["beats_nulls"],
+            "speedup": "speculation (drafted / plain on the same kernel), predicted without its drafted runs"}

@@ -43,7 +43,9 @@ MODEL_TEXT = (
     "The model (equation and inputs: `specdec/measure/costmodel.py`'s docstring): a drafted run of N tokens takes "
     "T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta), speculation = T_p / T_d. phi_w (forwards of width w per "
     "token) and delta (seconds per step outside the forward) come from other runs: the fp32 drafted runs of the same "
-    "prompts (*held-out kernel*) or the other half of the prompts on the same kernel (*held-out prompts*); P, t_1, "
+    "prompts (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
+    "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL by "
+    "`costmodel.chain_mal`, its drafting per step scaled by depth; `experiments/heldout.py`); P, t_1, "
     "T_p from the kernel's plain runs; R(w, c) = L(w, c) / L(1, c) from the kernel's latency curve. The drafted runs "
     "predicted are never read. Nulls: *constant* (speculation = 1.0x) and *flat curve* (R = 1). Numerics-only "
     "cells are listed but not scored.")
@@ -260,8 +262,11 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     for cell in cells:
         cell.stats = entry_stats(cell.rows, n_boot, rng)
     found = verdicts(cells, n_boot)
-    held = heldout.table([h for c in cells for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0])])
-    score = heldout.score(held)
+    by_shape, shape_note = heldout.shape_predictions(
+        [heldout.Measured(c.cell_id, c.labels, c.rows, c.curves()[0]) for c in cells])
+    held = heldout.table([h for c in cells for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0])]
+                         + by_shape)
+    score = heldout.score(held, {"shape": shape_note} if shape_note else None)
     accept = acceptance_table(cells)
     drifts = {c.cell_id: drift(c.rows) for c in cells}
     spread = job_drift({k: v["median"] for k, v in drifts.items()})
@@ -299,7 +304,9 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
         nulls = score["null_median_error"]
         verdict.append(f"- Cost model out of sample: {score['heldout_within_25pct']:.0%} within 25%, median error "
                        f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
-                       f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions)")
+                       f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
+                       + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())
+                       + (f"; no {', '.join(score['absent'])}" if score.get("absent") else "") + ")")
     verdict.append(f"- Drift: fp32 plain tok/s per cell (median) spans {spread:.0%} of its median across the job")
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
     verdict = (verdict + kv_verdict)[:15]
@@ -368,10 +375,19 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
            f"{score.get('null_median_error', {}).get('constant', float('nan')):.1%}, flat curve "
            f"{score.get('null_median_error', {}).get('flat_curve', float('nan')):.1%} (target: >= 75% within 25% and "
            "at most half the better null's median error).", "", "![held-out](heldout.png)", ""]
+    md += _md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
+                     "null within 25% (const / flat)"],
+                    [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
+                      f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
+                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}"]
+                     for kind, k in score.get("by_kind", {}).items()])
+    notes = [*(f"- held-out {kind}: absent: {why}" for kind, why in score.get("absent", {}).items()),
+             *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
+    md += ["", *notes, *([""] if notes else [])]
     if len(held):
         md += _md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)"],
                         [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
-                          f"{r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
+                          f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
                           f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     md += ["", "## The mechanism: what a wide forward costs on each kernel", "",

@@ -37,10 +37,11 @@ KERNELS = {"none": (0.1, 0.005), "fp32_again": (0.1, 0.005), "bf16": (0.09, 0.00
 
 
 def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.01, jitter: float = 0.02,
-             paired: bool = True) -> list[dict]:
+             paired: bool = True, profile: tuple[list[int], list[int]] | None = None) -> list[dict]:
     """Paired rows whose times are the curves' (drafted = prefill + draft + steps * L(width), plain =
     prefill + tokens * L(1)), each run of each question scaled by its own factor in [1 - jitter, 1 + jitter]
-    (seeded), the fp32 runs on the fp32 curve."""
+    (seeded), the fp32 runs on the fp32 curve; `profile` (reached, accepted per depth) is each row's
+    acceptance profile (`tf_*_by_depth`)."""
     (a, b), (ra, rb) = KERNELS[quant], KERNELS["none"]
     rng = np.random.default_rng(len(quant))
     rows = []
@@ -66,15 +67,18 @@ def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.0
                **run("reference_", f[2], {"1": tokens}, tokens * (ra + rb), 0.0)}
         if paired:
             row.update(run("reference_drafted_", f[3], {str(width): steps}, steps * (ra + rb * width), steps * draft_s))
+        if profile is not None:
+            row.update(tf_reached_by_depth=profile[0], tf_accepted_by_depth=profile[1])
         rows.append(row)
     return rows
 
 
 def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float], with_curves: bool = True,
-               diverged: int = 0, paired: bool = True, jitter: float = 0.02) -> str:
-    """One cell; its first `diverged` turns' drafted output left the plain loop's."""
-    cid = f"{drafter}__{quant}"
-    labels = {"cell_id": cid, "model": "m", "drafter": drafter, "shape": "chain(4)", "quant": quant,
+               diverged: int = 0, paired: bool = True, jitter: float = 0.02, k: int = 4, draft_s: float = 0.01,
+               profile: tuple[list[int], list[int]] | None = None) -> str:
+    """One chain(k) cell; its first `diverged` turns' drafted output left the plain loop's."""
+    cid = f"{drafter}__{quant}" + (f"__chain{k}" if k != 4 else "")
+    labels = {"cell_id": cid, "model": "m", "drafter": drafter, "shape": f"chain({k})", "quant": quant,
               "bits": 4.0 if "4" in quant else 32.0, "numerics_only": quant.startswith("rtn"),
               "control": quant == "fp32_again", "dataset": "main",
               "dataset_source": "default", "prompts": "abcdef0123", "temperature": 0.0, "top_k": 0, "top_p": 1.0,
@@ -88,7 +92,8 @@ def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float],
             meta["latency"]["reference"] = curve("m", *KERNELS["none"])
             meta["model_sizes"]["reference"] = SIZES
     rows = [{**labels, **row, "same_tokens_as_baseline": i >= diverged}
-            for i, row in enumerate(rows_for(quant, mals, paired=paired, jitter=jitter))]
+            for i, row in enumerate(rows_for(quant, mals, width=k + 1, draft_s=draft_s, paired=paired, jitter=jitter,
+                                             profile=profile))]
     store.write_cell(cid, meta, rows)
     return cid
 
@@ -126,11 +131,36 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     assert cost["heldout_median_error"] < cost["null_median_error"]["flat_curve"]
     assert cost["heldout_median_error"] < cost["null_median_error"]["constant"]
     assert set(cost["by_kind"]) == {"kernel", "prompts"} and cost["by_kind"]["kernel"]["n"] == 3  # bf16, int4, A/A
+    # One shape per drafter x kernel: no held-out shape, and the JSON line says why (never a zero).
+    assert set(cost["absent"]) == {"shape"} and "chain shorter than another chain" in cost["absent"]["shape"]
+    assert all(set(k) >= {"within_25pct", "median_error", "null_median_error", "null_within_25pct"}
+               for k in cost["by_kind"].values())
     report = (store / "REPORT.md").read_text()
     assert "### Numerics only" in report and "rtn4_g64 (numerics only)" in report and "Test CPU" in report
     assert "teacher-forced MAL" in report and "T_d = P + N * sum_w phi_w" in report
     assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "heldout.png", "interactions.png",
                                                            "latency.png"]
+
+
+def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, capsys):
+    """int4 chain(4) with an acceptance profile whose chain(2) MAL is 1 + 0.8 + 0.5 = 2.3, and an int4
+    chain(2) cell run at that MAL on the curve (drafting per step at half chain(4)'s): the held-out shape
+    lands within a few % while the flat curve misses int4's steep curve."""
+    results = tmp_path / "results"
+    s = ResultsStore(results)
+    write_cell(s, "eagle", "none", MALS)
+    write_cell(s, "eagle", "torchao_int4_g32", MALS, profile=([100] * 4, [80, 50, 30, 15]))
+    write_cell(s, "eagle", "torchao_int4_g32", [2.3] * 8, k=2, draft_s=0.005)
+    assert report_cli([str(results), "--bootstrap", "100"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    shape = json.loads(out[-1])["cost_model"]["by_kind"]["shape"]
+    assert shape["n"] == 1 and shape["median_error"] < 0.05
+    assert shape["median_error"] < shape["null_median_error"]["flat_curve"] / 2
+    assert shape["median_error"] < shape["null_median_error"]["constant"]
+    assert any("shape" in line for line in out if line.startswith("- Cost model out of sample"))
+    report = (results / "REPORT.md").read_text()
+    assert "| held-out shape | 1 |" in report
+    assert "| eagle `chain(2)` torchao_int4_g32 | held-out shape from chain(4) on torchao_int4_g32 |" in report
 
 
 def test_verdict_rules_have_a_known_answer():

@@ -1,0 +1,118 @@
+"""The held-out shape prediction on synthetic cells whose answer is worked out by hand: a chain(4)
+cell's acceptance profile and a chain(2) cell's plain runs and curve give chain(2)'s speculation;
+which deeper cell is used; and a store without a deeper profile leaves the kind absent with a note."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments import heldout
+from specdec.measure.latency import LatencyCurve
+
+WIDTHS = (1, 2, 3, 4, 5, 8)
+
+
+def curve(a: float, b: float) -> LatencyCurve:
+    """L(w) = a + b w at every context."""
+    return LatencyCurve(target="m", device="cpu", dtype="float32", machine="test", threads=1, widths=WIDTHS,
+                        contexts=(64, 256), seconds=tuple(tuple(a + b * w for w in WIDTHS) for _ in range(2)))
+
+
+def deeper_rows(questions=("q0", "q1"), profile: bool = True) -> pd.DataFrame:
+    """A chain(4) cell over `questions`: pooled profile reached [10, 10, 10, 10], accepted [8, 4, 2, 1]
+    (so chain(2)'s MAL is 1 + 8/10 + 4/10 = 2.2); 20 steps, 0.4 s drafting and 0.6 s other bookkeeping."""
+    rows = []
+    for _ in questions:
+        row = {"steps": 10, "draft_time_s": 0.2, "wall_time_s": 5.0, "prefill_time_s": 0.5, "verify_time_s": 4.0}
+        if profile:
+            row |= {"tf_reached_by_depth": [5, 5, 5, 5], "tf_accepted_by_depth": [4, 2, 1, 1]}
+        rows.append(row)
+    rows[-1] |= {"tf_accepted_by_depth": [4, 2, 1, 0]} if profile else {}
+    return pd.DataFrame([{"question_id": q, **r} for q, r in zip(questions, rows)])
+
+
+def smaller_rows(questions=("q0", "q1")) -> pd.DataFrame:
+    """A chain(2) cell: plain runs of 100 tokens in 11 s (1 s prefill, 100 one-token forwards in 10 s,
+    so t_1 = 0.1 s) and drafted runs of 100 tokens in 10 s, summed over `questions`."""
+    n = len(questions)
+    return pd.DataFrame([{"question_id": q, "prompt_tokens": 60, "new_tokens": 100 / n, "wall_time_s": 10.0 / n,
+                          "baseline_new_tokens": 100 / n, "baseline_wall_time_s": 11.0 / n,
+                          "baseline_prefill_time_s": 1.0 / n, "baseline_verify_time_s": 10.0 / n,
+                          "baseline_steps": 100 / n} for q in questions])
+
+
+def cell(cid: str, shape: str, quant: str, rows: pd.DataFrame, control: bool = False, drafter: str = "eagle",
+         line: tuple[float, float] = (0.08, 0.02)) -> heldout.Measured:
+    labels = {"drafter": drafter, "shape": shape, "quant": quant, "numerics_only": False, "control": control, "batch": 1}
+    return heldout.Measured(cid, labels, rows, curve(*line))
+
+
+def test_chain2_from_a_chain4_profile_by_hand():
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows()),
+                                            cell("small", "chain(2)", "int4", smaller_rows())])
+    assert note is None and len(held) == 1
+    (h,) = held
+    assert (h.kind, h.cell_id, h.part) == ("shape", "small", "from chain(4) on int4")
+    # By hand: MAL 2.2, one width-3 forward per step, R(3) = (0.08 + 0.06) / (0.08 + 0.02) = 1.4,
+    # delta = (0.6 + 0.4 * 2 / 4) / 20 = 0.04 s; T_d = 1 + 100 / 2.2 * (0.1 * 1.4 + 0.04) = 9.1818 s.
+    assert h.predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))
+    assert h.flat == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.14))  # R = 1
+    assert h.measured == pytest.approx((100 / 10) / (100 / 11))
+    frame = heldout.table(held)
+    assert frame.error[0] == pytest.approx(h.predicted / 1.1 - 1)
+    assert frame.constant_error[0] == pytest.approx(1 - 1 / 1.1)
+
+
+def test_the_score_breaks_down_by_kind_with_both_nulls():
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows()),
+                                            cell("small", "chain(2)", "int4", smaller_rows())])
+    score = heldout.score(heldout.table(held), {"shape": note} if note else None)
+    shape = score["by_kind"]["shape"]
+    assert shape["n"] == 1 and shape["median_error"] == pytest.approx(abs(held[0].predicted / 1.1 - 1), abs=1e-4)
+    assert shape["null_median_error"]["constant"] == pytest.approx(1 - 1 / 1.1, abs=1e-4)
+    assert shape["null_median_error"]["flat_curve"] == pytest.approx(held[0].flat / 1.1 - 1, abs=1e-4)
+    assert set(shape["null_within_25pct"]) == {"constant", "flat_curve"}
+    assert score["heldout_median_error"] == shape["median_error"] and score["predictions"] == 1
+    assert set(score["absent"]) == {"kernel", "prompts"}
+
+
+def test_the_nearest_deeper_chain_on_the_same_kernel_is_used_and_the_control_counts_as_fp32():
+    both = deeper_rows().merge(smaller_rows(), on="question_id", suffixes=("", "_drafted"))  # a chain(4) run and plain
+    cells = [cell("a_deep8", "chain(8)", "none", deeper_rows()),
+             cell("b_aa4", "chain(4)", "fp32_again", both, control=True),
+             cell("c_int4", "chain(4)", "int4", deeper_rows()),
+             cell("d_ngram4", "chain(4)", "none", deeper_rows(), drafter="ngram"),
+             cell("small", "chain(2)", "none", smaller_rows())]
+    held, note = heldout.shape_predictions(cells)
+    # chain(4) (the A/A control: fp32 again) is predicted from chain(8); chain(2) from chain(4), not chain(8);
+    # int4 and ngram have no deeper chain of their own.
+    assert [(h.cell_id, h.part) for h in held] == [("b_aa4", "from chain(8) on none"),
+                                                   ("small", "from chain(4) on fp32_again")]
+    assert note is None
+
+
+def test_only_the_questions_both_cells_ran_are_predicted():
+    small = smaller_rows(("q0", "q1"))
+    small.loc[1, "wall_time_s"] = 50.0  # q1 drafted ten times slower: it must not reach the prediction
+    held, _ = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(("q0",))),
+                                         cell("small", "chain(2)", "int4", small)])
+    assert held[0].measured == pytest.approx((50 / 5) / (50 / 5.5))
+    assert held[0].predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))  # q0 is half of every sum
+
+
+def test_without_a_deeper_profile_the_kind_is_absent_with_a_note():
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(profile=False)),
+                                            cell("small", "chain(2)", "int4", smaller_rows())])
+    assert held == [] and "no acceptance profile" in note and "deep" in note
+    score = heldout.score(heldout.table(held), {"shape": note})
+    assert score["predictions"] == 0 and score["absent"]["shape"] == note
+    assert "by_kind" not in score and "heldout_median_error" not in score  # absent, never a zero
+
+
+def test_one_shape_per_drafter_and_trees_are_stated():
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows())])
+    assert held == [] and note == heldout.ABSENT["shape"]
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows()),
+                                            cell("tree", "tree(2,2)", "int4", smaller_rows())])
+    assert held == [] and "not predicted: tree(2,2) on int4" in note
