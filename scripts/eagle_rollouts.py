@@ -58,6 +58,11 @@ def cpu_name() -> str:
         return platform.processor() or "unknown"
 
 
+def device_name(device: torch.device) -> str:
+    """"cpu", or the CUDA device's name (rollouts made on a GPU say which)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shard-prompts", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:n] (the run records which)")
     ap.add_argument("--minutes", type=float, default=60.0, help="start no batch after this many minutes")
     ap.add_argument("--max-shards", type=int, default=None)
     args = ap.parse_args(argv)
@@ -77,14 +83,14 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"unknown prompt sources {unknown}; known: {sorted(SOURCES)}")
     started = time.time()
     torch.set_num_threads(args.threads)
-    target = specdec.load_target(args.target, kernel="torch", threads=args.threads)
+    target = specdec.load_target(args.target, device=args.device, kernel="torch", threads=args.threads)
     prompts = sourced_prompts(args.sources, args.seed)
     tset = TokenSet(args.out, target_identity(target),
                     rollout_settings(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens),
                     prompts={"sources": args.sources, "order": "specdec.training.prompts.collect(all of each, seed)",
                              "seed": args.seed, "id": "specdec.training.tokens.prompt_id: sha256(turns JSON)[:16]"})
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_unix": started, "sources": args.sources,
-           "prompts_listed": len(prompts), "cpu": cpu_name(), "threads": args.threads, "kernel": target.kernel,
+           "prompts_listed": len(prompts), "cpu": cpu_name(), "device": device_name(target.device), "threads": args.threads, "kernel": target.kernel,
            "batch_size": args.batch_size, "shard_prompts": args.shard_prompts, "nice": os.nice(0),
            "torch": torch.__version__}
     before = tset.num_tokens

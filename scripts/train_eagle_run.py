@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         run.head.save(out / "head-best", dtype=torch.float32)
         run.save(checkpoint)
     best_step = run.best["step"] if run.best else None
+    first_step, training = run.step, time.time()
     done = advance(run, data, train_rows, val_batches, until=min(cfg.max_steps, run.step + args.steps),
                    val_every=args.val_every, checkpoint=checkpoint, curve=args.curve,
                    deadline=started + 60 * args.minutes,
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
         run.save(keep, compact=True)
     summary = {"step": run.step, "reached": done, "best": run.best, "previous_best_step": best_step,
                "train_sequences": len(train_rows), "val_sequences": len(val_rows), "dropped_near_val": len(near), "data_checksum": checksum[:16],
-               "minutes": round((time.time() - started) / 60, 1)}
+               "minutes": round((time.time() - started) / 60, 1), "steps_done": run.step - first_step,
+               "train_seconds": round(time.time() - training, 2), "setup_seconds": round(training - started, 2)}
     print(json.dumps(summary), flush=True)
     return summary
 

@@ -1,21 +1,19 @@
-"""One call, one head: self-distillation rollouts at batch 256 and EAGLE-3 training on a CUDA machine,
-inside a wall-time budget; only the head and its validation curve come back.
+"""One call on a lent CUDA machine continues the one EAGLE run: rollouts appended to the run's token-shard
+sets, then the run resumed on the grown sets, inside a wall-time budget.
 
-    python scripts/train_gpu.py --out OUT                  # CUDA: the shipped recipe in --minutes 9
-    python scripts/train_gpu.py --out OUT                  # again after a cut: resumes (see below)
-    python scripts/train_gpu.py --smoke --out OUT          # CPU: tiny target, a few steps (the test suite's)
+    python scripts/train_gpu.py --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
+    python scripts/train_gpu.py --smoke --work W --sources S    # CPU: tiny target (the tests')
 
-Runs scripts/train_eagle.py's own stages in this process, with its config and code (nothing here
-trains or rolls out by itself): stage=data (the rollouts, batch `gen_batch_size`, shard by shard,
-stopped at a share of the budget), then stage=train with resume=true (EAGLE's loss over the
-training-time test, validation every `val_every` steps, the best head by validation chain MAL) with
-what is left of the budget. Work (shards, checkpoints, logs) stays in --work; --out receives only
-head.safetensors + head.json (the best head), val_curve.json (validation per depth at each validation
-step) and summary.json.
-
-Resuming: a rerun with the same --work skips the data stage once it has finished (work/data.done) and
-continues training from work/last (optimizer, schedule and batch order included); a cut data stage
-resumes at the first missing shard. --minutes is the budget of this call.
+Nothing here rolls out or trains by itself: it calls scripts/eagle_rollouts.py and
+scripts/train_eagle_run.py (their `main`) on the same shards (data/eagle/<target>/...), the same compact run
+state (--keep, data/eagle/run-state.pt) and the same curve (data/eagle/curve.jsonl) a CPU session uses, so a
+lent GPU continues that run rather than starting another. Stage 1 rolls out the prompts the first set
+lacks, --gen-batch rows per batch, starting no batch after --rollout-share of the budget; stage 2 resumes
+the run with `--grow` (the features are recomputed on the device from the tokens) for what is left of the
+budget less a margin, and writes the compact state back to --keep. With --probe-steps, stage 2 first
+trains that many steps, then sets the run's schedule so that it ends (anneal included) inside the budget
+at the measured rate: a GPU session can finish a run a CPU would take days over. A failed stage 1 is reported and stage 2
+still runs on the shards there are. Prints one JSON summary line (both stages' summaries).
 """
 
 from __future__ import annotations
@@ -23,109 +21,120 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "specdec" / "drafters" / "heads" / "smollm2-135m.safetensors"
-
-RECIPE = {  # the shipped head's recipe (specdec/training/LOG.md), sized for minutes on one GPU
-    "target": "smollm2-135m", "device": "cuda", "threads": 4,
-    "sources": "[chat:20000,stdlib:200,templates-v1:1280]", "num_validation": 128,
-    "max_new_tokens": 256, "gen_batch_size": 256, "shard_prompts": 256, "sampled_fraction": 0.25,
-    "aux_layers": "[3,15]", "init_head": str(SHIPPED), "ttt_depth": 4, "ce_weight": 0.1,
-    "batch_size": 64, "max_len": 512, "max_steps": 3000, "val_every": 100, "lr": 5e-4, "warmup_steps": 30,
-}
-SMOKE = {  # the same stages on a tiny random target, seconds on a CPU
-    "target": "tiny-llama", "device": "cpu", "threads": 1, "sources": "[stdlib:24]", "num_validation": 4,
-    "max_new_tokens": 8, "gen_batch_size": 8, "shard_prompts": 8, "aux_layers": "[1]", "ttt_depth": 2,
-    "batch_size": 4, "max_len": 64, "draft_vocab_size": 64, "ce_vocab": 64, "eval_vocab": 64, "val_depth": 3,
-    "max_steps": 4, "val_every": 2, "warmup_steps": 2,
-}
-DATA_SHARE = 0.4
-"""Share of the budget the rollouts may use (the rest trains)."""
-MARGIN_MINUTES = 0.5
-"""Kept back for the last validation, checkpoint and copy."""
+SET = "data/eagle/smollm2-135m/greedy-192"
+AUX_LAYERS = ("3", "15")  # the run's; a resume with others is refused by the run itself
+MARGIN_MINUTES = 0.4
+"""Kept back for the run's last checkpoint and the compact state."""
+SMOKE_TRAIN = ["--num-validation", "4", "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2",
+               "--warmup-steps", "1", "--ce-vocab", "64", "--eval-vocab", "64", "--draft-vocab-size", "64"]
+"""Training settings of the smoke run (tiny-llama, a CPU, seconds)."""
 
 
-def _train_eagle():
-    """scripts/train_eagle.py as a module (scripts/ is not a package)."""
-    if "train_eagle" in sys.modules:
-        return sys.modules["train_eagle"]
-    spec = importlib.util.spec_from_file_location("train_eagle", ROOT / "scripts" / "train_eagle.py")
+def script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["train_eagle"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def run_stage(module, overrides: dict) -> None:
-    """train_eagle's main on its composed, strict config (Hydra's compose, no output dir of its own)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "scripts"), version_base="1.3"):
-        cfg = compose("train_eagle", overrides=[f"{k}={v}" for k, v in overrides.items()])
-    module.main.__wrapped__(cfg)
-
-
-def validation_curve(log: Path) -> list[dict]:
-    """Every validation record of train_log.jsonl (all runs of this work dir), by step, the last per step."""
-    curve = {}
-    for line in log.read_text().splitlines():
-        record = json.loads(line)
-        if "val" in record:
-            curve[record["step"]] = {"step": record["step"], **record["val"]}
-    return [curve[s] for s in sorted(curve)]
+def rollout_argv(args, minutes: float) -> list[str]:
+    argv = ["--target", args.target, "--out", args.sets[0], "--device", args.device, "--batch-size", str(args.gen_batch),
+            "--shard-prompts", str(args.shard_prompts), "--minutes", f"{minutes:.3f}", "--threads", str(args.threads)]
+    if args.sources:
+        argv += ["--sources", *args.sources]
+    if args.smoke:
+        argv += ["--max-new-tokens", "8", "--max-shards", "2"]
+    return argv
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Roll out and train an EAGLE head in one call (CUDA), or smoke-test.")
-    parser.add_argument("--out", required=True, help="where the head, its validation curve and summary go")
-    parser.add_argument("--work", default="outputs/train-gpu", help="shards and checkpoints (resume from here)")
-    parser.add_argument("--minutes", type=float, default=9.0, help="wall-time budget of this call")
-    parser.add_argument("--smoke", action="store_true", help="tiny target on the CPU, a few steps")
-    parser.add_argument("--steps", type=int, default=None, help="max_steps (the cosine schedule's length)")
-    parser.add_argument("overrides", nargs="*", help="more train_eagle.py overrides, KEY=VALUE")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    settings = dict(SMOKE if args.smoke else RECIPE)
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"override {item!r} is not KEY=VALUE")
-        settings[key] = value
-    if args.steps is not None:
-        settings["max_steps"] = args.steps
+def train_argv(args, minutes: float, resume: bool) -> list[str]:
+    argv = ["--target", args.target, "--sets", *args.sets, "--out", args.out, "--curve", args.curve, "--keep", args.keep,
+            "--feature-cache", args.feature_cache, "--resident-shards", str(args.resident_shards), "--device",
+            args.device, "--threads", str(args.threads), "--steps", str(args.steps), "--minutes", f"{minutes:.3f}",
+            "--val-every", str(args.val_every), "--anneal-start", str(args.anneal_start), "--max-steps", str(args.max_steps)]
+    argv += ["--aux-layers", "1"] + SMOKE_TRAIN if args.smoke else ["--aux-layers", *AUX_LAYERS]
+    return argv + (["--resume", "--grow"] if resume else [])
+
+
+def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
+    """(max_steps, anneal_start) that end the run inside the budget: the probe's rate (steps per second of
+    training, validation and checkpoints included) over the budget left after another setup as long as the
+    probe's, the last `anneal_share` of those steps annealing."""
+    rate = probe["steps_done"] / max(probe["train_seconds"], 1e-9)
+    left = 60 * (args.minutes - MARGIN_MINUTES) - (time.time() - started) - probe["setup_seconds"]
+    steps = max(int(rate * left), 2)
+    return probe["step"] + steps, probe["step"] + max(int((1 - args.anneal_share) * steps), 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=8.0, help="wall-time budget of the whole call")
+    ap.add_argument("--rollout-share", type=float, default=0.3, help="stage 1 starts no batch after this share")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--sets", nargs="+", default=[SET], help="the run's rollout sets; stage 1 grows the first")
+    ap.add_argument("--sources", nargs="*", default=[], help="stage 1's prompt sources (default: eagle_rollouts')")
+    ap.add_argument("--gen-batch", type=int, default=256)
+    ap.add_argument("--shard-prompts", type=int, default=256)
+    ap.add_argument("--out", default="outputs/eagle-run")
+    ap.add_argument("--curve", default="data/eagle/curve.jsonl")
+    ap.add_argument("--keep", default="data/eagle/run-state.pt")
+    ap.add_argument("--feature-cache", default="outputs/eagle-features")
+    ap.add_argument("--resident-shards", type=int, default=100_000, help="a GPU machine holds every shard's features")
+    ap.add_argument("--steps", type=int, default=100_000, help="most steps this call (the budget usually ends it)")
+    ap.add_argument("--val-every", type=int, default=100)
+    ap.add_argument("--anneal-start", type=int, default=10_000, help="the run's schedule (may change before it)")
+    ap.add_argument("--max-steps", type=int, default=12_000)
+    ap.add_argument("--probe-steps", type=int, default=0, help="with > 0: train this many steps on the given "
+                    "schedule, then end the run inside the budget: the steps the rest of it allows at the measured "
+                    "rate, the last --anneal-share of them annealing (allowed while the run is before anneal_start)")
+    ap.add_argument("--anneal-share", type=float, default=0.4)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true", help="tiny-llama on the CPU under --work (tests)")
+    ap.add_argument("--work", default="", help="with --smoke: the folder for its set, run, curve and state")
+    args = ap.parse_args(argv)
+    started = time.time()
+    if args.smoke:
+        work = Path(args.work or "outputs/train-gpu-smoke")
+        args.device, args.target, args.threads, args.gen_batch, args.shard_prompts = "cpu", "tiny-llama", 1, 8, 16
+        args.sets, args.out, args.curve = [str(work / "set")], str(work / "run"), str(work / "curve.jsonl")
+        args.keep, args.feature_cache = str(work / "run-state.pt"), str(work / "features")
     import torch
 
-    if str(settings["device"]).startswith("cuda") and not torch.cuda.is_available():
-        print("train_gpu: error: no CUDA device here: run it on a CUDA machine, --smoke for the CPU test, or "
-              "device=cpu to run the full recipe on this CPU (many hours)", file=sys.stderr)
-        return 2
-    work, out = Path(args.work).resolve(), Path(args.out).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    settings.update(out_dir=str(work), data_dir=str(work / "data"))
-    module = _train_eagle()
-    done = work / "data.done"
-    if not done.exists():
-        run_stage(module, {**settings, "stage": "data", "data_max_minutes": DATA_SHARE * args.minutes})
-        done.write_text(json.dumps({"minutes": (time.perf_counter() - started) / 60}) + "\n")
-    left = args.minutes - (time.perf_counter() - started) / 60 - MARGIN_MINUTES
-    run_stage(module, {**settings, "stage": "train", "resume": "true", "max_minutes": max(left, 0.01)})
-
-    out.mkdir(parents=True, exist_ok=True)
-    for suffix in (".safetensors", ".json"):
-        shutil.copyfile(work / f"head-best{suffix}", out / f"head{suffix}")
-    curve = validation_curve(work / "train_log.jsonl")
-    (out / "val_curve.json").write_text(json.dumps(curve, indent=1) + "\n")
-    summary = {**json.loads((work / "summary.json").read_text()), "call_minutes": (time.perf_counter() - started) / 60,
-               "device": torch.cuda.get_device_name() if settings["device"] != "cpu" else "cpu", "settings": settings}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({"out": str(out), "best": summary["best"], "minutes": round(summary["call_minutes"], 2)}))
-    return 0
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("train_gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
+                         "--smoke for the CPU test; on a CPU, scripts/train_eagle_run.py continues the same run")
+    summary: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}
+    try:
+        summary["rollouts"] = script("eagle_rollouts").main(rollout_argv(args, args.rollout_share * args.minutes))
+    except Exception as err:  # noqa: BLE001 - the run still trains on the shards there are
+        traceback.print_exc()
+        summary["rollouts"] = {"error": f"{type(err).__name__}: {err}"}
+    left = args.minutes - (time.time() - started) / 60 - MARGIN_MINUTES
+    resume = not args.smoke or Path(args.keep).exists() or (Path(args.out) / "run.pt").exists()
+    trainer = script("train_eagle_run")
+    if args.probe_steps > 0:
+        probe_args = argparse.Namespace(**{**vars(args), "steps": args.probe_steps})
+        summary["probe"] = probe = trainer.main(train_argv(probe_args, max(left, 0.05), resume))
+        if probe["steps_done"] < args.probe_steps:  # the budget ended inside the probe
+            summary["minutes"] = round((time.time() - started) / 60, 2)
+            print(json.dumps(summary), flush=True)
+            return summary
+        args.max_steps, args.anneal_start = fitted_schedule(probe, args, started)
+        summary["schedule"] = {"anneal_start": args.anneal_start, "max_steps": args.max_steps}
+        resume, left = True, args.minutes - (time.time() - started) / 60 - MARGIN_MINUTES
+    summary["train"] = trainer.main(train_argv(args, max(left, 0.05), resume))
+    summary["minutes"] = round((time.time() - started) / 60, 2)
+    print(json.dumps(summary), flush=True)
+    return summary
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,6 +1,6 @@
-"""scripts/train_gpu.py on the CPU: the smoke recipe (tiny target) runs both of train_eagle.py's stages,
-returns only the head and its validation curve, and a second call resumes (no new rollouts, training
-continues from the checkpoint); the CUDA recipe without CUDA is a clear error."""
+"""scripts/train_gpu.py on the CPU (--smoke, tiny-llama): one call grows the token set and trains the run,
+a second call grows the set again and continues the same run on the grown set (never a new one), the
+compact state and the curve carrying it across; the CUDA default without CUDA is a clear error."""
 
 import importlib.util
 import json
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.drafters.eagle_head import EagleHead
+from specdec.training.run import Run
+from specdec.training.tokens import TokenSet
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_gpu.py"
 
@@ -24,27 +25,54 @@ def train_gpu():
     return module
 
 
-def test_smoke_returns_the_head_and_its_curve_then_resumes(train_gpu, tmp_path, capsys):
-    work, out = tmp_path / "work", tmp_path / "out"
-    assert train_gpu.main(["--smoke", "--work", str(work), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["head.json", "head.safetensors", "summary.json", "val_curve.json"]
-    head = EagleHead.load(out / "head.safetensors")
-    assert head.config.target_name == "tiny-llama" and head.config.aux_layers == (1,)
-    curve = json.loads((out / "val_curve.json").read_text())
-    assert [c["step"] for c in curve] == [0, 2, 4] and all("chain_mal" in c and "acc@3" in c for c in curve)
-    shards = sorted(p.name for p in (work / "data" / "train").glob("*"))
+@pytest.fixture
+def single_turn(monkeypatch):
+    """A prompt source the tiny tokenizer can take (no chat template: single turns)."""
+    from specdec.training.prompts import SOURCES, user
 
-    assert train_gpu.main(["--smoke", "--steps", "6", "--work", str(work), "--out", str(out)]) == 0
-    assert "resumed from" in capsys.readouterr().out
-    assert sorted(p.name for p in (work / "data" / "train").glob("*")) == shards  # no new rollouts
-    curve = json.loads((out / "val_curve.json").read_text())
-    assert [c["step"] for c in curve] == [0, 2, 4, 6]
-    steps = [json.loads(line)["step"] for line in (work / "train_log.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 3, 4, 5, 6]  # the second call trained steps 5 and 6 only
+    texts = [f"zq{i} xv{i * 7} kw{i % 5} about item {i}" for i in range(80)]
+    monkeypatch.setitem(SOURCES, "test-single", lambda n, seed: [user(t) for t in texts][:n])
+    return "test-single"
+
+
+def test_two_calls_grow_the_set_and_continue_one_run(train_gpu, single_turn, tmp_path):
+    work = tmp_path / "w"
+    common = ["--smoke", "--work", str(work), "--sources", single_turn, "--minutes", "2", "--rollout-share", "0.5",
+              "--anneal-start", "6", "--max-steps", "10", "--val-every", "2"]
+    first = train_gpu.main(common + ["--steps", "3"])
+    assert first["device"] == "cpu" and first["rollouts"]["prompts_done"] == 32
+    assert first["train"]["step"] == 3
+    assert Run.saved_step(work / "run-state.pt") == 3
+    shards = [s.sha256 for s in TokenSet.open(work / "set").shards]
+
+    (work / "run" / "run.pt").unlink()  # another machine: only the kept compact state travels
+    second = train_gpu.main(common + ["--steps", "3"])
+    assert second["rollouts"]["prompts_done"] == 64  # 32 more prompts, none repeated
+    grown = TokenSet.open(work / "set").shards
+    assert [s.sha256 for s in grown[:len(shards)]] == shards and len(grown) == len(shards) + 2
+    assert second["train"]["step"] == 6  # continued from step 3, not restarted
+    assert second["train"]["data_checksum"] != first["train"]["data_checksum"]
+    state = torch.load(work / "run-state.pt", weights_only=False, map_location="cpu")
+    assert [h["step"] for h in state["data_history"]] == [3]  # the growth is recorded where it happened
+    curve = [json.loads(ln)["step"] for ln in (work / "curve.jsonl").read_text().splitlines()]
+    assert curve == [0, 2, 4, 6]
+
+
+def test_a_probe_fits_the_schedule_so_the_run_ends_inside_the_budget(train_gpu, single_turn, tmp_path):
+    work = tmp_path / "w"
+    out = train_gpu.main(["--smoke", "--work", str(work), "--sources", single_turn, "--minutes", "3",
+                          "--rollout-share", "0.3", "--probe-steps", "2", "--steps", "3", "--val-every", "2"])
+    assert out["probe"]["step"] == out["probe"]["steps_done"] == 2
+    schedule = out["schedule"]
+    assert 2 < schedule["anneal_start"] < schedule["max_steps"]  # the rest of 3 minutes at the probe's rate
+    assert out["train"]["step"] == 5  # --steps bounds the call; the run continued from the probe's step
+    state = torch.load(work / "run-state.pt", weights_only=False, map_location="cpu")
+    assert (state["config"]["anneal_start"], state["config"]["max_steps"]) == (schedule["anneal_start"],
+                                                                                 schedule["max_steps"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA device")
-def test_the_cuda_recipe_without_cuda_is_refused(train_gpu, tmp_path, capsys):
-    assert train_gpu.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 2
-    assert "no CUDA device here" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+def test_the_cuda_default_without_cuda_is_refused(train_gpu, tmp_path):
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        train_gpu.main(["--keep", str(tmp_path / "state.pt")])
+    assert not (tmp_path / "state.pt").exists()
