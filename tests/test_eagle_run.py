@@ -259,3 +259,19 @@ def test_a_run_resumes_on_grown_sets_only_when_asked_and_only_if_they_only_grew(
     train(grown, data, tmp_path, 3)  # the current permutation runs out before the new rows join
     assert grown.order == order[CFG.batch_size:]
     assert Run.resume(path, tiny, CFG, "B", expected, [["s1", "s2", "s3"]]).data_history == grown.data_history
+
+
+def test_a_padded_batch_recomputes_each_sequence_s_own_features():
+    """recompute_batch (the accelerator path of the feature cache) equals recompute one sequence at a
+    time, up to rounding: the padding after a shorter sequence never reaches its states."""
+    from specdec.training.features import recompute, recompute_batch
+
+    tiny = specdec.tiny_target("llama", dtype=torch.float32, seed=0, logit_scale=4.0)
+    seqs = [torch.randint(0, 250, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 17, 11)]
+    for tokens, (h, a) in zip(seqs, recompute_batch(tiny, seqs, (1,))):
+        h1, a1 = recompute(tiny, tokens, (1,))
+        assert h.shape == h1.shape and a.shape == a1.shape
+        torch.testing.assert_close(h, h1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.float(), a1.float(), atol=1e-2, rtol=1e-2)
+    shifted = recompute_batch(tiny, [seqs[0], torch.cat([seqs[1][:4], seqs[1][4:] + 1])], (1,))[0][0]
+    torch.testing.assert_close(shifted, recompute_batch(tiny, seqs, (1,))[0][0], atol=1e-5, rtol=1e-5)

@@ -63,6 +63,28 @@ def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tup
     return hidden, aux
 
 
+@torch.no_grad()
+def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = ()
+                    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """`recompute` of several sequences in one right-padded forward (a GPU's way: one forward for
+    BATCH_ON_DEVICE sequences, not one each). Causal attention never lets a real position see the
+    padding after it, so each sequence gets its own states, up to rounding."""
+    lengths = [len(t) for t in seqs]
+    ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, t in enumerate(seqs):
+        ids[i, : len(t)], mask[i, : len(t)] = t, 1
+    out = target.base(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                      output_hidden_states=bool(layers))
+    hidden = out.last_hidden_state.float().cpu()
+    aux = torch.cat([out.hidden_states[k] for k in layers], -1).to(torch.bfloat16).cpu() if layers else None
+    return [(hidden[i, :n], None if aux is None else aux[i, :n]) for i, n in enumerate(lengths)]
+
+
+BATCH_ON_DEVICE = 32
+"""Sequences per recompute_batch forward on an accelerator (a CPU recomputes one at a time)."""
+
+
 def check_target(sets: list[TokenSet], identity: dict) -> None:
     """ShardError naming the manifest of a set rolled out by another target than `identity`."""
     for s in sets:
@@ -91,8 +113,13 @@ def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...],
         except (SafetensorError, KeyError):
             pass  # an unreadable cache file is computed again below
     hidden, aux = [], []
-    for tokens in tset.read(info):
-        h, a = recompute(target, tokens, layers)
+    seqs = tset.read(info)
+    if target.device.type == "cpu":
+        states = [recompute(target, tokens, layers) for tokens in seqs]
+    else:
+        states = [x for i in range(0, len(seqs), BATCH_ON_DEVICE)
+                  for x in recompute_batch(target, seqs[i:i + BATCH_ON_DEVICE], layers)]
+    for h, a in states:
         hidden.append(h.to(torch.bfloat16))
         if a is not None:
             aux.append(a)
