@@ -275,3 +275,18 @@ def test_a_padded_batch_recomputes_each_sequence_s_own_features():
         torch.testing.assert_close(a.float(), a1.float(), atol=1e-2, rtol=1e-2)
     shifted = recompute_batch(tiny, [seqs[0], torch.cat([seqs[1][:4], seqs[1][4:] + 1])], (1,))[0][0]
     torch.testing.assert_close(shifted, recompute_batch(tiny, seqs, (1,))[0][0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_run_page_counts_compute_per_device_and_cuts_sessions_at_long_gaps():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "eagle_run_page.py"
+    spec = importlib.util.spec_from_file_location("eagle_run_page", path)
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    point = lambda step, t, device: {"step": step, "time": f"2026-12-04T{t}+0000", "device": device}  # noqa: E731
+    curve = [point(0, "10:00:00", "cpu"), point(100, "10:30:00", "cpu"), point(200, "13:00:00", "cpu"),
+             point(300, "13:10:00", "cpu"), point(1000, "13:11:00", "gpu"), point(2000, "13:12:40", "gpu")]
+    got = page.compute_by_device(curve)
+    assert got == {"cpu": {"seconds": 2400.0, "steps": 200}, "gpu": {"seconds": 160.0, "steps": 1700}}

@@ -173,7 +173,8 @@ class Run:
         steps = self.window.pop("steps", 0)
         point = {"step": self.step, "lr": self.cfg.lr * lr_factor(max(self.step - 1, 0), self.cfg),
                  "train": {k: v / steps for k, v in self.window.items()} if steps else {},
-                 "val": val, "data_checksum": self.data_checksum[:16], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                 "val": val, "data_checksum": self.data_checksum[:16], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type}
         self.window = {}
         if val is not None and (self.best is None or val["chain_mal"] > self.best["chain_mal"]):
             self.best = {"step": self.step, **val}
