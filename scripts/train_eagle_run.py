@@ -40,11 +40,14 @@ from specdec.training.prompts import prompt_text, shared_ngrams, user  # noqa: E
 from specdec.training.tokens import TokenSet, prompt_id, set_checksum, source_prompts, target_identity  # noqa: E402
 
 
+KEEP = "data/eagle/run-state.pt"
+
+
 def run_config(args) -> RunConfig:
     return RunConfig(lr=args.lr, warmup_steps=args.warmup_steps, anneal_start=args.anneal_start,
                      max_steps=args.max_steps, batch_size=args.batch_size, max_len=args.max_len,
                      ttt_depth=args.ttt_depth, ce_vocab=args.ce_vocab, eval_vocab=args.eval_vocab,
-                     val_depth=args.val_depth, seed=args.seed, val_dtype=args.val_dtype)
+                     val_depth=args.val_depth, seed=args.seed, val_dtype=args.val_dtype, ce_weight=args.ce_weight)
 
 
 def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleHead:
@@ -84,13 +87,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sets", nargs="+", required=True, help="rollout set folders (data/eagle/...)")
     ap.add_argument("--out", default="outputs/eagle-run", help="checkpoint folder (run.pt, head-best)")
     ap.add_argument("--curve", default="data/eagle/curve.jsonl")
-    ap.add_argument("--keep", default="data/eagle/run-state.pt", help="the compact run state kept in the "
+    ap.add_argument("--keep", default=None, help="the compact run state kept in the "
                     "repository, written when the session ends; --resume starts from it when --out has no "
-                    "later state (another machine); empty = none")
+                    "later state (another machine); empty = none; default data/eagle/run-state.pt, none with --fork")
     ap.add_argument("--feature-cache", default="outputs/eagle-features")
     ap.add_argument("--resident-shards", type=int, default=32, help="shards of features held in memory at once")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--grow", action="store_true", help="resume on sets that gained shards since the checkpoint")
+    ap.add_argument("--fork", default="", help="start a new run (its own --out and --curve) from this saved run "
+                    "state, with other training settings allowed (e.g. --ce-weight): an A/B arm at equal steps")
     ap.add_argument("--init-head", default="")
     ap.add_argument("--aux-layers", type=int, nargs="*", default=[])
     ap.add_argument("--num-validation", type=int, default=32)
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     defaults = RunConfig()
     for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
-                 "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype"):
+                 "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight"):
         ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)), default=getattr(defaults, name))
     args = ap.parse_args(argv)
     started = time.time()
@@ -120,10 +125,17 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "run.pt"
     seqs = token_sequences(sets)
+    if args.keep is None:  # a fork keeps no compact state unless told where: never over the run it forks
+        args.keep = "" if args.fork else KEEP
     keep = Path(args.keep) if args.keep else None
-    if checkpoint.exists() and not args.resume:
+    if checkpoint.exists() and not args.resume and not args.fork:
         raise SystemExit(f"{checkpoint} exists: pass --resume to continue that run, or another --out to start one")
-    if args.resume:
+    if args.fork:
+        if args.resume or checkpoint.exists():
+            raise SystemExit(f"--fork starts a new run: give it an --out without a run.pt (not {checkpoint}), no --resume")
+        run = Run.resume(args.fork, target, cfg, checksum, expected, shards, grow=args.grow, fork=True)
+        run.best = None  # the fork's best is its own
+    elif args.resume:
         kept_step = Run.saved_step(keep) if keep is not None else -1
         start = keep if kept_step > Run.saved_step(checkpoint) else checkpoint
         if start == keep:

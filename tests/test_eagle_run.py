@@ -194,6 +194,23 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
     grown = trainer.main(train + ["--resume", "--grow"])  # at max_steps already: accepted, nothing to train
     assert grown["step"] == 6 and grown["train_sequences"] + grown["dropped_near_val"] == 8 + 16
 
+    # an A/B arm: a new run from the saved state with another loss, its own --out and curve, no kept state
+    fork = ["--target", "tiny-llama", "--sets", data, "--curve", str(tmp_path / "fork.jsonl"), "--feature-cache",
+            str(tmp_path / "features"), "--num-validation", "24", "--val-every", "2", "--batch-size", "2", "--max-len",
+            "32", "--ttt-depth", "2", "--warmup-steps", "1", "--anneal-start", "4", "--max-steps", "10", "--grow"]
+    # (the resume below names its --keep: the default is the repository's state)
+    with pytest.raises(ValueError, match="only anneal_start and max_steps may change"):
+        trainer.main(fork + ["--out", str(tmp_path / "run"), "--resume", "--ce-weight", "1.0", "--keep", ""])
+    with pytest.raises(SystemExit, match="--fork starts a new run"):
+        trainer.main(fork + ["--out", str(tmp_path / "run"), "--fork", str(tmp_path / "run" / "run.pt")])
+    arm = trainer.main(fork + ["--out", str(tmp_path / "arm"), "--fork", str(tmp_path / "run" / "run.pt"),
+                               "--ce-weight", "1.0", "--steps", "2"])
+    assert arm["step"] == 8 and not (tmp_path / "arm" / "kept.pt").exists()
+    state = torch.load(tmp_path / "arm" / "run.pt", weights_only=False, map_location="cpu")
+    assert state["config"]["ce_weight"] == 1.0 and state["best"]["step"] == 6
+    assert state["data_history"][-2]["changed"] == {"ce_weight": (0.1, 1.0)}  # then the growth, at the same step
+    assert Run.saved_step(tmp_path / "kept.pt") == 6  # the forked run's kept state untouched
+
 
 def test_validation_in_bf16_scores_a_bf16_copy_and_leaves_the_trained_head_fp32(tiny, data):
     bf16 = Run(RunConfig(**{**CFG.__dict__, "val_dtype": "bfloat16"}), random_head(tiny, seed=3), tiny, "s", [])

@@ -211,11 +211,13 @@ class Run:
 
     @classmethod
     def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
-               shards: list[list[str]] | None = None, grow: bool = False) -> Run:
+               shards: list[list[str]] | None = None, grow: bool = False, fork: bool = False) -> Run:
         """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
         (ShardError / ValueError naming `path`). With `grow`, data whose sets only gained shards
         (`shards`: each set's shard checksums, the saved ones a prefix of each) is accepted: the new
-        rows join at the next permutation and `data_history` records the step."""
+        rows join at the next permutation and `data_history` records the step. With `fork`, the state
+        starts another run whose training settings may differ (an A/B arm at equal steps and batches);
+        `data_history` records the fork, its source and the changed settings."""
         path = Path(path)
         state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -226,10 +228,11 @@ class Run:
         changed = {f.name: (getattr(saved, f.name), getattr(cfg, f.name)) for f in fields(RunConfig)
                    if getattr(saved, f.name) != getattr(cfg, f.name)}
         other = {k: v for k, v in changed.items() if k not in SCHEDULE_FIELDS}
-        if other:
+        if other and not fork:
             raise ValueError(f"{path} was trained with other settings ({{field: (saved, now)}}: {other}); "
                              "only anneal_start and max_steps may change on resume")
-        if changed and state["step"] > min(saved.anneal_start, cfg.anneal_start):
+        schedule_changed = any(k in SCHEDULE_FIELDS for k in changed)
+        if schedule_changed and not fork and state["step"] > min(saved.anneal_start, cfg.anneal_start):
             raise ValueError(f"{path} is at step {state['step']}, past anneal_start ({saved.anneal_start} saved, "
                              f"{cfg.anneal_start} now): the schedule's length can no longer change")
         grown = state["data_checksum"] != data_checksum
@@ -245,6 +248,8 @@ class Run:
         head.load_state_dict(state["head"])
         run = cls(replace(cfg), head, target, data_checksum, state["val_ids"], shards)
         run.data_history = state.get("data_history", [])
+        if fork:
+            run.data_history.append({"step": state["step"], "forked_from": str(path), "changed": other})
         if grown:
             run.data_history.append({"step": state["step"], "from": state["data_checksum"], "to": data_checksum})
         run.opt.load_state_dict(state["opt"])
