@@ -58,6 +58,20 @@ SIZES = {"params": 1.35e8, "weight_bytes": 2.7e8, "layers": 30, "hidden": 576, "
          "kv_bytes_per_element": 2}
 
 
+def test_drafting_scale_separates_a_fixed_part_from_the_part_per_depth():
+    # Probe {1: 3 ms, 4: 6 ms}: the line 2 ms + 1 ms per depth; chain(2) drafts 4 / 6 of chain(4)'s time.
+    assert costmodel.drafting_scale(2, 4, {1: 0.003, 4: 0.006}) == pytest.approx(4 / 6)
+    assert costmodel.drafting_scale(1, 4, {1: 0.003, 4: 0.006}) == pytest.approx(3 / 6)
+    # No fixed part: time proportional to depth, the scale is k / K.
+    assert costmodel.drafting_scale(3, 6, {1: 0.002, 6: 0.012}) == pytest.approx(3 / 6)
+    # Three depths: the least-squares line through (1, 3), (2, 5), (3, 4) is 3 + 0.5 d: at 2 -> 4, at 3 -> 4.5.
+    assert costmodel.drafting_scale(2, 3, {1: 3.0, 2: 5.0, 3: 4.0}) == pytest.approx(4.0 / 4.5)
+    with pytest.raises(ValueError, match="two or more depths"):
+        costmodel.drafting_scale(2, 4, {4: 0.006})
+    with pytest.raises(ValueError, match="no positive time"):
+        costmodel.drafting_scale(1, 4, {2: 0.001, 4: 0.010})  # the line 0.0045 d - 0.008 is < 0 at 1
+
+
 def test_roofline_is_memory_bound_at_width_one_and_compute_bound_when_wide():
     dev = costmodel.device("h200")  # names are case-insensitive
     curve = costmodel.roofline_curve(dev, SIZES, (1, 2, 4096), (0,), overhead_s=0.035)

@@ -4,7 +4,7 @@ Owns `DraftProfile` (what drafting costs and how many target forwards of each wi
 token, measured on *other* runs), `PlainRun` (the plain loop's measured run on the target being
 predicted), `predict_speculation` (the held-out prediction and its flat-curve null), `RunParts` /
 `predict` / `project` (a cell's speedups with another device's curves), `mal_from_acceptance` /
-`chain_mal`, and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline curve
+`chain_mal` / `drafting_scale` (a shorter chain's MAL and drafting cost from a deeper one's), and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline curve
 whose per-forward overhead is measured on the device, never assumed). Knows nothing about drafters,
 stores or reports.
 
@@ -15,7 +15,9 @@ The model, in one place. A drafted run of N new tokens on a target takes
 - phi_w: target forwards of width w (1 + draft nodes) per new token, sum_w phi_w = 1 / MAL; and
   delta: seconds per drafted step outside the target's forward (drafting, acceptance, bookkeeping).
   Both come from a DraftProfile measured elsewhere: the fp32 runs of the same prompts (a held-out
-  kernel) or the other half of the prompts on the same kernel (held-out prompts).
+  kernel), the other half of the prompts on the same kernel (held-out prompts), or a deeper chain of
+  the same drafter on the same kernel (a held-out shape: phi from its acceptance profile replayed in
+  the shorter chain, delta from its measured times with the drafting part scaled by `drafting_scale`).
 - P (prefill), t_1 (mean one-token forward), T_p (wall time) and N: the plain run on the target
   being predicted (what any user measures before speculating; the drafted run is never read).
 - R(w, c) = L(w, c) / L(1, c): the shape of the target's latency curve at the run's mean context c.
@@ -156,6 +158,27 @@ def chain_mal(reached: list[int], accepted: list[int], depth: int) -> float:
     if depth > len(reached):
         raise ValueError(f"acceptance was measured to depth {len(reached)}; cannot project a chain of {depth}")
     return 1.0 + sum(a / r for a, r in zip(accepted[:depth], reached[:depth]) if r)
+
+
+def drafting_scale(k: int, depth: int, probe: Mapping[int, float]) -> float:
+    """Drafting seconds per step of a chain(k) over those of a chain(`depth`), from a probe {d: drafting
+    seconds of a step that drafted d nodes} at two or more depths: a fixed part plus a part per depth
+    (EAGLE: one head pass over the newly accepted tokens, then one head step and scoring per further
+    node), the least-squares line through the probe, read at k and at `depth`. E.g. probe {1: 3.0, 4: 6.0}
+    is the line 2.0 + 1.0 d, so chain(2) / chain(4) = 4.0 / 6.0 (k / depth would say 2 / 4)."""
+    points = [(int(d), float(t)) for d, t in probe.items()]
+    if len({d for d, _ in points}) < 2:
+        raise ValueError(f"a drafting probe needs two or more depths to separate the fixed part, got {dict(probe)}")
+    mean_d = sum(d for d, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = (sum((d - mean_d) * (t - mean_t) for d, t in points) / sum((d - mean_d) ** 2 for d, _ in points))
+
+    def line(d: int) -> float:
+        return mean_t + slope * (d - mean_d)
+
+    if line(k) <= 0 or line(depth) <= 0:
+        raise ValueError(f"the drafting probe {dict(probe)} gives no positive time at depth {k} or {depth}")
+    return line(k) / line(depth)
 
 
 # ---- other hardware ------------------------------------------------------------------------------
