@@ -19,7 +19,13 @@ continuation (`specdec.measure.profiles.profile` on the reference, once per prom
 shape in this process) are judged against the kernel's argmax after each prefix of that same text
 (one forward of prompt + text on the kernel), so every kernel is scored on the same text. Where the
 kernel's argmax leaves the fp32 text, deeper nodes are still judged on the fp32 prefix (an
-approximation at those positions only). Turn 1 is the question's text (chat template applied by
+approximation at those positions only). In a chain(K) cell it also stores, per prompt, the exact replay of
+every chain(k), k = 1..K, on that text (`AcceptanceProfile.accepted_per_step`: steps and accepted tokens,
+each step starting after a correction as a real run's does) and each position's accepted depth; and, once
+per cell, a drafting probe: the drafted loop in chain(1) and chain(K) on the first prompt
+(`PROBE_TOKENS` tokens, `PROBE_REPEATS` times each, alternating), the median drafting seconds of the steps
+that drafted exactly that depth, stored in every row. The held-out shape reads both (`experiments.heldout`).
+Turn 1 is the question's text (chat template applied by
 `generate`); turn i > 1 is the chat so far, whose assistant messages are the kernel's plain answers.
 Batches (`batch` > 1): first turns only, in groups of `batch` consecutive questions; each of the four
 runs decodes a whole group with `specdec.generate_batch` (row b with the question's own seed), and a
@@ -38,6 +44,7 @@ from typing import Any
 import torch
 
 import specdec
+from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure.profiles import AcceptanceProfile, profile
 from specdec.target.forwards import CACHES
 
@@ -56,6 +63,9 @@ History: a plain rotation always ran the kernel's plain right after its drafted 
 read 0.90 [0.85, 0.96]); the Williams square that replaced it balanced the rows but not the seams
 between prompts (the reference's drafted run followed a drafted run twice per four prompts, the
 kernel's once), and its A/A control read 0.97-0.99 in four runs (0.97 [0.95, 1.00] in one)."""
+PROBE_TOKENS = 32
+PROBE_REPEATS = 3
+"""The drafting probe (module docstring): new tokens per run and runs per depth."""
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
 """(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
 the cells of a process (the drafter is kept so its id cannot be reused by another)."""
@@ -149,8 +159,29 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
     argmax = logits[0, len(fp32.prompt_ids) - 1:].argmax(-1).tolist()  # [N]: the token after each prefix
     forced = replace(fp32, greedy=argmax)
     counts = forced.counts()
-    return {"tf_mal": forced.simulate(shape), "tf_reached_by_depth": counts.reached,
-            "tf_accepted_by_depth": counts.accepted}
+    out = {"tf_mal": forced.simulate(shape), "tf_reached_by_depth": counts.reached,
+           "tf_accepted_by_depth": counts.accepted}
+    chain = parse_shape(shape)
+    if isinstance(chain, ChainShape):
+        replays = [forced.accepted_per_step(ChainShape(k)) for k in range(1, chain.k + 1)]
+        out |= {"tf_chain_steps": [len(steps) for steps in replays],
+                "tf_chain_accepted": [sum(steps) for steps in replays],
+                "tf_accepted_depth": [len(forced.accepted_at(p, d)) for p, d in enumerate(forced.drafts)]}
+    return out
+
+
+def drafting_probe(target: specdec.Target, drafter: specdec.drafters.Drafter, prompt, depth: int, seed: int,
+                   options: dict) -> dict[str, float]:
+    """{str(d): median drafting seconds of a step that drafted d nodes} for d in (1, `depth`): the drafted
+    loop in chain(d) on `prompt`, `PROBE_REPEATS` runs of `PROBE_TOKENS` tokens per depth, alternating.
+    A depth no step drafted in full (a drafter that proposed less) is left out."""
+    times: dict[int, list[float]] = {1: [], depth: []}
+    for repeat in range(PROBE_REPEATS):
+        for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):
+            out = specdec.generate(target, drafter, prompt, shape=ChainShape(d), seed=seed,
+                                   **{**options, "max_new_tokens": PROBE_TOKENS})
+            times[d] += [s.draft_time_s for s in out.stats.steps if s.drafted == d]
+    return {str(d): float(torch.tensor(t).median()) for d, t in times.items() if t}
 
 
 def run_order(runs: tuple[str, ...], k: int) -> list[str]:
@@ -183,6 +214,7 @@ def run_cell(
     `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
     stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
     `on_turn` is called after each turn (progress reporting). `batch` > 1: see the module docstring.
+    With `teacher_forcing`, a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
     """
     if (reference is None) != (reference_drafter is None):
         raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")
@@ -205,6 +237,11 @@ def run_cell(
     if batch > 1:
         return _run_batches(model_of, runs, questions, batch, shape, sampling.seed, options, on_turn)
 
+    chain = parse_shape(shape)
+    probe = {}
+    if teacher_forcing and questions and isinstance(chain, ChainShape) and chain.k >= 2:
+        probe = {"draft_probe_s": drafting_probe(target, drafter, questions[0].turns[0], chain.k, sampling.seed,
+                                                 options)}
     rows = []
     for index, question in enumerate(questions):
         seed = sampling.seed + index
@@ -224,7 +261,7 @@ def run_cell(
                 if _PROFILES.get(key, (None,))[0] is not fp32_drafter:
                     _PROFILES[key] = (fp32_drafter, profile(fp32, fp32_drafter, prompt, shape=shape,
                                                             max_new_tokens=max_new_tokens))
-                row.update(teacher_forced(_PROFILES[key][1], target, shape))
+                row.update(teacher_forced(_PROFILES[key][1], target, shape), **probe)
             rows.append(row)
             if on_turn is not None:
                 on_turn()

@@ -88,6 +88,19 @@ def test_grid_fills_the_store(tiny_grid):
     assert (quantized.reference_mal > 1).any() and set(quantized["order"].str.count(",")) == {3}
     # Teacher-forced acceptance on fp32's own text is the free-running acceptance there.
     assert ((none.tf_mal - none.mal).abs() < 1e-9).all() and quantized.tf_mal.notna().all()
+    # A chain(4) cell also replays its profile in chain(1..4) and stores each position's accepted depth;
+    # on fp32's own text the chain(4) replay is the real run, step for step. Trees store neither.
+    chains, trees = rows[rows["shape"] == "chain(4)"], rows[rows["shape"] != "chain(4)"]
+    assert chains.tf_chain_steps.map(len).eq(4).all() and chains.tf_chain_accepted.map(len).eq(4).all()
+    assert chains.tf_accepted_depth.map(lambda d: len(d) == 8 and max(d) <= 4).all()
+    fp32_chains = chains[chains.quant == "none"]
+    assert (fp32_chains.tf_chain_steps.map(lambda s: s[3]) == fp32_chains.steps).all()
+    assert (fp32_chains.tf_chain_accepted.map(lambda a: a[3]) == fp32_chains.accepted_tokens).all()
+    assert trees.tf_chain_steps.isna().all() and trees.draft_probe_s.isna().all()
+    # The drafting probe: one median drafting time per depth (1 and 4), the same in every row of a cell.
+    small = chains[chains.drafter == "small"]
+    assert small.draft_probe_s.map(lambda p: set(p) == {"1", "4"} and min(p.values()) > 0).all()
+    assert small.groupby("cell_id").draft_probe_s.apply(lambda p: len({str(x) for x in p}) == 1).all()
     assert ((quantized.speedup * quantized.speedup_quant / quantized.speedup_compound - 1).abs() < 1e-9).all()
     # Each cell prints its numbers when it ends.
     summaries = [line for line in first.stdout.splitlines() if line.startswith("cell ")]
