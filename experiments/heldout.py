@@ -11,11 +11,15 @@ Owns which runs predict which (the model itself, its inputs and its nulls are in
   the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
 - *shape* (held-out shape): a cell in chain(k) is predicted from the nearest deeper chain(K) cell of
   the same drafter on the same kernel (an A/A control counts as fp32) over the same questions: MAL of
-  chain(k) = `costmodel.chain_mal` of the deeper cell's acceptance profile (`tf_reached_by_depth` /
-  `tf_accepted_by_depth`: `specdec.measure.profiles` counts at every position of the decode, T = 0),
-  one forward of width k + 1 per step, and delta = the deeper cell's bookkeeping per step + its
-  drafting per step x k / K (a chain drafter drafts one level at a time); the smaller cell's plain runs
-  and curve as above, its drafted runs never read. Trees and dynamic shapes are not predicted: cutting
+  chain(k) = the deeper cell's teacher-forced profile replayed in chain(k) (`tf_chain_steps` /
+  `tf_chain_accepted`, pooled: 1 + accepted / steps; `experiments.cell.teacher_forced`, T = 0), one
+  forward of width k + 1 per step, and delta = the deeper cell's bookkeeping per step + its drafting
+  per step x `costmodel.drafting_scale(k, K, probe)` (a fixed part and a part per depth, the line
+  through the deeper cell's own drafting probe `draft_probe_s`); the smaller cell's plain runs and
+  curve as above, its drafted runs never read. A deeper cell stored before those fields falls back to
+  `costmodel.chain_mal` of its per-position counts (`tf_reached_by_depth` / `tf_accepted_by_depth`: they
+  average over every position, while a real step starts after a correction, so they overstate MAL)
+  and to drafting x k / K (no fixed part, so it understates drafting); the note names such cells. Trees and dynamic shapes are not predicted: cutting
   a smaller tree out of a recorded one needs the profile's drafts (sibling ranks), which cells do not store.
 Errors are |predicted / measured - 1| of the pooled speculation speedup (tokens/s over the summed runs).
 Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
@@ -48,6 +52,10 @@ REFERENCE = "none"
 PROFILE = ("tf_reached_by_depth", "tf_accepted_by_depth")
 """A cell's acceptance profile counts (`experiments.cell.teacher_forced`): per depth, the positions whose
 recorded draft reached it and those whose accepted path did."""
+REPLAY = ("tf_chain_steps", "tf_chain_accepted")
+"""Per prompt, the profile replayed in chain(1..K): steps and accepted tokens (`experiments.cell.teacher_forced`)."""
+PROBE = "draft_probe_s"
+"""{depth: median drafting seconds of a step} of the cell's drafting probe (`experiments.cell.drafting_probe`)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,13 @@ class HeldOut:
     predicted: float
     flat: float
     """The flat-curve null's prediction."""
+    mal: float = float("nan")
+    """The MAL the prediction used (1 / sum_w phi_w)."""
+    measured_mal: float = float("nan")
+    """The predicted runs' own MAL (drafted tokens / steps), shown beside it, never used."""
+    length_ratio: float = float("nan")
+    """Drafted tokens / plain tokens of the predicted runs (the model takes the plain run's N: a drafted run
+    whose text left the plain one's and ended sooner spreads its prefill over fewer tokens), never used."""
 
     def error(self, value: float) -> float:
         return abs(value / self.measured - 1)
@@ -96,6 +111,13 @@ def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
         context=float((rows.prompt_tokens + rows.baseline_new_tokens / 2).mean()))
 
 
+def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, float]:
+    """`HeldOut.mal`, `measured_mal` and `length_ratio` of a prediction of `rows` from `draft`."""
+    return {"mal": 1.0 / sum(draft.forwards_per_token.values()),
+            "measured_mal": float(rows.new_tokens.sum() / rows.steps.sum()),
+            "length_ratio": float(rows.new_tokens.sum() / rows.baseline_new_tokens.sum())}
+
+
 def measured_speculation(rows: pd.DataFrame) -> float:
     """Pooled drafted tokens/s over plain tokens/s on the kernel."""
     return float((rows.new_tokens.sum() / rows.wall_time_s.sum())
@@ -119,7 +141,7 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
         plain = plain_run(target)
         return HeldOut(**common, kind=kind, part=part, measured=measured_speculation(target),
                        predicted=costmodel.predict_speculation(source, plain, curve),
-                       flat=costmodel.predict_speculation(source, plain, None))
+                       flat=costmodel.predict_speculation(source, plain, None), **diagnostics(source, target))
 
     out = []
     if int(labels.get("batch", 1) or 1) > 1:
@@ -155,8 +177,11 @@ class Measured:
         shape = parse_shape(self.labels["shape"])
         return shape.k if isinstance(shape, ChainShape) and int(self.labels.get("batch", 1) or 1) == 1 else None
 
+    def has(self, columns: Sequence[str]) -> bool:
+        return all(c in self.rows and self.rows[c].notna().all() for c in columns)
+
     def has_profile(self) -> bool:
-        return all(c in self.rows and self.rows[c].notna().all() for c in PROFILE)
+        return self.has(PROFILE)
 
 
 def _pooled(column: pd.Series) -> list[int]:
@@ -169,20 +194,37 @@ def _pooled(column: pd.Series) -> list[int]:
     return out
 
 
-def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> costmodel.DraftProfile:
-    """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*)."""
-    mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
+def replayed_mal(deeper: pd.DataFrame, k: int) -> float:
+    """Pooled MAL of chain(k) replayed on the deeper cell's teacher-forced profiles: 1 + accepted / steps."""
+    steps = sum(int(r[k - 1]) for r in deeper[REPLAY[0]])
+    return 1.0 + sum(int(r[k - 1]) for r in deeper[REPLAY[1]]) / steps
+
+
+def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.DraftProfile, list[str]]:
+    """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*), and
+    the fallbacks used (empty when the replay and the drafting probe were both there)."""
+    fallbacks = []
+    if all(c in deeper and deeper[c].notna().all() for c in REPLAY):
+        mal = replayed_mal(deeper, k)
+    else:
+        mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
+        fallbacks.append("MAL from per-position counts")
+    if PROBE in deeper and deeper[PROBE].notna().all():
+        scale = costmodel.drafting_scale(k, depth, {int(d): t for d, t in deeper[PROBE].iloc[0].items()})
+    else:
+        scale = k / depth
+        fallbacks.append("drafting x k / K")
     steps = int(deeper.steps.sum())
     drafting = float(deeper.draft_time_s.sum())
     other = float((deeper.wall_time_s - deeper.prefill_time_s - deeper.verify_time_s).sum())
-    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * k / depth) / steps)
+    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * scale) / steps), fallbacks
 
 
 def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | None]:
     """Each chain cell predicted from the nearest deeper chain cell of its drafter x kernel that has an
     acceptance profile (ties: the same kernel label first, then cell id), and a note on what could not
     be predicted (None when nothing was left out)."""
-    out, missing, trees = [], [], []
+    out, missing, trees, approximate = [], [], [], []
     for small in sorted(cells, key=lambda c: c.cell_id):
         group = [c for c in cells if c is not small and c.labels["drafter"] == small.labels["drafter"]
                  and c.kernel == small.kernel and int(c.labels.get("batch", 1) or 1) == 1]
@@ -200,19 +242,24 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
         if target.empty:
             missing.append(f"{source.cell_id} (no question in common with {small.cell_id})")
             continue
-        draft = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))],
-                              small.chain, source.chain)
+        draft, fallbacks = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))],
+                                         small.chain, source.chain)
+        if fallbacks:
+            approximate.append(f"{small.cell_id} from {source.cell_id} ({', '.join(fallbacks)}: stored before "
+                               f"{' / '.join(REPLAY)} / {PROBE})")
         plain = plain_run(target)
         out.append(HeldOut(cell_id=small.cell_id, drafter=small.labels["drafter"], shape=small.labels["shape"],
                            quant=small.labels["quant"], numerics_only=bool(small.labels.get("numerics_only", False)),
                            kind="shape", part=f"from {source.labels['shape']} on {source.labels['quant']}",
                            measured=measured_speculation(target),
                            predicted=costmodel.predict_speculation(draft, plain, small.curve),
-                           flat=costmodel.predict_speculation(draft, plain, None)))
+                           flat=costmodel.predict_speculation(draft, plain, None), **diagnostics(draft, target)))
     notes = []
     if missing:
         notes.append(f"no acceptance profile ({' / '.join(PROFILE)}: T = 0 and runner.teacher_forcing) in "
                      f"{', '.join(dict.fromkeys(missing))}")
+    if approximate:
+        notes.append(f"approximated: {', '.join(approximate)}")
     if trees:
         notes.append(f"not predicted: {', '.join(trees)} (a smaller tree is cut out of a recorded tree's drafts, "
                      "which cells do not store; only chains shorter than a recorded chain are predicted)")

@@ -1,5 +1,7 @@
 """The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the
-findings report, ending with the report's verdict.
+findings report, ending with the report's verdict. The default grid: eagle chain(4) on torchao_int4
+and on fp32_again (the A/A control), and eagle chain(2) on fp32 (quant=none, the cell the cost
+model's held-out shape predicts from the A/A control's chain(4) profile; grids/main.yaml says why).
 
     python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
     python -m experiments.main max_new_tokens=24 results.dir=results/quick

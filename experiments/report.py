@@ -44,8 +44,9 @@ MODEL_TEXT = (
     "T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta), speculation = T_p / T_d. phi_w (forwards of width w per "
     "token) and delta (seconds per step outside the forward) come from other runs: the fp32 drafted runs of the same "
     "prompts (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
-    "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL by "
-    "`costmodel.chain_mal`, its drafting per step scaled by depth; `experiments/heldout.py`); P, t_1, "
+    "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL from that "
+    "profile replayed in chain(k), its drafting per step from the line (fixed + per depth) through that cell's "
+    "drafting probe, `costmodel.drafting_scale`; `experiments/heldout.py`); P, t_1, "
     "T_p from the kernel's plain runs; R(w, c) = L(w, c) / L(1, c) from the kernel's latency curve. The drafted runs "
     "predicted are never read. Nulls: *constant* (speculation = 1.0x) and *flat curve* (R = 1). Numerics-only "
     "cells are listed but not scored.")
@@ -385,10 +386,15 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
              *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
     md += ["", *notes, *([""] if notes else [])]
     if len(held):
-        md += _md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)"],
+        md += ["MAL used / measured: the MAL the prediction took from elsewhere and the predicted runs' own; "
+               "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
+               "to explain an error, never used by the prediction.", ""]
+        md += _md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",
+                         "MAL used / measured", "tokens drafted / plain"],
                         [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
                           f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
-                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}"]
+                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}",
+                          f"{r.mal:.2f} / {r.measured_mal:.2f}", f"{r.length_ratio:.2f}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     md += ["", "## The mechanism: what a wide forward costs on each kernel", "",
            "Latency curves stored with the cells (median of repeats): ms of a one-token forward at the smallest "

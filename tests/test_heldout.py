@@ -19,14 +19,20 @@ def curve(a: float, b: float) -> LatencyCurve:
                         contexts=(64, 256), seconds=tuple(tuple(a + b * w for w in WIDTHS) for _ in range(2)))
 
 
-def deeper_rows(questions=("q0", "q1"), profile: bool = True) -> pd.DataFrame:
-    """A chain(4) cell over `questions`: pooled profile reached [10, 10, 10, 10], accepted [8, 4, 2, 1]
-    (so chain(2)'s MAL is 1 + 8/10 + 4/10 = 2.2); 20 steps, 0.4 s drafting and 0.6 s other bookkeeping."""
+def deeper_rows(questions=("q0", "q1"), profile: bool = True, replay: bool = True) -> pd.DataFrame:
+    """A chain(4) cell over `questions`: 20 steps, 0.4 s drafting and 0.6 s other bookkeeping.
+    Per-position counts: pooled reached [10, 10, 10, 10], accepted [8, 4, 2, 1] (chain(2)'s MAL by
+    `chain_mal` 1 + 8/10 + 4/10 = 2.2). With `replay`: chain(2) replayed in 25 steps per question with 25
+    and 30 accepted tokens (MAL 1 + 55 / 50 = 2.1), and a drafting probe {1: 4 ms, 4: 10 ms} (the line
+    2 ms + 2 ms per depth: chain(2) drafts 6 / 10 of chain(4)'s time, not 2 / 4)."""
     rows = []
-    for _ in questions:
+    for i, _ in enumerate(questions):
         row = {"steps": 10, "draft_time_s": 0.2, "wall_time_s": 5.0, "prefill_time_s": 0.5, "verify_time_s": 4.0}
         if profile:
             row |= {"tf_reached_by_depth": [5, 5, 5, 5], "tf_accepted_by_depth": [4, 2, 1, 1]}
+        if profile and replay:
+            row |= {"tf_chain_steps": [40, 25, 20, 18], "tf_chain_accepted": [20, 25 + 5 * (i % 2), 40, 45],
+                    "draft_probe_s": {"1": 0.004, "4": 0.010}}
         rows.append(row)
     rows[-1] |= {"tf_accepted_by_depth": [4, 2, 1, 0]} if profile else {}
     return pd.DataFrame([{"question_id": q, **r} for q, r in zip(questions, rows)])
@@ -34,9 +40,10 @@ def deeper_rows(questions=("q0", "q1"), profile: bool = True) -> pd.DataFrame:
 
 def smaller_rows(questions=("q0", "q1")) -> pd.DataFrame:
     """A chain(2) cell: plain runs of 100 tokens in 11 s (1 s prefill, 100 one-token forwards in 10 s,
-    so t_1 = 0.1 s) and drafted runs of 100 tokens in 10 s, summed over `questions`."""
+    so t_1 = 0.1 s) and drafted runs of 100 tokens in 50 steps and 10 s, summed over `questions`."""
     n = len(questions)
-    return pd.DataFrame([{"question_id": q, "prompt_tokens": 60, "new_tokens": 100 / n, "wall_time_s": 10.0 / n,
+    return pd.DataFrame([{"question_id": q, "prompt_tokens": 60, "new_tokens": 100 / n, "steps": 50 / n,
+                          "wall_time_s": 10.0 / n,
                           "baseline_new_tokens": 100 / n, "baseline_wall_time_s": 11.0 / n,
                           "baseline_prefill_time_s": 1.0 / n, "baseline_verify_time_s": 10.0 / n,
                           "baseline_steps": 100 / n} for q in questions])
@@ -54,14 +61,23 @@ def test_chain2_from_a_chain4_profile_by_hand():
     assert note is None and len(held) == 1
     (h,) = held
     assert (h.kind, h.cell_id, h.part) == ("shape", "small", "from chain(4) on int4")
-    # By hand: MAL 2.2, one width-3 forward per step, R(3) = (0.08 + 0.06) / (0.08 + 0.02) = 1.4,
-    # delta = (0.6 + 0.4 * 2 / 4) / 20 = 0.04 s; T_d = 1 + 100 / 2.2 * (0.1 * 1.4 + 0.04) = 9.1818 s.
-    assert h.predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))
-    assert h.flat == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.14))  # R = 1
+    # By hand: MAL 2.1 (the replay), one width-3 forward per step, R(3) = (0.08 + 0.06) / (0.08 + 0.02) = 1.4,
+    # delta = (0.6 + 0.4 * 0.6) / 20 = 0.042 s; T_d = 1 + 100 / 2.1 * (0.1 * 1.4 + 0.042) = 9.6667 s.
+    assert h.predicted == pytest.approx(11.0 / (1 + 100 / 2.1 * 0.182))
+    assert h.flat == pytest.approx(11.0 / (1 + 100 / 2.1 * 0.142))  # R = 1
     assert h.measured == pytest.approx((100 / 10) / (100 / 11))
+    assert (h.mal, h.measured_mal, h.length_ratio) == pytest.approx((2.1, 2.0, 1.0))  # shown, never used
     frame = heldout.table(held)
     assert frame.error[0] == pytest.approx(h.predicted / 1.1 - 1)
     assert frame.constant_error[0] == pytest.approx(1 - 1 / 1.1)
+
+
+def test_a_cell_stored_before_the_replay_falls_back_to_counts_and_k_over_K_with_a_note():
+    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(replay=False)),
+                                            cell("small", "chain(2)", "int4", smaller_rows())])
+    # By hand: MAL 2.2 from the per-position counts, delta = (0.6 + 0.4 * 2 / 4) / 20 = 0.04 s.
+    assert held[0].predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))
+    assert note.startswith("approximated: small from deep (MAL from per-position counts, drafting x k / K")
 
 
 def test_the_score_breaks_down_by_kind_with_both_nulls():
@@ -98,7 +114,8 @@ def test_only_the_questions_both_cells_ran_are_predicted():
     held, _ = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(("q0",))),
                                          cell("small", "chain(2)", "int4", small)])
     assert held[0].measured == pytest.approx((50 / 5) / (50 / 5.5))
-    assert held[0].predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))  # q0 is half of every sum
+    # q0 alone: the replay's MAL 1 + 25 / 25 = 2.0; the rest is half of every sum.
+    assert held[0].predicted == pytest.approx(11.0 / (1 + 100 / 2.0 * 0.182))
 
 
 def test_without_a_deeper_profile_the_kind_is_absent_with_a_note():

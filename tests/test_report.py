@@ -37,7 +37,8 @@ KERNELS = {"none": (0.1, 0.005), "fp32_again": (0.1, 0.005), "bf16": (0.09, 0.00
 
 
 def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.01, jitter: float = 0.02,
-             paired: bool = True, profile: tuple[list[int], list[int]] | None = None) -> list[dict]:
+             paired: bool = True, profile: tuple[list[int], list[int]] | None = None,
+             extra: dict | None = None) -> list[dict]:
     """Paired rows whose times are the curves' (drafted = prefill + draft + steps * L(width), plain =
     prefill + tokens * L(1)), each run of each question scaled by its own factor in [1 - jitter, 1 + jitter]
     (seeded), the fp32 runs on the fp32 curve; `profile` (reached, accepted per depth) is each row's
@@ -69,13 +70,13 @@ def rows_for(quant: str, mals: list[float], width: int = 5, draft_s: float = 0.0
             row.update(run("reference_drafted_", f[3], {str(width): steps}, steps * (ra + rb * width), steps * draft_s))
         if profile is not None:
             row.update(tf_reached_by_depth=profile[0], tf_accepted_by_depth=profile[1])
-        rows.append(row)
+        rows.append(row | (extra or {}))
     return rows
 
 
 def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float], with_curves: bool = True,
                diverged: int = 0, paired: bool = True, jitter: float = 0.02, k: int = 4, draft_s: float = 0.01,
-               profile: tuple[list[int], list[int]] | None = None) -> str:
+               profile: tuple[list[int], list[int]] | None = None, extra: dict | None = None) -> str:
     """One chain(k) cell; its first `diverged` turns' drafted output left the plain loop's."""
     cid = f"{drafter}__{quant}" + (f"__chain{k}" if k != 4 else "")
     labels = {"cell_id": cid, "model": "m", "drafter": drafter, "shape": f"chain({k})", "quant": quant,
@@ -93,7 +94,7 @@ def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float],
             meta["model_sizes"]["reference"] = SIZES
     rows = [{**labels, **row, "same_tokens_as_baseline": i >= diverged}
             for i, row in enumerate(rows_for(quant, mals, width=k + 1, draft_s=draft_s, paired=paired, jitter=jitter,
-                                             profile=profile))]
+                                             profile=profile, extra=extra))]
     store.write_cell(cid, meta, rows)
     return cid
 
@@ -143,14 +144,17 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
 
 
 def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, capsys):
-    """int4 chain(4) with an acceptance profile whose chain(2) MAL is 1 + 0.8 + 0.5 = 2.3, and an int4
-    chain(2) cell run at that MAL on the curve (drafting per step at half chain(4)'s): the held-out shape
-    lands within a few % while the flat curve misses int4's steep curve."""
+    """int4 chain(4) with an acceptance profile replayed in chain(2) at MAL 1 + 13 / 10 = 2.3 and a drafting
+    probe {1: 4 ms, 4: 10 ms} (chain(2) drafts 0.6 of chain(4)'s time), and an int4 chain(2) cell run at that
+    MAL on the curve with that drafting time: the held-out shape lands within a few % while the flat curve
+    misses int4's steep curve."""
     results = tmp_path / "results"
     s = ResultsStore(results)
     write_cell(s, "eagle", "none", MALS)
-    write_cell(s, "eagle", "torchao_int4_g32", MALS, profile=([100] * 4, [80, 50, 30, 15]))
-    write_cell(s, "eagle", "torchao_int4_g32", [2.3] * 8, k=2, draft_s=0.005)
+    write_cell(s, "eagle", "torchao_int4_g32", MALS, profile=([100] * 4, [90, 70, 30, 15]),
+               extra={"tf_chain_steps": [14, 10, 9, 8], "tf_chain_accepted": [8, 13, 15, 17],
+                      "draft_probe_s": {"1": 0.004, "4": 0.010}})
+    write_cell(s, "eagle", "torchao_int4_g32", [2.3] * 8, k=2, draft_s=0.006)
     assert report_cli([str(results), "--bootstrap", "100"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     shape = json.loads(out[-1])["cost_model"]["by_kind"]["shape"]
@@ -161,6 +165,8 @@ def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, cap
     report = (results / "REPORT.md").read_text()
     assert "| held-out shape | 1 |" in report
     assert "| eagle `chain(2)` torchao_int4_g32 | held-out shape from chain(4) on torchao_int4_g32 |" in report
+    assert "| 2.30 / 2.31 | 1.00 |" in report  # MAL used (the replay; the counts would say 2.6) / measured
+    assert "approximated" not in report
 
 
 def test_verdict_rules_have_a_known_answer():
