@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import specdec  # noqa: E402
+from specdec.machine import device_label, machine_name  # noqa: E402
 from specdec.training.prompts import SOURCES, check_disjoint  # noqa: E402
 from specdec.training.tokens import (TokenSet, fill_token_set, rollout_settings, source_prompts,  # noqa: E402
                                      target_identity)
@@ -49,18 +49,6 @@ def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:
     prompts = source_prompts(sources, seed)
     check_disjoint([p for _, p in prompts], [({"content": t},) for t in eval_texts()], what="evaluation suites")
     return prompts
-
-
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
-
-
-def device_name(device: torch.device) -> str:
-    """"cpu", or the CUDA device's name (rollouts made on a GPU say which)."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -90,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
                     prompts={"sources": args.sources, "order": "specdec.training.prompts.collect(all of each, seed)",
                              "seed": args.seed, "id": "specdec.training.tokens.prompt_id: sha256(turns JSON)[:16]"})
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_unix": started, "sources": args.sources,
-           "prompts_listed": len(prompts), "cpu": cpu_name(), "device": device_name(target.device), "threads": args.threads, "kernel": target.kernel,
+           "prompts_listed": len(prompts), "cpu": machine_name(), "device": device_label(target.device),
+           "threads": args.threads, "kernel": target.kernel,
            "batch_size": args.batch_size, "shard_prompts": args.shard_prompts, "nice": os.nice(0),
            "torch": torch.__version__}
     before = tset.num_tokens

@@ -108,10 +108,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.keep, args.feature_cache = str(work / "run-state.pt"), str(work / "features")
     import torch
 
+    from specdec.machine import device_label
+
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("train_gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
                          "--smoke for the CPU test; on a CPU, scripts/train_eagle_run.py continues the same run")
-    summary: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}
+    summary: dict = {"device": device_label(args.device)}
     try:
         summary["rollouts"] = script("eagle_rollouts").main(rollout_argv(args, args.rollout_share * args.minutes))
     except Exception as err:  # noqa: BLE001 - the run still trains on the shards there are

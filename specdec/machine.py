@@ -67,6 +67,12 @@ def machine_name(device: torch.device | str = "cpu") -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
+def device_label(device: torch.device | str = "cpu") -> str:
+    """"cpu", or the CUDA device's name: which accelerator, if any, a piece of work ran on."""
+    device = torch.device(device)
+    return machine_name(device) if device.type == "cuda" else "cpu"
+
+
 def machine_facts(device: torch.device | str = "cpu") -> dict:
     """What identifies the machine beside its name: vendor, family, model and ISA flags (CPU), or
     the compute capability (CUDA). Recorded with every tuned choice."""

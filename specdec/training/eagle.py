@@ -23,14 +23,12 @@ below equals chain drafting's greedy acceptance on the same sequences.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
-import inspect
-
 import torch
-from transformers import LlamaModel
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaModel
 
 from specdec.target.cache import KVCache
 from specdec.training.shards import AuxStore, Rollouts, ShardError, ShardStore

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
+from specdec.machine import device_label
 from specdec.training.eagle import acceptance_per_depth, depth_losses, make_batch, unroll
 from specdec.training.shards import Rollouts, ShardError
 
@@ -174,7 +175,7 @@ class Run:
         point = {"step": self.step, "lr": self.cfg.lr * lr_factor(max(self.step - 1, 0), self.cfg),
                  "train": {k: v / steps for k, v in self.window.items()} if steps else {},
                  "val": val, "data_checksum": self.data_checksum[:16], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type}
+                 "device": device_label(self.device)}
         self.window = {}
         if val is not None and (self.best is None or val["chain_mal"] > self.best["chain_mal"]):
             self.best = {"step": self.step, **val}
@@ -231,8 +232,7 @@ class Run:
         if other and not fork:
             raise ValueError(f"{path} was trained with other settings ({{field: (saved, now)}}: {other}); "
                              "only anneal_start and max_steps may change on resume")
-        schedule_changed = any(k in SCHEDULE_FIELDS for k in changed)
-        if schedule_changed and not fork and state["step"] > min(saved.anneal_start, cfg.anneal_start):
+        if changed and not fork and state["step"] > min(saved.anneal_start, cfg.anneal_start):
             raise ValueError(f"{path} is at step {state['step']}, past anneal_start ({saved.anneal_start} saved, "
                              f"{cfg.anneal_start} now): the schedule's length can no longer change")
         grown = state["data_checksum"] != data_checksum
