@@ -4,9 +4,12 @@ was not measured in, beside two nulls.
 Owns which runs predict which (the model itself, its inputs and its nulls are in
 `specdec.measure.costmodel`), the per-prediction errors and the score of the report's JSON line:
 - *kernel* (held-out kernel): the fp32 drafted runs of a paired cell's prompts (acceptance per verify
-  width, drafting cost per step) + the kernel's latency-curve shape + the kernel's plain runs predict
-  speculation on the kernel. The drafting cost per step is taken as fp32's (stated: a drafter that
-  runs the target's own layers, e.g. self_draft, costs more or less on another kernel).
+  width, bookkeeping per step) + the drafter's cost per step on the kernel, from the cell's drafting
+  probe on that kernel (`draft_probe_s` at the cell's depth: a micro-measurement apart from the
+  drafted runs, `kernel_profile`) + the kernel's latency-curve shape + the kernel's plain runs predict
+  speculation on the kernel. A cell without that probe (a tree, or stored before it) takes fp32's
+  drafting per step instead, and the note says so (a drafter that reads the target, e.g. an EAGLE head
+  through the target's lm_head or self_draft through its layers, costs more or less on another kernel).
 - *prompts* (held-out prompts): a cell's questions split in two halves (alternating, sorted by id);
   the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
 - *shape* (held-out shape): a cell in chain(k) is predicted from the nearest deeper chain(K) cell of
@@ -102,6 +105,20 @@ def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfil
                                             _widths(rows[f"{prefix}verify_widths"]), float(other))
 
 
+def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftProfile, bool]:
+    """phi_w of the fp32 drafted runs, delta = their bookkeeping per step + the drafting per step of the
+    kernel's own probe at depth `k` (`PROBE`); (profile, True) when the probe was used, else fp32's
+    drafting stands (False)."""
+    fp32 = draft_profile(rows, "reference_drafted_")
+    probe = {str(d): t for d, t in rows[PROBE].iloc[0].items()} if PROBE in rows and rows[PROBE].notna().all() else {}
+    if str(k) not in probe or "reference_drafted_draft_time_s" not in rows:
+        return fp32, False
+    on_kernel = float(probe[str(k)])
+    steps = sum(_widths(rows.reference_drafted_verify_widths).values())
+    fp32_drafting = float(rows.reference_drafted_draft_time_s.sum()) / steps
+    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s - fp32_drafting + on_kernel), True
+
+
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows`."""
     return costmodel.PlainRun(
@@ -148,7 +165,9 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
         return out  # see the module docstring
     own_reference = labels["quant"] == "none"
     if not own_reference and "reference_drafted_verify_widths" in rows and rows.reference_drafted_verify_widths.notna().all():
-        out.append(one("kernel", "all", draft_profile(rows, "reference_drafted_"), rows))
+        shape = parse_shape(labels["shape"])
+        profile, probed = kernel_profile(rows, shape.k if isinstance(shape, ChainShape) else None)
+        out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows))
     a, b = halves(rows)
     if len(a) and len(b):
         out.append(one("prompts", "B", draft_profile(a), b))

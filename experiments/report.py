@@ -43,7 +43,7 @@ MODEL_TEXT = (
     "The model (equation and inputs: `specdec/measure/costmodel.py`'s docstring): a drafted run of N tokens takes "
     "T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta), speculation = T_p / T_d. phi_w (forwards of width w per "
     "token) and delta (seconds per step outside the forward) come from other runs: the fp32 drafted runs of the same "
-    "prompts (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
+    "prompts with the drafting per step of the cell's drafting probe on the kernel (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
     "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL from that "
     "profile replayed in chain(k), its drafting per step from the line (fixed + per depth) through that cell's "
     "drafting probe, `costmodel.drafting_scale`; `experiments/heldout.py`); P, t_1, "
