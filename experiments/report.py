@@ -4,9 +4,9 @@
 
 Owns the reading of a results store into cells (rows + the latency curves each cell stored), the
 verdict lines (rules in `experiments.verdict`: the paired interaction per drafter x shape x kernel,
-an A/A control that must read compound), the out-of-sample cost-model score (`experiments.heldout`),
+an A/A control that must read compound), the out-of-sample cost-model score and projections (`experiments.costs`),
 acceptance apart from cost (text identity with fp32, teacher-forced beside free-running acceptance),
-optional projections to other hardware, and REPORT.md with its PNGs (`experiments.figures`).
+and REPORT.md with its PNGs (`experiments.figures`).
 Everything comes from the store: the same store gives the same REPORT.md, byte for byte (fixed
 bootstrap seed, sorted cells, no timestamps). Knows nothing about how cells were measured beyond the
 row and metadata fields the runner writes. "Numerics only" rows (weights stored dequantized: rtn,
@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import figures, heldout, kv
+from experiments import costs, figures, heldout, kv
+from experiments.costs import md_table
 from experiments.batches import batch_section
-from experiments.leaderboard import SETTING, SPEEDUPS, LeaderboardError, entry_stats
+from experiments.leaderboard import SETTING, LeaderboardError, entry_stats
 from experiments.store import StoreError, load_rows, open_existing
 from experiments.verdict import MARGIN, Interaction, drift, interaction, is_paired, job_drift
 from specdec.measure import costmodel
@@ -39,17 +40,7 @@ LIMITS = ("Limits: a 135M model (SmolLM2-135M), on CPU (one torch thread, shared
           "GGUF (so 4-bit g32 kernels are near-lossless), and quantized targets write different text (so "
           "free-running acceptance mixes 'bits change acceptance' with 'bits change the text').")
 
-MODEL_TEXT = (
-    "The model (equation and inputs: `specdec/measure/costmodel.py`'s docstring): a drafted run of N tokens takes "
-    "T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta), speculation = T_p / T_d. phi_w (forwards of width w per "
-    "token) and delta (seconds per step outside the forward) come from other runs: the fp32 drafted runs of the same "
-    "prompts with the drafting per step of the cell's drafting probe on the kernel (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
-    "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL from that "
-    "profile replayed in chain(k), its drafting per step from the line (fixed + per depth) through that cell's "
-    "drafting probe, `costmodel.drafting_scale`; `experiments/heldout.py`); P, t_1, "
-    "T_p from the kernel's plain runs; R(w, c) = L(w, c) / L(1, c) from the kernel's latency curve. The drafted runs "
-    "predicted are never read. Nulls: *constant* (speculation = 1.0x) and *flat curve* (R = 1). Numerics-only "
-    "cells are listed but not scored.")
+
 
 
 class ReportError(ValueError):
@@ -160,7 +151,7 @@ def load_cells(results: str | os.PathLike) -> list[Cell]:
     return cells
 
 
-# ---- verdicts, acceptance, projections ---------------------------------------------------------------
+# ---- verdicts, acceptance ---------------------------------------------------------------------------
 
 
 def _ci(stats: dict, key: str) -> str:
@@ -190,48 +181,6 @@ def acceptance_table(cells: list[Cell]) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def projection_curves(cells: list[Cell], devices: list[str], curve_files: list[str]) -> tuple[dict, list[str]]:
-    """({projection name: {target label: curve}}, notes) from `NAME=CURVE_FILE` roofline devices (the
-    file, measured on that device, gives the per-forward overhead) and curve files."""
-    out: dict[str, dict[str, LatencyCurve]] = {}
-    notes = []
-    for item in devices:
-        name, _, overhead_file = item.partition("=")
-        dev = costmodel.device(name)
-        if not overhead_file:
-            notes.append(f"roofline {dev.name} dropped: no measured per-forward overhead (give --project-device "
-                         f"{dev.name}=CURVE.json, a latency curve measured on a {dev.name}; none is assumed)")
-            continue
-        measured = LatencyCurve.load(overhead_file)
-        curves: dict[str, LatencyCurve] = {}
-        for cell in cells:
-            sizes = cell.meta.get("model_sizes", {})
-            for role, curve in zip(("target", "reference"), cell.curves()):
-                if curve.target not in curves and role in sizes:
-                    overhead = costmodel.measured_overhead(dev, measured, sizes[role])
-                    curves[curve.target] = costmodel.roofline_curve(dev, sizes[role], curve.widths, curve.contexts,
-                                                                    curve.target, overhead_s=overhead)
-        out[f"roofline {dev.name}"] = curves
-    if curve_files:
-        files = [LatencyCurve.load(path) for path in curve_files]
-        out["curve file " + ",".join(sorted({c.machine for c in files}))] = {c.target: c for c in files}
-    return out, notes
-
-
-def projection_table(cells: list[Cell], projections: dict[str, dict[str, LatencyCurve]]) -> pd.DataFrame:
-    records = []
-    for cell in cells:
-        measured = cell.curves()
-        record = {"name": cell.name, "numerics_only": cell.numerics_only}
-        for name, curves in projections.items():
-            pair = (curves.get(measured[0].target), curves.get(measured[1].target))
-            if pair[0] is not None and pair[1] is not None:
-                proj = costmodel.project(*cell.parts(), measured, pair)
-                record[name] = f"{proj.speedup:.2f}x / {proj.speedup_compound:.2f}x"
-        records.append(record)
-    return pd.DataFrame(records)
-
-
 # ---- the report ------------------------------------------------------------------------------------
 
 
@@ -251,10 +200,6 @@ def _order(c: Cell) -> tuple:
     return (c.numerics_only, c.entry, not c.control, c.quant != REFERENCE, c.quant)
 
 
-def _md_table(header: list[str], lines: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(l) + " |" for l in lines)]
-
-
 def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[str, ...] = (),
                  curve_files: tuple[str, ...] = ()) -> tuple[str, list[str], dict, dict]:
     """(REPORT.md text, verdict lines, JSON summary, figures {file name: plotting thunk})."""
@@ -263,15 +208,11 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     for cell in cells:
         cell.stats = entry_stats(cell.rows, n_boot, rng)
     found = verdicts(cells, n_boot)
-    by_shape, shape_note = heldout.shape_predictions(
-        [heldout.Measured(c.cell_id, c.labels, c.rows, c.curves()[0]) for c in cells])
-    held = heldout.table([h for c in cells for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0])]
-                         + by_shape)
-    score = heldout.score(held, {"shape": shape_note} if shape_note else None)
+    held_out = costs.heldout_score(cells)
+    score = held_out.score
     accept = acceptance_table(cells)
     drifts = {c.cell_id: drift(c.rows) for c in cells}
     spread = job_drift({k: v["median"] for k, v in drifts.items()})
-    projections, projection_notes = projection_curves(cells, list(devices), list(curve_files))
     controls = [found[c.cell_id] for c in cells if c.control and c.cell_id in found]
     speed = [c for c in cells if c.cell_id in found and not c.numerics_only and not c.control]
 
@@ -301,13 +242,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
         verdict.append("- Same plain text as fp32: " + "; ".join(
             f"{q} {s:.0%}" for q, s in kernels.groupby("quant").same_text.mean().items() if np.isfinite(s))
             + " of prompts (numerics-only in REPORT.md)")
-    if "heldout_median_error" in score:
-        nulls = score["null_median_error"]
-        verdict.append(f"- Cost model out of sample: {score['heldout_within_25pct']:.0%} within 25%, median error "
-                       f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
-                       f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
-                       + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())
-                       + (f"; no {', '.join(score['absent'])}" if score.get("absent") else "") + ")")
+    verdict += costs.verdict_line(score)
     verdict.append(f"- Drift: fp32 plain tok/s per cell (median) spans {spread:.0%} of its median across the job")
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
     verdict = (verdict + kv_verdict)[:15]
@@ -340,7 +275,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
         ci = "" if v.label == "unpaired" else f"{v.point:.2f} [{v.lo:.2f}, {v.hi:.2f}]"
         lines.append([f"{c.entry[0]}", f"`{c.entry[1]}`", c.quant + kind, f"**{v.label}**", ci, str(v.questions),
                       str(v.settle or ""), _ci(c.stats, "speedup"), _ci(c.stats, "speedup_compound")])
-    md += _md_table(["drafter", "shape", "kernel", "verdict", "interaction", "prompts", "prompts to settle",
+    md += md_table(["drafter", "shape", "kernel", "verdict", "interaction", "prompts", "prompts to settle",
                      "speculation on kernel", "compound"], lines)
     md += ["", "## Three speedups per cell, and drift", "",
            "Speculation = drafted / plain on the same kernel; quantization = plain on the kernel / fp32 plain; compound "
@@ -353,7 +288,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
         if not group:
             continue
         md += [f"### {title}", ""]
-        md += _md_table(["drafter", "shape", "kernel", "MAL", "speculation", "quantization", "compound",
+        md += md_table(["drafter", "shape", "kernel", "MAL", "speculation", "quantization", "compound",
                          "fp32 plain tok/s", "same tokens"],
                         [[c.entry[0], f"`{c.entry[1]}`", c.quant, f"{c.stats['mal']:.2f} [{c.stats['mal_lo']:.2f}, "
                           f"{c.stats['mal_hi']:.2f}]", _ci(c.stats, "speedup"), _ci(c.stats, "speedup_quant"),
@@ -366,51 +301,19 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
            "drafts along the fp32 plain continuation judged by the kernel's argmax after each prefix of that same "
            "text, so every kernel is scored on one text; same text: the share of prompts whose plain output on the "
            "kernel equals fp32's. A gap between free-running and teacher-forced acceptance is the text confound.", ""]
-    md += _md_table(["cell", "MAL (kernel)", "MAL (fp32, same prompts)", "teacher-forced MAL", "same text as fp32"],
+    md += md_table(["cell", "MAL (kernel)", "MAL (fp32, same prompts)", "teacher-forced MAL", "same text as fp32"],
                     [[r["name"] + (" (numerics only)" if r["numerics_only"] else ""), f"{r['mal']:.2f}",
                       f"{r['fp32_mal']:.2f}", f"{r['tf_mal']:.2f}", f"{r['same_text']:.0%}"]
                      for _, r in accept.sort_values(["numerics_only", "name"]).iterrows()])
-    md += ["", "## Cost model, out of sample", "", MODEL_TEXT, "",
-           f"Score (real kernels): **{score.get('heldout_within_25pct', float('nan')):.0%}** within 25%, median error "
-           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: constant "
-           f"{score.get('null_median_error', {}).get('constant', float('nan')):.1%}, flat curve "
-           f"{score.get('null_median_error', {}).get('flat_curve', float('nan')):.1%} (target: >= 75% within 25% and "
-           "at most half the better null's median error).", "", "![held-out](heldout.png)", ""]
-    md += _md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
-                     "null within 25% (const / flat)"],
-                    [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
-                      f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
-                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}"]
-                     for kind, k in score.get("by_kind", {}).items()])
-    notes = [*(f"- held-out {kind}: absent: {why}" for kind, why in score.get("absent", {}).items()),
-             *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
-    md += ["", *notes, *([""] if notes else [])]
-    if len(held):
-        md += ["MAL used / measured: the MAL the prediction took from elsewhere and the predicted runs' own; "
-               "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
-               "to explain an error, never used by the prediction.", ""]
-        md += _md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",
-                         "MAL used / measured", "tokens drafted / plain"],
-                        [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
-                          f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
-                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}",
-                          f"{r.mal:.2f} / {r.measured_mal:.2f}", f"{r.length_ratio:.2f}"]
-                         for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
+    md += costs.heldout_md(held_out)
     md += ["", "## The mechanism: what a wide forward costs on each kernel", "",
            "Latency curves stored with the cells (median of repeats): ms of a one-token forward at the smallest "
            "context, and a forward of w tokens in one-token forwards.", "", "![latency](latency.png)", ""]
-    md += _md_table(["kernel", "machine", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
+    md += md_table(["kernel", "machine", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
                     [[label, curve.machine, f"{1e3 * curve.at(1):.1f}",
                       *(f"{curve.ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))] for label, curve in sorted(curves.items())])
     md += kv_md  # starts with a blank line; [] without a KV curve or sweep
-    if projections or projection_notes:
-        md += ["", "## Projected to other hardware (projected, not measured)", "", *[f"- {n}" for n in projection_notes]]
-        if projections:
-            proj = projection_table(cells, projections)
-            md += ["", "Speculation / compound, with every forward from the projection's curves; measured non-forward "
-                   "times scaled by the ratio of one-token forward times; MAL as measured here.", ""]
-            md += _md_table(["cell", *projections], [[r["name"] + (" (numerics only)" if r["numerics_only"] else ""),
-                                                       *(str(r.get(p, "")) for p in projections)] for _, r in proj.iterrows()])
+    md += costs.projection_md(cells, list(devices), list(curve_files))
     md.append("")
 
     real_quants = [q for q in dict.fromkeys(c.quant for c in cells if not c.numerics_only)]
@@ -426,7 +329,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     figs = {"latency.png": lambda p: figures.plot_latency(curves, p),
             "compound_heatmap.png": lambda p: figures.plot_heatmap(grid, set(numerics), p),
             "interactions.png": lambda p: figures.plot_interactions(shown, p, MARGIN),
-            "heldout.png": lambda p: figures.plot_heldout(held, p)}
+            "heldout.png": lambda p: figures.plot_heldout(held_out.held, p)}
     return "\n".join(md), verdict, summary, figs
 
 

@@ -1,0 +1,158 @@
+"""The report's cost-model parts: the out-of-sample score of the cost model and projections to other hardware.
+
+Owns the held-out predictions of a store's cells and their score (the rules in `experiments.heldout`,
+the model in `specdec.measure.costmodel`), their verdict line and REPORT.md section, the projection
+curves and table for other hardware, and `md_table`, the markdown table every report section uses.
+Knows nothing about verdicts, acceptance or figures; a cell is what `experiments.report.Cell` gives
+(`cell_id`, `labels`, `rows`, `meta`, `name`, `numerics_only`, `curves()`, `parts()`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from experiments import heldout
+from specdec.measure import costmodel
+from specdec.measure.latency import LatencyCurve
+
+if TYPE_CHECKING:
+    from experiments.report import Cell
+
+MODEL_TEXT = (
+    "The model (equation and inputs: `specdec/measure/costmodel.py`'s docstring): a drafted run of N tokens takes "
+    "T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta), speculation = T_p / T_d. phi_w (forwards of width w per "
+    "token) and delta (seconds per step outside the forward) come from other runs: the fp32 drafted runs of the same "
+    "prompts with the drafting per step of the cell's drafting probe on the kernel (*held-out kernel*), the other half of the prompts on the same kernel (*held-out prompts*), or the "
+    "acceptance profile of a deeper chain of the same drafter x kernel (*held-out shape*: chain(k)'s MAL from that "
+    "profile replayed in chain(k), its drafting per step from the line (fixed + per depth) through that cell's "
+    "drafting probe, `costmodel.drafting_scale`; `experiments/heldout.py`); P, t_1, "
+    "T_p from the kernel's plain runs; R(w, c) = L(w, c) / L(1, c) from the kernel's latency curve. The drafted runs "
+    "predicted are never read. Nulls: *constant* (speculation = 1.0x) and *flat curve* (R = 1). Numerics-only "
+    "cells are listed but not scored.")
+
+
+def md_table(header: list[str], lines: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(l) + " |" for l in lines)]
+
+
+@dataclass(frozen=True)
+class HeldOutScore:
+    """Every held-out prediction of a store (`heldout.table`), its score (the JSON line's `cost_model`)
+    and the note on shapes that could not be predicted."""
+
+    held: pd.DataFrame
+    score: dict
+    shape_note: str | None
+
+
+def heldout_score(cells: list[Cell]) -> HeldOutScore:
+    by_shape, shape_note = heldout.shape_predictions(
+        [heldout.Measured(c.cell_id, c.labels, c.rows, c.curves()[0]) for c in cells])
+    held = heldout.table([h for c in cells for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0])]
+                         + by_shape)
+    return HeldOutScore(held, heldout.score(held, {"shape": shape_note} if shape_note else None), shape_note)
+
+
+def verdict_line(score: dict) -> list[str]:
+    """The verdict's cost-model line ([] when nothing was predicted)."""
+    if "heldout_median_error" not in score:
+        return []
+    nulls = score["null_median_error"]
+    return [f"- Cost model out of sample: {score['heldout_within_25pct']:.0%} within 25%, median error "
+            f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
+            f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
+            + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())
+            + (f"; no {', '.join(score['absent'])}" if score.get("absent") else "") + ")"]
+
+
+def heldout_md(result: HeldOutScore) -> list[str]:
+    """REPORT.md's section "Cost model, out of sample"."""
+    score, shape_note, held = result.score, result.shape_note, result.held
+    md: list[str] = []
+    md += ["", "## Cost model, out of sample", "", MODEL_TEXT, "",
+           f"Score (real kernels): **{score.get('heldout_within_25pct', float('nan')):.0%}** within 25%, median error "
+           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: constant "
+           f"{score.get('null_median_error', {}).get('constant', float('nan')):.1%}, flat curve "
+           f"{score.get('null_median_error', {}).get('flat_curve', float('nan')):.1%} (target: >= 75% within 25% and "
+           "at most half the better null's median error).", "", "![held-out](heldout.png)", ""]
+    md += md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
+                     "null within 25% (const / flat)"],
+                    [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
+                      f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
+                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}"]
+                     for kind, k in score.get("by_kind", {}).items()])
+    notes = [*(f"- held-out {kind}: absent: {why}" for kind, why in score.get("absent", {}).items()),
+             *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
+    md += ["", *notes, *([""] if notes else [])]
+    if len(held):
+        md += ["MAL used / measured: the MAL the prediction took from elsewhere and the predicted runs' own; "
+               "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
+               "to explain an error, never used by the prediction.", ""]
+        md += md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",
+                         "MAL used / measured", "tokens drafted / plain"],
+                        [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
+                          f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
+                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}",
+                          f"{r.mal:.2f} / {r.measured_mal:.2f}", f"{r.length_ratio:.2f}"]
+                         for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
+    return md
+
+
+def projection_curves(cells: list[Cell], devices: list[str], curve_files: list[str]) -> tuple[dict, list[str]]:
+    """({projection name: {target label: curve}}, notes) from `NAME=CURVE_FILE` roofline devices (the
+    file, measured on that device, gives the per-forward overhead) and curve files."""
+    out: dict[str, dict[str, LatencyCurve]] = {}
+    notes = []
+    for item in devices:
+        name, _, overhead_file = item.partition("=")
+        dev = costmodel.device(name)
+        if not overhead_file:
+            notes.append(f"roofline {dev.name} dropped: no measured per-forward overhead (give --project-device "
+                         f"{dev.name}=CURVE.json, a latency curve measured on a {dev.name}; none is assumed)")
+            continue
+        measured = LatencyCurve.load(overhead_file)
+        curves: dict[str, LatencyCurve] = {}
+        for cell in cells:
+            sizes = cell.meta.get("model_sizes", {})
+            for role, curve in zip(("target", "reference"), cell.curves()):
+                if curve.target not in curves and role in sizes:
+                    overhead = costmodel.measured_overhead(dev, measured, sizes[role])
+                    curves[curve.target] = costmodel.roofline_curve(dev, sizes[role], curve.widths, curve.contexts,
+                                                                    curve.target, overhead_s=overhead)
+        out[f"roofline {dev.name}"] = curves
+    if curve_files:
+        files = [LatencyCurve.load(path) for path in curve_files]
+        out["curve file " + ",".join(sorted({c.machine for c in files}))] = {c.target: c for c in files}
+    return out, notes
+
+
+def projection_table(cells: list[Cell], projections: dict[str, dict[str, LatencyCurve]]) -> pd.DataFrame:
+    records = []
+    for cell in cells:
+        measured = cell.curves()
+        record = {"name": cell.name, "numerics_only": cell.numerics_only}
+        for name, curves in projections.items():
+            pair = (curves.get(measured[0].target), curves.get(measured[1].target))
+            if pair[0] is not None and pair[1] is not None:
+                proj = costmodel.project(*cell.parts(), measured, pair)
+                record[name] = f"{proj.speedup:.2f}x / {proj.speedup_compound:.2f}x"
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def projection_md(cells: list[Cell], devices: list[str], curve_files: list[str]) -> list[str]:
+    """REPORT.md's section "Projected to other hardware" ([] when no projection was asked for)."""
+    projections, projection_notes = projection_curves(cells, devices, curve_files)
+    md: list[str] = []
+    if projections or projection_notes:
+        md += ["", "## Projected to other hardware (projected, not measured)", "", *[f"- {n}" for n in projection_notes]]
+        if projections:
+            proj = projection_table(cells, projections)
+            md += ["", "Speculation / compound, with every forward from the projection's curves; measured non-forward "
+                   "times scaled by the ratio of one-token forward times; MAL as measured here.", ""]
+            md += md_table(["cell", *projections], [[r["name"] + (" (numerics only)" if r["numerics_only"] else ""),
+                                                       *(str(r.get(p, "")) for p in projections)] for _, r in proj.iterrows()])
+    return md
