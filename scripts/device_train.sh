@@ -8,6 +8,9 @@
 #   device run, carry [".dev/p2"]:                  bash scripts/device_train.sh stash
 #   device run, carry ["data/eagle/run-state.pt"]:  bash scripts/device_train.sh run MINUTES [train_gpu.py args]
 #   (or, same carry, `rollouts MINUTES`: stage 1 alone, more shards for a run to come)
+#   (a new run after one has ended: carry ["specdec/drafters/heads/smollm2-135m.safetensors"] instead, and
+#    `run MINUTES --init-head specdec/drafters/heads/smollm2-135m.safetensors --out outputs/eagle-run2
+#    --curve data/eagle/curve-run2.jsonl --keep data/eagle/run2-state.pt --probe-steps 300`)
 #   bash scripts/device_train.sh unpack DIR  # here: the returned parts over data/eagle and outputs/eagle-run
 #   bash scripts/device_train.sh restore     # here: the two files back in the index
 #
@@ -93,7 +96,7 @@ EOF
         python3 scripts/train_gpu.py --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
     fi
     tail -n 1 "$OUT/log.txt" > "$OUT/summary.json"
-    tar czf - data/eagle outputs/eagle-run/head-best.* 2>/dev/null | split -b 16000000 - "$OUT/back.tgz.part-"
+    tar czf - data/eagle outputs/eagle-run*/head-best.* 2>/dev/null | split -b 16000000 - "$OUT/back.tgz.part-"
     ls -la "$OUT"
     ;;
 unpack)
@@ -102,6 +105,6 @@ unpack)
     git status --short data/eagle
     ;;
 *)
-    sed -n '2,11p' "$0"; exit 2
+    sed -n '2,14p' "$0"; exit 2
     ;;
 esac

@@ -7,8 +7,11 @@ sets, then the run resumed on the grown sets, inside a wall-time budget.
 Nothing here rolls out or trains by itself: it calls scripts/eagle_rollouts.py and
 scripts/train_eagle_run.py (their `main`) on the same shards (data/eagle/<target>/...), the same compact run
 state (--keep, data/eagle/run-state.pt) and the same curve (data/eagle/curve.jsonl) a CPU session uses, so a
-lent GPU continues that run rather than starting another. Stage 1 rolls out the prompts the first set
-lacks, --gen-batch rows per batch, starting no batch after --rollout-share of the budget; stage 2 resumes
+lent GPU continues that run rather than starting another; a run that has ended is followed by a new one
+(`--init-head` its best head, with its own --out, --curve and --keep), never restarted in place, and a
+call with neither a run state nor --init-head is refused before it rolls out anything. Stage 1 rolls out
+the prompts the first set lacks, --gen-batch rows per batch, starting no batch after --rollout-share of
+the budget; stage 2 resumes
 the run with `--grow` (the features are recomputed on the device from the tokens) for what is left of the
 budget less a margin, and writes the compact state back to --keep. With --probe-steps, stage 2 first
 trains that many steps, then sets the run's schedule so that it ends (anneal included) inside the budget
@@ -60,7 +63,7 @@ def train_argv(args, minutes: float, resume: bool) -> list[str]:
             args.device, "--threads", str(args.threads), "--steps", str(args.steps), "--minutes", f"{minutes:.3f}",
             "--val-every", str(args.val_every), "--anneal-start", str(args.anneal_start), "--max-steps", str(args.max_steps)]
     argv += ["--aux-layers", "1"] + SMOKE_TRAIN if args.smoke else ["--aux-layers", *AUX_LAYERS]
-    return argv + (["--resume", "--grow"] if resume else [])
+    return argv + (["--resume", "--grow"] if resume else ["--init-head", args.init_head] if args.init_head else [])
 
 
 def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "schedule, then end the run inside the budget: the steps the rest of it allows at the measured "
                     "rate, the last --anneal-share of them annealing (allowed while the run is before anneal_start)")
     ap.add_argument("--anneal-share", type=float, default=0.4)
+    ap.add_argument("--init-head", default="", help="start a new run from this head (give it its own --out, "
+                    "--curve and --keep): for a run that has ended; refused where --keep or --out holds a run")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--smoke", action="store_true", help="tiny-llama on the CPU under --work (tests)")
     ap.add_argument("--work", default="", help="with --smoke: the folder for its set, run, curve and state")
@@ -113,6 +118,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("train_gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
                          "--smoke for the CPU test; on a CPU, scripts/train_eagle_run.py continues the same run")
+    resume = Path(args.keep).exists() or (Path(args.out) / "run.pt").exists()
+    if resume and args.init_head:
+        raise SystemExit(f"train_gpu: --init-head starts a new run, but {args.keep} or {args.out}/run.pt holds one: "
+                         "give the new run its own --out, --curve and --keep")
+    if not (resume or args.init_head or args.smoke):
+        raise SystemExit(f"train_gpu: no run state at {args.keep} or {args.out}/run.pt to continue: carry it "
+                         "(scripts/device_train.sh), or start a new run with --init-head")
     summary: dict = {"device": device_label(args.device)}
     try:
         summary["rollouts"] = script("eagle_rollouts").main(rollout_argv(args, args.rollout_share * args.minutes))
@@ -120,7 +132,6 @@ def main(argv: list[str] | None = None) -> dict:
         traceback.print_exc()
         summary["rollouts"] = {"error": f"{type(err).__name__}: {err}"}
     left = args.minutes - (time.time() - started) / 60 - MARGIN_MINUTES
-    resume = not args.smoke or Path(args.keep).exists() or (Path(args.out) / "run.pt").exists()
     trainer = script("train_eagle_run")
     if args.probe_steps > 0:
         probe_args = argparse.Namespace(**{**vars(args), "steps": args.probe_steps})

@@ -1,6 +1,7 @@
 """scripts/train_gpu.py on the CPU (--smoke, tiny-llama): one call grows the token set and trains the run,
 a second call grows the set again and continues the same run on the grown set (never a new one), the
-compact state and the curve carrying it across; the CUDA default without CUDA is a clear error."""
+compact state and the curve carrying it across; a run that has ended is followed by a new run from its head,
+never restarted in place; the CUDA default without CUDA, and a call with no run to continue, are clear errors."""
 
 import importlib.util
 import json
@@ -76,3 +77,28 @@ def test_the_cuda_default_without_cuda_is_refused(train_gpu, tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device here"):
         train_gpu.main(["--keep", str(tmp_path / "state.pt")])
     assert not (tmp_path / "state.pt").exists()
+
+
+def test_a_new_run_starts_from_a_head_and_never_over_a_kept_run(train_gpu, single_turn, tmp_path):
+    first = ["--smoke", "--sources", single_turn, "--minutes", "2", "--rollout-share", "0.5", "--anneal-start", "2",
+             "--max-steps", "3", "--val-every", "1", "--steps", "3"]
+    assert train_gpu.main(first + ["--work", str(tmp_path / "one")])["train"]["step"] == 3  # the first run ends
+    head = tmp_path / "one" / "run" / "head-best.safetensors"
+    assert head.exists()
+    work = tmp_path / "two"
+    second = train_gpu.main(first + ["--work", str(work), "--init-head", str(head), "--steps", "2"])
+    assert second["train"]["step"] == 2  # a new run: from step 0, on the given head
+    assert Run.saved_step(work / "run-state.pt") == 2
+    assert [json.loads(ln)["step"] for ln in (work / "curve.jsonl").read_text().splitlines()] == [0, 2]
+    with pytest.raises(SystemExit, match="starts a new run"):  # over the kept run: refused before any rollout
+        train_gpu.main(first + ["--work", str(work), "--init-head", str(head)])
+    assert len(TokenSet.open(work / "set").done()) == second["rollouts"]["prompts_done"]
+    with pytest.raises(Exception, match="missing"):  # the head reaches the trainer: a missing one is its error
+        train_gpu.main(first + ["--work", str(tmp_path / "three"), "--init-head", str(tmp_path / "missing.safetensors")])
+
+
+def test_a_call_with_no_run_to_continue_is_refused_before_it_rolls_out(train_gpu, tmp_path):
+    with pytest.raises(SystemExit, match="no run state at"):
+        train_gpu.main(["--device", "cpu", "--keep", str(tmp_path / "none.pt"), "--out", str(tmp_path / "out"),
+                        "--sets", str(tmp_path / "set")])
+    assert not (tmp_path / "set").exists()
