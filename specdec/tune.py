@@ -29,6 +29,7 @@ import torch
 
 import specdec
 from specdec import machine
+from specdec.quant import parse_spec
 from specdec.target import kernels
 from specdec.target.forwards import resolve_cache
 from specdec.measure.latency import curve_key, measure_latency
@@ -111,20 +112,34 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 
 
+def stored_record(name: str, threads: int | None = None, device: str = "cpu",
+                  quant: str | None = None) -> tuple[dict, str] | None:
+    """(record, path) of this machine's tuned record for `name` (quantized by `quant`) at `threads` (None:
+    any), else None. A record counts as tuned once `tune_target` wrote its thread count (a record that holds
+    only latency curves does not). A quantized target's dtype is its quantization's, known only once it is
+    loaded, so each float dtype is looked up."""
+    label = name if quant in (None, "none") else f"{name}@{parse_spec(quant).text}"
+    for dtype in (torch.float32,) if label == name else (torch.float32, torch.bfloat16, torch.float16):
+        record = machine.load_record(label, device, dtype)
+        if record is not None and record.get("threads") is not None and threads in (None, record["threads"]):
+            return record, str(machine.record_path(label, device, dtype))
+    return None
+
+
 def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
-                 device: str = "cpu") -> dict:
-    """What a benchmark or the main job calls first: the stored record for `name` on this machine
-    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says
-    which on stdout, so the choices a run used are visible; returns the record."""
-    probe_dtype = torch.float32
-    record = machine.load_record(name, device, probe_dtype)
-    if record is not None and threads in (None, record.get("threads")):
-        print(f"specdec.tune: using the record of {record['updated']} "
-              f"({machine.record_path(name, device, probe_dtype)})", flush=True)
-        return record
-    print(f"specdec.tune: tuning {name} first (python -m specdec.tune {name}"
-          f"{f' --threads {threads}' if threads else ''})", flush=True)
-    record = tune_target(name, None, threads, drafters, device)
+                 device: str = "cpu", quant: str | None = None) -> dict:
+    """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`)
+    on this machine (tuned again when `threads` asks for another count than it holds), else `tune_target`
+    now. Says which on stdout, so the choices a run used are visible; returns the record (with `notes`
+    when it was tuned now)."""
+    stored = stored_record(name, threads, device, quant)
+    if stored is not None:
+        print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]})", flush=True)
+        return stored[0]
+    flags = f"{f' --quant {quant}' if quant else ''}{f' --threads {threads}' if threads else ''}"
+    print(f"specdec.tune: tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})",
+          flush=True)
+    record = tune_target(name, quant, threads, drafters, device)
     print("\n".join(card(record)), flush=True)
     return record
 
@@ -166,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", default="1", help="batch sizes to measure latency curves at (comma-separated; "
                         "`generate_batch(shape='auto')` plans with the curve of its batch size)")
-    parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record when it has "
-                        "one for these threads (print where it is), else tune now")
+    parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
+                        "(and --quant target) when it has one for these threads (print where it is), else tune it now")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     drafters = [d for d in args.drafter.split(",") if d and d != "none"]
@@ -180,14 +195,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [d for d in drafters if d not in specdec.drafters.names()]
         if unknown:
             raise ValueError(f"unknown drafter {unknown[0]!r}; registered: {', '.join(specdec.drafters.names())}")
-        if args.reuse and not args.quant:
+        specs = [q.strip() for q in args.quant.split(",") if q.strip()]
+        if args.reuse:
             record = ensure_tuned(args.target, args.threads, drafters, args.device)
+            quantized = {spec: ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs}
             print(json.dumps({"tune": args.target, "reused": "notes" not in record, "threads": record["threads"],
                               "kernel": (record.get("kernel") or {}).get("kernel", "only"),
-                              "record": str(machine.record_path(args.target, args.device, torch.float32))}))
+                              "record": str(machine.record_path(args.target, args.device, torch.float32)),
+                              **({"quant": {r["target"]: {"reused": "notes" not in r, "kernel": (r.get("kernel") or {})
+                                                          .get("kernel", "only")} for r in quantized.values()}}
+                                 if specs else {})}))
             return 0
         records = [tune_target(args.target, None, args.threads, drafters, args.device, batches)]
-        for spec in filter(None, (q.strip() for q in args.quant.split(","))):
+        for spec in specs:
             records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches))
     except (ValueError, OSError, KeyError) as err:
         print(f"specdec.tune: error: {err}", file=sys.stderr)

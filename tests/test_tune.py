@@ -126,3 +126,18 @@ def test_reuse_keeps_the_stored_record_and_says_so(empty_cache, capsys):
     again = capsys.readouterr().out
     assert "using the record" in again and json.loads(again.strip().splitlines()[-1])["reused"] is True
     assert path.stat().st_mtime_ns == before
+
+
+def test_reuse_tunes_each_quantized_target_once_then_keeps_its_record(empty_cache, capsys):
+    argv = ["tiny-llama", "--threads", "1", "--drafter", "none", "--reuse", "--quant", "rtn4_g32"]
+    assert tune.main(argv) == 0
+    first = capsys.readouterr().out
+    label = "tiny-llama@rtn4_g32"
+    assert f"tuning {label} first" in first
+    assert json.loads(first.strip().splitlines()[-1])["quant"][label]["reused"] is False
+    target = specdec.load_target("tiny-llama", quant="rtn4_g32", threads=1)
+    assert target.info["kernel"]["tuned"] is True  # the quantized target runs its own measured kernel
+    assert tune.main(argv) == 0
+    again = capsys.readouterr().out
+    line = json.loads(again.strip().splitlines()[-1])
+    assert line["reused"] is True and line["quant"][label]["reused"] is True and "tuning" not in again
