@@ -117,12 +117,21 @@ def commands(blocks: list[list[str]]) -> list[list[str]]:
 
 
 def tune_command(blocks: list[list[str]]) -> list[str]:
-    """`python -m specdec.tune MODEL --threads N --reuse`: this machine's kernel, head dtype and curve
-    for the grid's target, measured first (or the stored record reused, and said so)."""
+    """`python -m specdec.tune MODEL --reuse --threads N --quant SPECS`: this machine's kernel, head dtype and
+    curve for the grid's target and for each real-kernel quantized target of the grid (each runs its own
+    measured kernel, so a kernel comparison is not one tuned target against an untuned one; numerics-only
+    backends run the reference's cost and are not tuned), measured first (or the stored records reused,
+    and said so)."""
+    from specdec import quant as quantization  # torch: only when the grid is run
+
     settings = dict(o.split("=", 1) for o in blocks[0])
     model = OmegaConf.load(CONF_DIR / "model" / f"{settings.get('model', 'smollm2')}.yaml").name
     threads = settings.get("runner.threads", str(RunnerConfig.threads))
-    return [sys.executable, "-m", "specdec.tune", model, "--reuse"] + (["--threads", threads] if int(threads) else [])
+    names = [name for block in blocks for o in block if o.startswith("quant=") for name in o.split("=", 1)[1].split(",")]
+    specs = dict.fromkeys(str(OmegaConf.load(CONF_DIR / "quant" / f"{name}.yaml").spec) for name in names)
+    specs = [spec for spec in specs if spec != "none" and quantization.get(quantization.parse_spec(spec).backend).packed]
+    return ([sys.executable, "-m", "specdec.tune", model, "--reuse"] + (["--threads", threads] if int(threads) else [])
+            + (["--quant", ",".join(specs)] if specs else []))
 
 
 def kv_command(grid_file: Path, results: str, extra: list[str]) -> list[str] | None:

@@ -317,7 +317,8 @@ def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):
 
     assert main_job(["--dry-run"]) == 0
     tune, *lines, kv = capsys.readouterr().out.strip().splitlines()
-    assert shlex.split(tune) == [sys.executable, "-m", "specdec.tune", "smollm2-135m", "--reuse", "--threads", "1"]
+    assert shlex.split(tune) == [sys.executable, "-m", "specdec.tune", "smollm2-135m", "--reuse", "--threads", "1",
+                                 "--quant", "torchao_int4_g32"]  # the grid's real kernel; fp32_again is the reference
     assert shlex.split(kv)[:4] == [sys.executable, "-m", "experiments.kv", "results/main"]  # the grid's `kv:`
     assert lines
     for line in lines:
