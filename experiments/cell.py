@@ -24,7 +24,9 @@ every chain(k), k = 1..K, on that text (`AcceptanceProfile.accepted_per_step`: s
 each step starting after a correction as a real run's does) and each position's accepted depth; and, once
 per cell, a drafting probe: the drafted loop in chain(1) and chain(K) on the first prompt
 (`PROBE_TOKENS` tokens, `PROBE_REPEATS` times each, alternating), the median drafting seconds of the steps
-that drafted exactly that depth, stored in every row. The held-out shape reads both (`experiments.heldout`).
+that drafted exactly that depth, stored in every row (`draft_probe_s`; in a paired cell the fp32 drafter's
+too, interleaved with it: `reference_draft_probe_s`). The held-out shape and kernel read them
+(`experiments.heldout`).
 Turn 1 is the question's text (chat template applied by
 `generate`); turn i > 1 is the chat so far, whose assistant messages are the kernel's plain answers.
 Batches (`batch` > 1): first turns only, in groups of `batch` consecutive questions; each of the four
@@ -37,7 +39,7 @@ Returns plain dict rows; knows nothing about Hydra or where rows are stored.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -170,18 +172,22 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
     return out
 
 
-def drafting_probe(target: specdec.Target, drafter: specdec.drafters.Drafter, prompt, depth: int, seed: int,
-                   options: dict) -> dict[str, float]:
-    """{str(d): median drafting seconds of a step that drafted d nodes} for d in (1, `depth`): the drafted
-    loop in chain(d) on `prompt`, `PROBE_REPEATS` runs of `PROBE_TOKENS` tokens per depth, alternating.
-    A depth no step drafted in full (a drafter that proposed less) is left out."""
-    times: dict[int, list[float]] = {1: [], depth: []}
+def drafting_probe(pairs: Sequence[tuple[specdec.Target, specdec.drafters.Drafter]], prompt, depth: int, seed: int,
+                   options: dict) -> list[dict[str, float]]:
+    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes}
+    for d in (1, `depth`), from the drafted loop in chain(d) on `prompt`, `PROBE_REPEATS` runs of
+    `PROBE_TOKENS` tokens per depth and pair, depths and pairs alternating, so that pairs measured
+    together share the machine's state (their ratio is the paired measurement). A depth no step drafted
+    in full (a drafter that proposed less) is left out."""
+    times: list[dict[int, list[float]]] = [{1: [], depth: []} for _ in pairs]
     for repeat in range(PROBE_REPEATS):
         for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):
-            out = specdec.generate(target, drafter, prompt, shape=ChainShape(d), seed=seed,
-                                   **{**options, "max_new_tokens": PROBE_TOKENS})
-            times[d] += [s.draft_time_s for s in out.stats.steps if s.drafted == d]
-    return {str(d): float(torch.tensor(t).median()) for d, t in times.items() if t}
+            for i in range(len(pairs)) if repeat % 2 == 0 else reversed(range(len(pairs))):
+                target, drafter = pairs[i]
+                out = specdec.generate(target, drafter, prompt, shape=ChainShape(d), seed=seed,
+                                       **{**options, "max_new_tokens": PROBE_TOKENS})
+                times[i][d] += [s.draft_time_s for s in out.stats.steps if s.drafted == d]
+    return [{str(d): float(torch.tensor(t).median()) for d, t in each.items() if t} for each in times]
 
 
 def run_order(runs: tuple[str, ...], k: int) -> list[str]:
@@ -240,8 +246,9 @@ def run_cell(
     chain = parse_shape(shape)
     probe = {}
     if teacher_forcing and questions and isinstance(chain, ChainShape) and chain.k >= 2:
-        probe = {"draft_probe_s": drafting_probe(target, drafter, questions[0].turns[0], chain.k, sampling.seed,
-                                                 options)}
+        pairs = [(target, drafter)] + ([(reference, reference_drafter)] if reference is not None else [])
+        probes = drafting_probe(pairs, questions[0].turns[0], chain.k, sampling.seed, options)
+        probe = {"draft_probe_s": probes[0], **({"reference_draft_probe_s": probes[1]} if len(probes) > 1 else {})}
     rows = []
     for index, question in enumerate(questions):
         seed = sampling.seed + index

@@ -4,12 +4,13 @@ was not measured in, beside two nulls.
 Owns which runs predict which (the model itself, its inputs and its nulls are in
 `specdec.measure.costmodel`), the per-prediction errors and the score of the report's JSON line:
 - *kernel* (held-out kernel): the fp32 drafted runs of a paired cell's prompts (acceptance per verify
-  width, bookkeeping per step) + the drafter's cost per step on the kernel, from the cell's drafting
-  probe on that kernel (`draft_probe_s` at the cell's depth: a micro-measurement apart from the
-  drafted runs, `kernel_profile`) + the kernel's latency-curve shape + the kernel's plain runs predict
-  speculation on the kernel. A cell without that probe (a tree, or stored before it) takes fp32's
-  drafting per step instead, and the note says so (a drafter that reads the target, e.g. an EAGLE head
-  through the target's lm_head or self_draft through its layers, costs more or less on another kernel).
+  width, drafting and bookkeeping per step) + the drafter's cost on the kernel relative to fp32, from the
+  cell's paired drafting probe (the kernel's and fp32's drafters interleaved at the cell's depth, a
+  micro-measurement apart from the drafted runs: `kernel_profile` scales fp32's drafting by their
+  ratio) + the kernel's latency-curve shape + the kernel's plain runs predict speculation on the kernel.
+  A cell without both probes (a tree, or stored before them) takes fp32's drafting per step as it is,
+  and its part says so (a drafter that reads the target, e.g. self_draft through its layers, costs more
+  or less on another kernel).
 - *prompts* (held-out prompts): a cell's questions split in two halves (alternating, sorted by id);
   the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
 - *shape* (held-out shape): a cell in chain(k) is predicted from the nearest deeper chain(K) cell of
@@ -59,6 +60,8 @@ REPLAY = ("tf_chain_steps", "tf_chain_accepted")
 """Per prompt, the profile replayed in chain(1..K): steps and accepted tokens (`experiments.cell.teacher_forced`)."""
 PROBE = "draft_probe_s"
 """{depth: median drafting seconds of a step} of the cell's drafting probe (`experiments.cell.drafting_probe`)."""
+REFERENCE_PROBE = "reference_draft_probe_s"
+"""The same for the fp32 drafter of a paired cell, measured interleaved with `PROBE`."""
 
 
 @dataclass(frozen=True)
@@ -105,18 +108,25 @@ def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfil
                                             _widths(rows[f"{prefix}verify_widths"]), float(other))
 
 
+def _probe(rows: pd.DataFrame, column: str) -> dict[str, float]:
+    """{str(depth): seconds} of a probe column (`PROBE`, `REFERENCE_PROBE`), {} where the cell has none."""
+    if column not in rows or not rows[column].notna().all():
+        return {}
+    return {str(d): float(t) for d, t in rows[column].iloc[0].items()}
+
+
 def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftProfile, bool]:
-    """phi_w of the fp32 drafted runs, delta = their bookkeeping per step + the drafting per step of the
-    kernel's own probe at depth `k` (`PROBE`); (profile, True) when the probe was used, else fp32's
-    drafting stands (False)."""
+    """phi_w and the bookkeeping per step of the fp32 drafted runs, with their drafting per step scaled by
+    the paired probe's ratio at depth `k` (the kernel's drafting over fp32's, measured interleaved:
+    `PROBE` / `REFERENCE_PROBE`); (profile, True) when both probes were there, else fp32's drafting
+    stands (False)."""
     fp32 = draft_profile(rows, "reference_drafted_")
-    probe = {str(d): t for d, t in rows[PROBE].iloc[0].items()} if PROBE in rows and rows[PROBE].notna().all() else {}
-    if str(k) not in probe or "reference_drafted_draft_time_s" not in rows:
+    on_kernel, on_fp32 = _probe(rows, PROBE), _probe(rows, REFERENCE_PROBE)
+    if str(k) not in on_kernel or str(k) not in on_fp32 or "reference_drafted_draft_time_s" not in rows:
         return fp32, False
-    on_kernel = float(probe[str(k)])
-    steps = sum(_widths(rows.reference_drafted_verify_widths).values())
-    fp32_drafting = float(rows.reference_drafted_draft_time_s.sum()) / steps
-    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s - fp32_drafting + on_kernel), True
+    drafting = float(rows.reference_drafted_draft_time_s.sum()) / sum(_widths(rows.reference_drafted_verify_widths).values())
+    scale = on_kernel[str(k)] / on_fp32[str(k)]
+    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s + drafting * (scale - 1)), True
 
 
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:

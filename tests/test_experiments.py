@@ -101,6 +101,9 @@ def test_grid_fills_the_store(tiny_grid):
     small = chains[chains.drafter == "small"]
     assert small.draft_probe_s.map(lambda p: set(p) == {"1", "4"} and min(p.values()) > 0).all()
     assert small.groupby("cell_id").draft_probe_s.apply(lambda p: len({str(x) for x in p}) == 1).all()
+    # A kernel cell also probes the fp32 drafter, interleaved with its own (the held-out kernel's ratio).
+    assert small[small.quant != "none"].reference_draft_probe_s.map(lambda p: set(p) == {"1", "4"}).all()
+    assert small[small.quant == "none"].reference_draft_probe_s.isna().all()
     assert ((quantized.speedup * quantized.speedup_quant / quantized.speedup_compound - 1).abs() < 1e-9).all()
     # Each cell prints its numbers when it ends.
     summaries = [line for line in first.stdout.splitlines() if line.startswith("cell ")]

@@ -135,32 +135,38 @@ def test_one_shape_per_drafter_and_trees_are_stated():
     assert held == [] and "not predicted: tree(2,2) on int4" in note
 
 
-def kernel_rows(probe: dict | None) -> pd.DataFrame:
+def kernel_rows(probe: dict | None, reference_probe: dict | None = None) -> pd.DataFrame:
     """A chain(4) cell on a kernel, two questions: plain runs as `smaller_rows`; fp32 drafted runs of 100
     tokens in 40 steps of width 5 (phi_5 = 0.4) with 2 s outside the forwards, 1.6 s of it drafting (so
     0.01 s of bookkeeping and 0.04 s of drafting per step); the kernel's drafted runs (read only by the
-    held-out prompts); the kernel's drafting probe `probe`."""
+    held-out prompts); the kernel's drafting probe `probe` and fp32's `reference_probe`."""
     rows = smaller_rows()
     return rows.assign(reference_drafted_new_tokens=50, reference_drafted_verify_widths=[{5: 20}, {5: 20}],
                        reference_drafted_wall_time_s=4.0, reference_drafted_prefill_time_s=0.5,
                        reference_drafted_verify_time_s=2.5, reference_drafted_draft_time_s=0.8,
                        prefill_time_s=0.5, verify_time_s=5.0, verify_widths=[{5: 25}, {5: 25}],
-                       **({"draft_probe_s": [probe, probe]} if probe else {}))
+                       **({"draft_probe_s": [probe, probe]} if probe else {}),
+                       **({"reference_draft_probe_s": [reference_probe] * 2} if reference_probe else {}))
 
 
-def test_the_held_out_kernel_drafts_at_the_kernels_probed_cost_by_hand():
+def test_the_held_out_kernel_drafts_at_the_paired_probes_ratio_by_hand():
     """T_p = 11 s; R(5) = (0.08 + 0.1) / 0.1 = 1.8 on the kernel's curve; T_d = 1 + 100 * 0.4 * (0.1 * 1.8 +
-    delta). With the probe's 0.09 s at depth 4, delta = 0.01 + 0.09 and speculation = 11 / 12.2; without a
-    probe, fp32's 0.05 s per step stands (11 / 10.2) and the part says so."""
+    delta). The paired probe at depth 4 reads 0.09 s on the kernel and 0.06 s on fp32, so fp32's 0.04 s of
+    drafting per step becomes 0.04 * 1.5 = 0.06: delta = 0.01 + 0.06, speculation = 11 / 11. Without fp32's probe
+    (or any), fp32's 0.05 s per step stands (11 / 10.2) and the part says so; a tree is never scaled."""
     labels = {"drafter": "eagle", "shape": "chain(4)", "quant": "int4", "numerics_only": False, "batch": 1}
-    probed = [h for h in heldout.predictions("c", labels, kernel_rows({"1": 0.03, "4": 0.09}), curve(0.08, 0.02))
-              if h.kind == "kernel"]
+    probes = ({"1": 0.03, "4": 0.09}, {"1": 0.02, "4": 0.06})
+
+    def kernel(rows, shape="chain(4)"):
+        return [h for h in heldout.predictions("c", {**labels, "shape": shape}, rows, curve(0.08, 0.02))
+                if h.kind == "kernel"]
+
+    probed = kernel(kernel_rows(*probes))
     assert [h.part for h in probed] == ["all"]
-    assert probed[0].predicted == pytest.approx(11 / 12.2)
-    assert probed[0].flat == pytest.approx(11 / (1 + 40 * (0.1 + 0.1)))
-    fallback = [h for h in heldout.predictions("c", labels, kernel_rows(None), curve(0.08, 0.02)) if h.kind == "kernel"]
-    assert [h.part for h in fallback] == ["all (fp32's drafting cost)"]
-    assert fallback[0].predicted == pytest.approx(11 / 10.2)
-    tree = heldout.predictions("c", {**labels, "shape": "tree(2,2)"}, kernel_rows({"1": 0.03, "4": 0.09}),
-                               curve(0.08, 0.02))
-    assert [h.part for h in tree if h.kind == "kernel"] == ["all (fp32's drafting cost)"]
+    assert probed[0].predicted == pytest.approx(11 / 11)
+    assert probed[0].flat == pytest.approx(11 / (1 + 40 * (0.1 + 0.07)))
+    for rows in (kernel_rows(probes[0]), kernel_rows(None)):
+        fallback = kernel(rows)
+        assert [h.part for h in fallback] == ["all (fp32's drafting cost)"]
+        assert fallback[0].predicted == pytest.approx(11 / 10.2)
+    assert [h.part for h in kernel(kernel_rows(*probes), "tree(2,2)")] == ["all (fp32's drafting cost)"]

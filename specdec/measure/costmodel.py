@@ -14,8 +14,8 @@ The model, in one place. A drafted run of N new tokens on a target takes
 
 - phi_w: target forwards of width w (1 + draft nodes) per new token, sum_w phi_w = 1 / MAL; and
   delta: seconds per drafted step outside the target's forward (drafting, acceptance, bookkeeping).
-  Both come from a DraftProfile measured elsewhere: the fp32 runs of the same prompts, with the
-  drafting part of delta from a drafting probe on the kernel (a held-out kernel), the other half of the prompts on the same kernel (held-out prompts), or a deeper chain of
+  Both come from a DraftProfile measured elsewhere: the fp32 runs of the same prompts, the drafting
+  part of delta scaled by a paired drafting probe (kernel / fp32, a held-out kernel), the other half of the prompts on the same kernel (held-out prompts), or a deeper chain of
   the same drafter on the same kernel (a held-out shape: phi from its acceptance profile replayed in
   the shorter chain, delta from its measured times with the drafting part scaled by `drafting_scale`).
 - P (prefill), t_1 (mean one-token forward), T_p (wall time) and N: the plain run on the target
