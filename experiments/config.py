@@ -113,8 +113,9 @@ class RunnerConfig:
     once per target per machine); the cost model reads it. Must start at 1."""
     latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
     """Context lengths of that curve."""
-    latency_repeats: int = 3
-    """Timed repeats per point of that curve (median kept)."""
+    latency_repeats: int = 11
+    """Timed repeats per point of that curve (median kept). The cost model takes its shape R(w) = L(w) / L(1):
+    with 3 repeats, one slow one-token forward on a shared machine moved R(5) by ~10%."""
     teacher_forcing: bool = True
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
