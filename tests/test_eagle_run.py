@@ -307,3 +307,19 @@ def test_the_run_page_counts_compute_per_device_and_cuts_sessions_at_long_gaps()
              point(300, "13:10:00", "cpu"), point(1000, "13:11:00", "gpu"), point(2000, "13:12:40", "gpu")]
     got = page.compute_by_device(curve)
     assert got == {"cpu": {"seconds": 2400.0, "steps": 200}, "gpu": {"seconds": 160.0, "steps": 1700}}
+
+
+def test_the_run_page_shows_each_run_after_the_first_as_its_own_section():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "eagle_run_page.py"
+    spec = importlib.util.spec_from_file_location("eagle_run_page", path)
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    assert [page.run_name(Path(p)) for p in ("data/eagle/curve.jsonl", "data/eagle/curve-run2.jsonl")] == ["run 1", "run2"]
+    point = lambda step, mal: {"step": step, "time": f"2026-12-04T10:0{step}:00+0000", "device": "cpu", "lr": 1e-4,  # noqa: E731
+                               "val": {"chain_mal": mal, "acc@1": 0.5}}
+    text = page.render({"run 1": [point(0, 2.0), point(1, 2.5)], "run2": [point(0, 2.4), point(1, 2.6)]}, {})
+    assert "## Run 1" in text and "## Run2" in text
+    assert "Best validation chain MAL: step 1, 2.500." in text and "Best validation chain MAL: step 1, 2.600." in text
