@@ -78,12 +78,14 @@ def heldout_md(result: HeldOutScore) -> list[str]:
            f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: constant "
            f"{score.get('null_median_error', {}).get('constant', float('nan')):.1%}, flat curve "
            f"{score.get('null_median_error', {}).get('flat_curve', float('nan')):.1%} (target: >= 75% within 25% and "
-           "at most half the better null's median error).", "", "![held-out](heldout.png)", ""]
+           "at most half the better null's median error: "
+           f"{'met' if score.get('beats_nulls') else 'not met'}).", "", "![held-out](heldout.png)", ""]
     md += md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
-                     "null within 25% (const / flat)"],
+                     "null within 25% (const / flat)", "target met"],
                     [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
                       f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
-                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}"]
+                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}",
+                      "yes" if k["beats_nulls"] else "no"]
                      for kind, k in score.get("by_kind", {}).items()])
     notes = [*(f"- held-out {kind}: absent: {why}" for kind, why in score.get("absent", {}).items()),
              *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]

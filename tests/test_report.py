@@ -139,6 +139,11 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     report = (store / "REPORT.md").read_text()
     assert "### Numerics only" in report and "rtn4_g64 (numerics only)" in report and "Test CPU" in report
     assert "teacher-forced MAL" in report and "T_d = P + N * sum_w phi_w" in report
+    # Whether the target is met, pooled and per kind, is said where the numbers are.
+    met = {True: "yes", False: "no"}
+    assert f"median error: {'met' if cost['beats_nulls'] else 'not met'})." in report
+    assert all(f"| held-out {kind} | {k['n']} |" in report and report.split(f"| held-out {kind} | ")[1].split("\n")[0]
+               .endswith(f"| {met[k['beats_nulls']]} |") for kind, k in cost["by_kind"].items())
     assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "heldout.png", "interactions.png",
                                                            "latency.png"]
 
