@@ -114,8 +114,8 @@ class RunnerConfig:
     latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
     """Context lengths of that curve."""
     latency_repeats: int = 11
-    """Timed repeats per point of that curve (median kept). The cost model takes its shape R(w) = L(w) / L(1):
-    with 3 repeats, one slow one-token forward on a shared machine moved R(5) by ~10%."""
+    """Timed repeats per point of that curve (median kept). The cost model takes its shape R(w) = L(w) / L(1),
+    so the median must hold against a slow forward or two on a shared machine."""
     teacher_forcing: bool = True
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
