@@ -41,14 +41,20 @@ OTHERS = "others"
 """The drafter entry that stands for every registered drafter no block names (and none excluded)."""
 
 
+def _preset_spec(preset: str) -> str | None:
+    """The quant spec that quant preset `preset` names (experiments/conf/quant/), None for no such preset
+    (Hydra names a missing preset itself, with the list of presets)."""
+    path = CONF_DIR / "quant" / f"{preset}.yaml"
+    return str(OmegaConf.load(path).get("spec", "none")) if path.exists() else None
+
+
 def _quant_note(preset: str) -> str | None:
     """Why quant preset `preset` cannot run here (its backend is not registered), or None."""
     from specdec import quant
 
-    path = CONF_DIR / "quant" / f"{preset}.yaml"
-    if not path.exists():
-        return None  # Hydra names a missing preset itself, with the list of presets
-    spec = OmegaConf.load(path).get("spec", "none")
+    spec = _preset_spec(preset)
+    if spec is None:
+        return None
     try:
         quant.parse_spec(spec)
     except quant.QuantSpecError as err:
@@ -128,8 +134,8 @@ def tune_command(blocks: list[list[str]]) -> list[str]:
     model = OmegaConf.load(CONF_DIR / "model" / f"{settings.get('model', 'smollm2')}.yaml").name
     threads = settings.get("runner.threads", str(RunnerConfig.threads))
     names = [name for block in blocks for o in block if o.startswith("quant=") for name in o.split("=", 1)[1].split(",")]
-    specs = dict.fromkeys(str(OmegaConf.load(CONF_DIR / "quant" / f"{name}.yaml").spec) for name in names)
-    specs = [spec for spec in specs if spec != "none" and quantization.get(quantization.parse_spec(spec).backend).packed]
+    specs = [spec for spec in dict.fromkeys(map(_preset_spec, names))
+             if spec not in (None, "none") and quantization.get(quantization.parse_spec(spec).backend).packed]
     return ([sys.executable, "-m", "specdec.tune", model, "--reuse"] + (["--threads", threads] if int(threads) else [])
             + (["--quant", ",".join(specs)] if specs else []))
 
