@@ -238,8 +238,9 @@ def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.D
     else:
         mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
         fallbacks.append("MAL from per-position counts")
-    if PROBE in deeper and deeper[PROBE].notna().all():
-        scale = costmodel.drafting_scale(k, depth, {int(d): t for d, t in deeper[PROBE].iloc[0].items()})
+    probe = _probe(deeper, PROBE)
+    if probe:
+        scale = costmodel.drafting_scale(k, depth, {int(d): t for d, t in probe.items()})
     else:
         scale = k / depth
         fallbacks.append("drafting x k / K")
