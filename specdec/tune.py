@@ -198,12 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = [q.strip() for q in args.quant.split(",") if q.strip()]
         if args.reuse:
             record = ensure_tuned(args.target, args.threads, drafters, args.device)
-            quantized = {spec: ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs}
+            quantized = [ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs]
             print(json.dumps({"tune": args.target, "reused": "notes" not in record, "threads": record["threads"],
                               "kernel": (record.get("kernel") or {}).get("kernel", "only"),
                               "record": str(machine.record_path(args.target, args.device, torch.float32)),
                               **({"quant": {r["target"]: {"reused": "notes" not in r, "kernel": (r.get("kernel") or {})
-                                                          .get("kernel", "only")} for r in quantized.values()}}
+                                                          .get("kernel", "only")} for r in quantized}}
                                  if specs else {})}))
             return 0
         records = [tune_target(args.target, None, args.threads, drafters, args.device, batches)]
