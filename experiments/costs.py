@@ -57,6 +57,11 @@ def heldout_score(cells: list[Cell]) -> HeldOutScore:
     return HeldOutScore(held, heldout.score(held, {"shape": shape_note} if shape_note else None), shape_note)
 
 
+def _pct(value: float | None, digits: int = 1) -> str:
+    """A share as a percentage, an en dash where there is none."""
+    return "–" if value is None or pd.isna(value) else f"{value:.{digits}%}"
+
+
 def verdict_line(score: dict) -> list[str]:
     """The verdict's cost-model line ([] when nothing was predicted)."""
     if "heldout_median_error" not in score:
@@ -81,12 +86,19 @@ def heldout_md(result: HeldOutScore) -> list[str]:
            "at most half the better null's median error: "
            f"{'met' if score.get('beats_nulls') else 'not met'}).", "", "![held-out](heldout.png)", ""]
     md += md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
-                     "null within 25% (const / flat)", "target met"],
+                     "null within 25% (const / flat)", "MAL error (expected)", "in-sample error", "target met"],
                     [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
                       f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
                       f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}",
-                      "yes" if k["beats_nulls"] else "no"]
+                      _pct(k.get("mal_median_error")) + (f" ({_pct(k['expected_mal_median_error'])})"
+                                                         if "expected_mal_median_error" in k else ""),
+                      _pct(k.get("in_sample_median_error")), "yes" if k["beats_nulls"] else "no"]
                      for kind, k in score.get("by_kind", {}).items()])
+    md += ["", "Medians, shown apart and never scored: *MAL error*, the MAL a prediction took from elsewhere against "
+           "the predicted runs' own (in brackets for held-out prompts, what the seen half's per-prompt spread "
+           "expects of two sets of prompts of these sizes); *in-sample error*, the same model fed the predicted runs' "
+           "own acceptance and drafting cost. The flat-curve null takes the same MAL, so the MAL error is common "
+           "to the model and that null; the in-sample error is the cost model's own part."]
     notes = [*(f"- held-out {kind}: absent: {why}" for kind, why in score.get("absent", {}).items()),
              *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
     md += ["", *notes, *([""] if notes else [])]
@@ -95,11 +107,11 @@ def heldout_md(result: HeldOutScore) -> list[str]:
                "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
                "to explain an error, never used by the prediction.", ""]
         md += md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",
-                         "MAL used / measured", "tokens drafted / plain"],
+                         "MAL used / measured", "in-sample error", "tokens drafted / plain"],
                         [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
                           f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
                           f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}",
-                          f"{r.mal:.2f} / {r.measured_mal:.2f}", f"{r.length_ratio:.2f}"]
+                          f"{r.mal:.2f} / {r.measured_mal:.2f}", _pct(r.in_sample_error, 0), f"{r.length_ratio:.2f}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     return md
 

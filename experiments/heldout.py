@@ -26,6 +26,10 @@ Owns which runs predict which (the model itself, its inputs and its nulls are in
   and to drafting x k / K (no fixed part, so it understates drafting); the note names such cells. Trees and dynamic shapes are not predicted: cutting
   a smaller tree out of a recorded one needs the profile's drafts (sibling ranks), which cells do not store.
 Errors are |predicted / measured - 1| of the pooled speculation speedup (tokens/s over the summed runs).
+Shown apart, never scored: the *MAL error* (the MAL taken from elsewhere against the predicted runs' own)
+and the *in-sample error* (the model fed the predicted runs' own phi and delta), which split an error into
+its acceptance part and its cost part; for *prompts*, the MAL error expected from the seen half's per-prompt
+spread (`expected_transfer`): the flat-curve null takes the same MAL, so that part is common to both.
 Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
 cells (fp32 cost) are listed apart and left out of the score. A kind that no cell allows is absent
 from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are not
@@ -38,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from specdec.core.shapes import ChainShape, parse_shape
@@ -88,6 +93,12 @@ class HeldOut:
     length_ratio: float = float("nan")
     """Drafted tokens / plain tokens of the predicted runs (the model takes the plain run's N: a drafted run
     whose text left the plain one's and ended sooner spreads its prefill over fewer tokens), never used."""
+    in_sample: float = float("nan")
+    """The same model fed the predicted runs' own phi and delta (their drafted runs read: in sample), so the
+    MAL taken from elsewhere is told apart from the cost model; shown, never scored."""
+    expected_mal_error: float = float("nan")
+    """*prompts* only: the MAL error two samples of these sizes are expected to show, from the seen half's
+    per-prompt spread alone (`expected_transfer`); shown beside the MAL error, never used."""
 
     def error(self, value: float) -> float:
         return abs(value / self.measured - 1)
@@ -145,6 +156,26 @@ def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, 
             "length_ratio": float(rows.new_tokens.sum() / rows.baseline_new_tokens.sum())}
 
 
+def in_sample(rows: pd.DataFrame, curve: LatencyCurve) -> float:
+    """`HeldOut.in_sample` of `rows` (NaN where they lack the drafted runs' timings)."""
+    needed = ("verify_widths", "prefill_time_s", "verify_time_s")
+    if not all(c in rows and rows[c].notna().all() for c in needed):
+        return float("nan")
+    return costmodel.predict_speculation(draft_profile(rows), plain_run(rows), curve)
+
+
+def expected_transfer(seen: pd.DataFrame, unseen: pd.DataFrame) -> float:
+    """|MAL_seen / MAL_unseen - 1| expected between two random sets of prompts of these sizes when per-prompt
+    MAL has the seen set's coefficient of variation v (normal approximation): v sqrt(2 / pi)
+    sqrt(1 / n_seen + 1 / n_unseen). Reads only the seen set's drafted runs and the unseen set's size."""
+    per_prompt = seen.groupby("question_id")[["new_tokens", "steps"]].sum()
+    mal = per_prompt.new_tokens / per_prompt.steps
+    if len(mal) < 2 or mal.mean() <= 0:
+        return float("nan")
+    v = float(mal.std(ddof=1) / mal.mean())
+    return v * (2 / np.pi) ** 0.5 * (1 / len(mal) + 1 / unseen.question_id.nunique()) ** 0.5
+
+
 def measured_speculation(rows: pd.DataFrame) -> float:
     """Pooled drafted tokens/s over plain tokens/s on the kernel."""
     return float((rows.new_tokens.sum() / rows.wall_time_s.sum())
@@ -164,11 +195,12 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     common = {"cell_id": cell_id, "drafter": labels["drafter"], "shape": labels["shape"], "quant": labels["quant"],
               "numerics_only": bool(labels.get("numerics_only", False))}
 
-    def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame) -> HeldOut:
+    def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame, **extra) -> HeldOut:
         plain = plain_run(target)
         return HeldOut(**common, kind=kind, part=part, measured=measured_speculation(target),
                        predicted=costmodel.predict_speculation(source, plain, curve),
-                       flat=costmodel.predict_speculation(source, plain, None), **diagnostics(source, target))
+                       flat=costmodel.predict_speculation(source, plain, None), **diagnostics(source, target),
+                       in_sample=in_sample(target, curve), **extra)
 
     out = []
     if int(labels.get("batch", 1) or 1) > 1:
@@ -180,8 +212,8 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
         out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows))
     a, b = halves(rows)
     if len(a) and len(b):
-        out.append(one("prompts", "B", draft_profile(a), b))
-        out.append(one("prompts", "A", draft_profile(b), a))
+        out.append(one("prompts", "B", draft_profile(a), b, expected_mal_error=expected_transfer(a, b)))
+        out.append(one("prompts", "A", draft_profile(b), a, expected_mal_error=expected_transfer(b, a)))
     return out
 
 
@@ -283,7 +315,8 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
                            kind="shape", part=f"from {source.labels['shape']} on {source.labels['quant']}",
                            measured=measured_speculation(target),
                            predicted=costmodel.predict_speculation(draft, plain, small.curve),
-                           flat=costmodel.predict_speculation(draft, plain, None), **diagnostics(draft, target)))
+                           flat=costmodel.predict_speculation(draft, plain, None), **diagnostics(draft, target),
+                           in_sample=in_sample(target, small.curve)))
     notes = []
     if missing:
         notes.append(f"no acceptance profile ({' / '.join(PROFILE)}: T = 0 and runner.teacher_forcing) in "
@@ -299,9 +332,11 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
 
 
 def table(held: list[HeldOut]) -> pd.DataFrame:
-    """One line per prediction with its error and both nulls' errors."""
+    """One line per prediction with its error, both nulls' errors, and the two parts of the error shown
+    apart: `mal_error` (the MAL taken from elsewhere against the runs' own) and `in_sample_error`."""
     return pd.DataFrame([{**h.__dict__, "error": h.error(h.predicted), "flat_error": h.error(h.flat),
-                          "constant_error": h.error(1.0)} for h in held])
+                          "constant_error": h.error(1.0), "mal_error": abs(h.mal / h.measured_mal - 1),
+                          "in_sample_error": h.error(h.in_sample)} for h in held])
 
 
 def _scored(part: pd.DataFrame) -> dict:
@@ -310,6 +345,11 @@ def _scored(part: pd.DataFrame) -> dict:
     def med(column: str) -> float:
         return round(float(part[column].median()), 4)
 
+    def shown(column: str) -> dict:
+        """The median of a diagnostic column, under its own key, where any prediction has it."""
+        values = part[column].dropna() if column in part else pd.Series(dtype=float)
+        return {f"{column.removesuffix('_error')}_median_error": round(float(values.median()), 4)} if len(values) else {}
+
     def within(column: str) -> float:
         return round(float((part[column] <= WITHIN).mean()), 4)
 
@@ -317,7 +357,8 @@ def _scored(part: pd.DataFrame) -> dict:
     return {"n": int(len(part)), "within_25pct": within("error"), "median_error": med("error"),
             "null_median_error": {"constant": med("constant_error"), "flat_curve": med("flat_error")},
             "null_within_25pct": {"constant": within("constant_error"), "flat_curve": within("flat_error")},
-            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2)}
+            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2),
+            **shown("mal_error"), **shown("in_sample_error"), **shown("expected_mal_error")}
 
 
 def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:

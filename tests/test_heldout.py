@@ -170,3 +170,33 @@ def test_the_held_out_kernel_drafts_at_the_paired_probes_ratio_by_hand():
         assert [h.part for h in fallback] == ["all (fp32's drafting cost)"]
         assert fallback[0].predicted == pytest.approx(11 / 10.2)
     assert [h.part for h in kernel(kernel_rows(*probes), "tree(2,2)")] == ["all (fp32's drafting cost)"]
+
+
+def two_halves(steps=(50, 25, 25, 20)) -> pd.DataFrame:
+    """Four questions of one chain(4) cell (halves A = q0, q2 and B = q1, q3), each with a plain run of 100
+    tokens in 11 s (1 s prefill, t_1 = 0.1 s) and a drafted run of 100 tokens in `steps` width-5 forwards,
+    each costing what `curve(0.08, 0.02)` says (0.18 s) plus 0.02 s outside it: the model is exact in sample."""
+    return pd.DataFrame([{"question_id": f"q{i}", "prompt_tokens": 60, "new_tokens": 100, "steps": s,
+                          "verify_widths": {"5": s}, "prefill_time_s": 1.0, "verify_time_s": 0.18 * s,
+                          "wall_time_s": 1.0 + 0.2 * s, "baseline_new_tokens": 100, "baseline_steps": 100,
+                          "baseline_wall_time_s": 11.0, "baseline_prefill_time_s": 1.0, "baseline_verify_time_s": 10.0}
+                         for i, s in enumerate(steps)])
+
+
+def test_a_prompts_error_splits_into_the_mal_taken_from_the_other_half_and_the_cost_models_own_part():
+    labels = {"drafter": "eagle", "shape": "chain(4)", "quant": "none", "numerics_only": False, "batch": 1}
+    held = {h.part: h for h in heldout.predictions("c", labels, two_halves(), curve(0.08, 0.02))}
+    b = held["B"]  # predicted from A: 200 tokens in 75 steps (MAL 2.67); B's own: 200 in 45 (MAL 4.44)
+    assert b.predicted == pytest.approx(11.0 / (1 + 100 * 75 / 200 * 0.2))
+    assert b.measured == pytest.approx(11.0 / (1 + 0.2 * 45 / 2))
+    assert b.in_sample == pytest.approx(b.measured)  # fed its own MAL and delta, the model is exact here
+    frame = heldout.table(list(held.values())).set_index("part")
+    assert frame.loc["B", "mal_error"] == pytest.approx(1 - (200 / 75) / (200 / 45))
+    assert frame.loc["B", "in_sample_error"] == pytest.approx(0, abs=1e-12)
+    # A's per-prompt MAL is 2 and 4 (coefficient of variation sqrt(2) / 3); two prompts against two.
+    assert b.expected_mal_error == pytest.approx(2 ** 0.5 / 3 * (2 / 3.141592653589793) ** 0.5)
+    score = heldout.score(frame.reset_index())["by_kind"]["prompts"]
+    assert score["in_sample_median_error"] == pytest.approx(0, abs=1e-4)  # shown apart ...
+    assert score["median_error"] > 0.3 and not score["beats_nulls"]  # ... and never scored
+    assert score["mal_median_error"] == pytest.approx(frame.mal_error.median(), abs=1e-4)
+    assert score["expected_mal_median_error"] == pytest.approx(frame.expected_mal_error.median(), abs=1e-4)

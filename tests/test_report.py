@@ -7,6 +7,7 @@ overhead, and bad input."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -134,8 +135,11 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     assert set(cost["by_kind"]) == {"kernel", "prompts"} and cost["by_kind"]["kernel"]["n"] == 3  # bf16, int4, A/A
     # One shape per drafter x kernel: no held-out shape, and the JSON line says why (never a zero).
     assert set(cost["absent"]) == {"shape"} and "chain shorter than another chain" in cost["absent"]["shape"]
-    assert all(set(k) >= {"within_25pct", "median_error", "null_median_error", "null_within_25pct"}
-               for k in cost["by_kind"].values())
+    assert all(set(k) >= {"within_25pct", "median_error", "null_median_error", "null_within_25pct",
+                          "mal_median_error", "in_sample_median_error"} for k in cost["by_kind"].values())
+    # The prompts' MAL error, and what their spread expects of it, are shown apart from the score.
+    assert "expected_mal_median_error" in cost["by_kind"]["prompts"]
+    assert "expected_mal_median_error" not in cost["by_kind"]["kernel"]
     report = (store / "REPORT.md").read_text()
     assert "### Numerics only" in report and "rtn4_g64 (numerics only)" in report and "Test CPU" in report
     assert "teacher-forced MAL" in report and "T_d = P + N * sum_w phi_w" in report
@@ -170,7 +174,8 @@ def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, cap
     report = (results / "REPORT.md").read_text()
     assert "| held-out shape | 1 |" in report
     assert "| eagle `chain(2)` torchao_int4_g32 | held-out shape from chain(4) on torchao_int4_g32 |" in report
-    assert "| 2.30 / 2.31 | 1.00 |" in report  # MAL used (the replay; the counts would say 2.6) / measured
+    assert re.search(r"\| 2\.30 / 2\.31 \| \d+% \| 1\.00 \|", report)  # MAL used (the replay; the counts would
+    # say 2.6) / measured, the in-sample error, tokens drafted / plain
     assert "approximated" not in report
 
 
