@@ -121,3 +121,19 @@ def test_replay_matches_real_runs_on_the_embedded_target(embedded):
         for shape in replayed:
             real = _real_mal(embedded, drafter, shape, EMBEDDED_PROMPT, 48)
             assert prof.simulate(shape) == pytest.approx(real, rel=0.03), f"{name}: {recorded} -> {shape}"
+
+
+def test_a_replay_ends_at_eos_as_a_real_run_does(tiny_llama64, monkeypatch):
+    """A step whose accepted path runs past EOS commits only up to it, in the loop's statistics and in
+    the replay: with EOS at each of several places in the greedy text, the replay's MAL is the real
+    run's, and both are its tokens over its steps (either side counting past EOS fails here)."""
+    name, drafter = "eagle", build_for_tests("eagle", target=tiny_llama64)
+    text = specdec.generate(tiny_llama64, drafter, PROMPT, shape="chain(5)", max_new_tokens=TOKENS,
+                            stop_on_eos=False).token_ids
+    for eos in dict.fromkeys(text[2:16]):  # each distinct token of the text, as EOS
+        monkeypatch.setattr(type(tiny_llama64), "eos_token_ids", property(lambda self, e=eos: {e}))
+        prof = profile(tiny_llama64, drafter, PROMPT, shape="chain(5)", max_new_tokens=TOKENS)
+        for shape in ("chain(5)", "chain(2)"):
+            out = specdec.generate(tiny_llama64, drafter, PROMPT, shape=shape, max_new_tokens=TOKENS)
+            assert prof.simulate(shape) == out.stats.mean_acceptance_length, f"{name}: EOS {eos}, {shape}"
+            assert out.stats.mean_acceptance_length == len(out.token_ids) / out.stats.num_steps

@@ -252,6 +252,7 @@ def generate_batch(
         for b in done:
             i = active[b]
             new_ids = _cut_at_eos(committed[i][len(rows[i]):][: limits[i]], eos)
+            stats[i].steps[-1].accepted -= len(committed[i]) - len(rows[i]) - len(new_ids)  # past EOS: never output
             stats[i].new_tokens = len(new_ids)
             stats[i].wall_time_s = time.perf_counter() - start
             outputs[i] = GenerationOutput(token_ids=new_ids, text=target.decode(new_ids), prompt_ids=rows[i],

@@ -4,7 +4,8 @@ Owns the definitions, stated once:
 - *accepted tokens* of a step: draft tokens the target kept (bonus/recovered token excluded);
 - *mean accepted tokens*: their mean over steps;
 - *acceptance length* of a step: accepted tokens + 1 (the target's own token, bonus or recovered);
-- *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward;
+- *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward (a
+  run's last step counts its tokens up to the first EOS, the ones the output keeps: MAL = new tokens / steps);
 - *acceptance rate at depth d*: among steps whose draft reached depth d, the fraction whose
   accepted path reached depth d;
 - the *step-time split*: target forward (the verification's one tree forward), draft (the drafter's

@@ -100,17 +100,21 @@ class AcceptanceProfile:
         return self.drafts[position].subtree(keep)
 
     def accepted_per_step(self, shape: str | Shape, temperature: float = 0.0) -> list[int]:
-        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed."""
+        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed. A step
+        commits what the loop would: its tokens up to the first EOS (kept) and within max_new_tokens,
+        so 1 + sum / len is the run's own MAL (its new tokens over its steps)."""
         _greedy_only(temperature, "simulated")
         shape = parse_shape(shape)
         _derivable(self.shape, shape, None)  # fail before any work for a wrong kind of shape
         position, steps = 0, []
         while position < self.max_new_tokens:
             accepted = len(self.accepted_at(position, self.derive(shape, position)))
-            steps.append(accepted)
             new = self.greedy[position:position + accepted + 1]
-            position += accepted + 1
-            if self.eos.intersection(new):
+            stop = next((i for i, t in enumerate(new) if t in self.eos), None)
+            new = new if stop is None else new[:stop + 1]
+            steps.append(len(new) - 1)
+            position += len(new)
+            if stop is not None:
                 break
         return steps
 
