@@ -251,7 +251,7 @@ def generate_batch(
                 if (eos and eos.intersection(news[b])) or len(committed[i]) - len(rows[i]) >= limits[i]]
         for b in done:
             i = active[b]
-            new_ids = _cut_at_eos(committed[i][len(rows[i]):][: limits[i]], eos)
+            new_ids = cut_at_eos(committed[i][len(rows[i]):][: limits[i]], eos)
             stats[i].steps[-1].accepted -= len(committed[i]) - len(rows[i]) - len(new_ids)  # past EOS: never output
             stats[i].new_tokens = len(new_ids)
             stats[i].wall_time_s = time.perf_counter() - start
@@ -330,7 +330,7 @@ def _depth_bound(spec: ShapeSpec | None, max_nodes: int) -> int:
     return max_nodes
 
 
-def _cut_at_eos(new_ids: list[int], eos: set[int]) -> list[int]:
+def cut_at_eos(new_ids: list[int], eos: set[int]) -> list[int]:
     """The generated tokens up to and including the first EOS (all of them if none)."""
     stop = next((i for i, t in enumerate(new_ids) if t in eos), None)
     return new_ids if stop is None else new_ids[: stop + 1]

@@ -34,7 +34,7 @@ import torch
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Acceptance, Draft, Drafter
 
-from specdec.core.loop import generate
+from specdec.core.loop import cut_at_eos, generate
 from specdec.target.model import Target
 from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
 from specdec.core.acceptance import accept_greedy
@@ -109,12 +109,10 @@ class AcceptanceProfile:
         position, steps = 0, []
         while position < self.max_new_tokens:
             accepted = len(self.accepted_at(position, self.derive(shape, position)))
-            new = self.greedy[position:position + accepted + 1]
-            stop = next((i for i, t in enumerate(new) if t in self.eos), None)
-            new = new if stop is None else new[:stop + 1]
+            new = cut_at_eos(self.greedy[position:position + accepted + 1], self.eos)
             steps.append(len(new) - 1)
             position += len(new)
-            if stop is not None:
+            if self.eos.intersection(new):
                 break
         return steps
 
