@@ -119,9 +119,14 @@ def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfil
                                             _widths(rows[f"{prefix}verify_widths"]), float(other))
 
 
+def _has(rows: pd.DataFrame, columns: Sequence[str]) -> bool:
+    """Every row of `rows` has a value in each of `columns`."""
+    return all(c in rows and rows[c].notna().all() for c in columns)
+
+
 def _probe(rows: pd.DataFrame, column: str) -> dict[str, float]:
     """{str(depth): seconds} of a probe column (`PROBE`, `REFERENCE_PROBE`), {} where the cell has none."""
-    if column not in rows or not rows[column].notna().all():
+    if not _has(rows, [column]):
         return {}
     return {str(d): float(t) for d, t in rows[column].iloc[0].items()}
 
@@ -158,8 +163,7 @@ def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, 
 
 def in_sample(rows: pd.DataFrame, curve: LatencyCurve) -> float:
     """`HeldOut.in_sample` of `rows` (NaN where they lack the drafted runs' timings)."""
-    needed = ("verify_widths", "prefill_time_s", "verify_time_s")
-    if not all(c in rows and rows[c].notna().all() for c in needed):
+    if not _has(rows, ("verify_widths", "prefill_time_s", "verify_time_s")):
         return float("nan")
     return costmodel.predict_speculation(draft_profile(rows), plain_run(rows), curve)
 
@@ -206,7 +210,7 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     if int(labels.get("batch", 1) or 1) > 1:
         return out  # see the module docstring
     own_reference = labels["quant"] == "none"
-    if not own_reference and "reference_drafted_verify_widths" in rows and rows.reference_drafted_verify_widths.notna().all():
+    if not own_reference and _has(rows, ["reference_drafted_verify_widths"]):
         shape = parse_shape(labels["shape"])
         profile, probed = kernel_profile(rows, shape.k if isinstance(shape, ChainShape) else None)
         out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows))
@@ -239,7 +243,7 @@ class Measured:
         return shape.k if isinstance(shape, ChainShape) and int(self.labels.get("batch", 1) or 1) == 1 else None
 
     def has(self, columns: Sequence[str]) -> bool:
-        return all(c in self.rows and self.rows[c].notna().all() for c in columns)
+        return _has(self.rows, columns)
 
     def has_profile(self) -> bool:
         return self.has(PROFILE)
@@ -265,7 +269,7 @@ def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.D
     """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*), and
     the fallbacks used (empty when the replay and the drafting probe were both there)."""
     fallbacks = []
-    if all(c in deeper and deeper[c].notna().all() for c in REPLAY):
+    if _has(deeper, REPLAY):
         mal = replayed_mal(deeper, k)
     else:
         mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
