@@ -38,6 +38,24 @@ def test_greedy_rows_equal_their_prompt_alone(tiny64, prompts, name, shape, cach
     assert outs.stats.new_tokens == sum(len(o.token_ids) for o in outs)
 
 
+@pytest.mark.parametrize("shape", ["chain(4)", "dynamic(top_k=3,depth=4,budget=10)"])
+def test_batch_steps_record_the_padded_width_and_the_rows_left(tiny64, prompts, shape):
+    """Step j of the batch serves every row with more than j steps (all rows start together), and its
+    forward is as wide as the widest of their verifications: the cost model's batch step."""
+    outs = specdec.generate_batch(tiny64, build_for_tests("ngram", target=tiny64), prompts, shape=shape,
+                                  max_new_tokens=LIMITS, chat=False)
+    per_row = [o.stats.steps for o in outs]
+    widths, served = {}, {}
+    for j in range(max(map(len, per_row))):
+        here = [steps[j] for steps in per_row if len(steps) > j]
+        width = 1 + max(s.drafted for s in here)
+        widths[width] = widths.get(width, 0) + 1
+        served[len(here)] = served.get(len(here), 0) + 1
+    assert outs.stats.verify_widths == widths and outs.stats.verify_rows == served
+    assert outs.stats.steps == max(map(len, per_row)) < sum(map(len, per_row))
+    assert len(served) > 1 and len(widths) > 1  # rows left the batch, and drafts of different sizes were padded
+
+
 def test_sampled_rows_draw_only_their_own_randomness(tiny_llama64, prompts):
     """Row b with seed s equals the prompt alone with seed s + b, token for token (ngram drafts are
     deterministic, so only the rows' random streams matter)."""

@@ -244,7 +244,7 @@ def generate_batch(
             policy.observe(d, a, record, len(committed[i]))
             record.other_time_s += time.perf_counter() - t5
             stats[i].steps.append(record)
-        batch_stats.add_step(t2 - t1, (tp - tc) + (t4 - t3), time.perf_counter() - t0)
+        batch_stats.add_step(t2 - t1, (tp - tc) + (t4 - t3), time.perf_counter() - t0, *tokens.shape)
 
         # Rows that are done (EOS, or their max_new_tokens) leave the batch.
         done = [b for b, i in enumerate(active)

@@ -171,12 +171,19 @@ class BatchStats:
     step_time_s: float = 0.0
     row_mal: list[float] = field(default_factory=list)
     """Each row's mean acceptance length, in prompt order."""
+    verify_widths: dict[int, int] = field(default_factory=dict)
+    """Steps per width of the batch's verify forward (1 + the most draft nodes of any active row: every
+    row is padded to it), what a step costs on the batch's latency curve."""
+    verify_rows: dict[int, int] = field(default_factory=dict)
+    """Steps per number of rows still decoding (rows leave the batch when they finish)."""
 
-    def add_step(self, target_s: float, draft_s: float, total_s: float) -> None:
+    def add_step(self, target_s: float, draft_s: float, total_s: float, rows: int = 1, width: int = 1) -> None:
         self.steps += 1
         self.target_time_s += target_s
         self.draft_time_s += draft_s
         self.step_time_s += total_s
+        self.verify_widths[width] = self.verify_widths.get(width, 0) + 1
+        self.verify_rows[rows] = self.verify_rows.get(rows, 0) + 1
 
     tokens_per_s = GenerationStats.tokens_per_s
     """Total new tokens (all rows) per second of wall time, prefill included."""
@@ -194,4 +201,6 @@ class BatchStats:
         return {"rows": self.rows, "steps": self.steps, "new_tokens": self.new_tokens,
                 "tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
                 "prefill_time_s": self.prefill_time_s, "wall_time_s": self.wall_time_s,
-                "time_split": self.time_split(), "row_mal": self.row_mal}
+                "time_split": self.time_split(), "row_mal": self.row_mal,
+                "verify_widths": dict(sorted(self.verify_widths.items())),
+                "verify_rows": dict(sorted(self.verify_rows.items()))}
