@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 import specdec
+from specdec.core.metrics import BatchStats
 from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure.profiles import AcceptanceProfile, profile
 from specdec.target.forwards import CACHES
@@ -53,6 +54,8 @@ from specdec.target.forwards import CACHES
 from experiments.questions import Question
 
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
+PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")
+"""Each run's key prefix in a row, in `RUNS` order."""
 ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (3, 2, 1, 0), (2, 0, 3, 1))
 """The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every
 run is in every position once and follows every other run once per four prompts. Across rows too: the
@@ -104,10 +107,8 @@ def _row(out: dict[str, specdec.GenerationOutput]) -> dict[str, Any]:
         "acceptance_by_depth": stats.acceptance_rate_by_depth(),
         "reached_by_depth": reached,
         "accepted_by_depth": accepted,
-        **_run_fields("", drafted),
-        **_run_fields("baseline_", plain),
-        **_run_fields("reference_", reference),
-        **_run_fields("reference_drafted_", ref_drafted),
+        **{k: v for prefix, run in zip(PREFIXES, (drafted, plain, reference, ref_drafted))
+           for k, v in _run_fields(prefix, run).items()},
         "reference_mal": ref_drafted.stats.mean_acceptance_length,
         "speedup": speculation,
         "speedup_quant": _ratio(plain, reference),
@@ -128,6 +129,16 @@ def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
                                     prompt_ids=[t for o in outs for t in o.prompt_ids], stats=stats)
 
 
+def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
+    """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and
+    `verify_widths` count each step once per row it served): steps, steps per padded verify width and
+    per active rows, and everything but drafting summed over steps."""
+    return {f"{prefix}batch_steps": stats.steps,
+            f"{prefix}batch_verify_widths": {str(w): n for w, n in sorted(stats.verify_widths.items())},
+            f"{prefix}batch_verify_rows": {str(r): n for r, n in sorted(stats.verify_rows.items())},
+            f"{prefix}batch_verify_time_s": stats.step_time_s - stats.draft_time_s}
+
+
 def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question], batch: int, shape: str,
                  seed: int, options: dict, on_turn: Callable[[], None] | None) -> list[dict[str, Any]]:
     """`run_cell` at `batch` > 1: one row per group of `batch` questions' first turns."""
@@ -136,15 +147,17 @@ def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question
         members = questions[start:start + batch]
         prompts = [q.turns[0] for q in members]
         order = run_order(runs, group)
-        outputs = {}
+        batches = {}
         for run in order:
             model, draft = model_of[run]
-            outputs[run] = _batch_output(specdec.generate_batch(model, draft, prompts, shape=shape,
-                                                                seed=seed + start, **options))
-        outputs.setdefault("reference", outputs["plain"])
-        outputs.setdefault("reference_drafted", outputs["drafted"])
+            batches[run] = specdec.generate_batch(model, draft, prompts, shape=shape, seed=seed + start, **options)
+        batches.setdefault("reference", batches["plain"])
+        batches.setdefault("reference_drafted", batches["drafted"])
+        outputs = {run: _batch_output(out) for run, out in batches.items()}
+        steps = {k: v for run, prefix in zip(RUNS, PREFIXES) for k, v in _batch_fields(prefix, batches[run].stats).items()}
         rows.append({"question_id": "+".join(q.question_id for q in members), "category": "batch", "turn": 1,
-                     "question_seed": seed + start, "order": ",".join(order), "rows": len(members), **_row(outputs)})
+                     "question_seed": seed + start, "order": ",".join(order), "rows": len(members), **_row(outputs),
+                     **steps})
         if on_turn is not None:
             for _ in members:
                 on_turn()

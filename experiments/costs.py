@@ -103,7 +103,8 @@ def heldout_md(result: HeldOutScore) -> list[str]:
              *([f"- held-out shape: {shape_note}"] if shape_note and "shape" not in score.get("absent", {}) else [])]
     md += ["", *notes, *([""] if notes else [])]
     if len(held):
-        md += ["MAL used / measured: the MAL the prediction took from elsewhere and the predicted runs' own; "
+        md += ["MAL used / measured: the MAL the prediction took from elsewhere and the predicted runs' own (in a "
+               "batch cell, `@bB`, new tokens of all rows per batch step); "
                "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
                "to explain an error, never used by the prediction.", ""]
         md += md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",

@@ -32,9 +32,11 @@ its acceptance part and its cost part; for *prompts*, the MAL error expected fro
 spread (`expected_transfer`): the flat-curve null takes the same MAL, so that part is common to both.
 Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
 cells (fp32 cost) are listed apart and left out of the score. A kind that no cell allows is absent
-from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are not
-predicted yet: their rows record each row's own verify widths, while a batch step costs the padded
-width of its widest row at the batch's curve (`costmodel.PlainRun.batch`), which the cells do not store. Knows nothing about files or figures.
+from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are predicted by
+kernel and by prompts (halves of their groups) from their batch steps (`steps`): a step's width is the
+padded width of its widest row, costed on the cell's curve measured at its batch (`costmodel.PlainRun.batch`),
+and t_1 is the plain batch's mean step, so steps with fewer rows left are priced as the plain run's mix
+of them; a batch cell stored before those fields is not predicted. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class HeldOut:
     flat: float
     """The flat-curve null's prediction."""
     mal: float = float("nan")
-    """The MAL the prediction used (1 / sum_w phi_w)."""
+    """The MAL the prediction used (1 / sum_w phi_w; a batch cell's: new tokens of all rows per batch step)."""
     measured_mal: float = float("nan")
     """The predicted runs' own MAL (drafted tokens / steps), shown beside it, never used."""
     length_ratio: float = float("nan")
@@ -112,11 +114,25 @@ def _widths(column: pd.Series) -> dict[int, int]:
     return out
 
 
+def _column(rows: pd.DataFrame, prefix: str, name: str) -> str:
+    """The column of the runs `prefix` that counts `name` (steps, verify_widths, verify_time_s) per step of
+    the loop: a batch cell's per batch step (each padded to its widest row: `experiments.cell._batch_fields`;
+    its rows' own columns count a step once per row it served), else the row's own."""
+    batched = f"{prefix}batch_{name}"
+    return batched if _has(rows, [batched]) else f"{prefix}{name}"
+
+
+def steps(rows: pd.DataFrame, prefix: str = "") -> tuple[dict[int, int], float]:
+    """(steps per verify width, seconds of those steps outside drafting) of the runs `prefix` over `rows`."""
+    return (_widths(rows[_column(rows, prefix, "verify_widths")]),
+            float(rows[_column(rows, prefix, "verify_time_s")].sum()))
+
+
 def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfile:
     """phi_w and delta from the drafted runs `prefix` (`""` = the kernel's, `reference_drafted_` = fp32's)."""
-    other = (rows[f"{prefix}wall_time_s"] - rows[f"{prefix}prefill_time_s"] - rows[f"{prefix}verify_time_s"]).sum()
-    return costmodel.DraftProfile.from_runs(int(rows[f"{prefix}new_tokens"].sum()),
-                                            _widths(rows[f"{prefix}verify_widths"]), float(other))
+    widths, verify_s = steps(rows, prefix)
+    other = float((rows[f"{prefix}wall_time_s"] - rows[f"{prefix}prefill_time_s"]).sum()) - verify_s
+    return costmodel.DraftProfile.from_runs(int(rows[f"{prefix}new_tokens"].sum()), widths, other)
 
 
 def _has(rows: pd.DataFrame, columns: Sequence[str]) -> bool:
@@ -145,19 +161,26 @@ def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftPr
     return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s + drafting * (scale - 1)), True
 
 
+def _batch(rows: pd.DataFrame) -> int:
+    """The batch size `rows` were decoded at (1 for rows stored without one)."""
+    return int(rows["batch"].iloc[0]) if "batch" in rows and pd.notna(rows["batch"].iloc[0]) else 1
+
+
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
-    """The kernel's plain runs (`baseline_*`) summed over `rows`."""
+    """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
+    c a row's)."""
+    n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
+    members = rows["rows"] if "rows" in rows else 1
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),
-        prefill_s=float(rows.baseline_prefill_time_s.sum()),
-        forward_s=float(rows.baseline_verify_time_s.sum() / rows.baseline_steps.sum()),
-        context=float((rows.prompt_tokens + rows.baseline_new_tokens / 2).mean()))
+        prefill_s=float(rows.baseline_prefill_time_s.sum()), forward_s=float(verify_s / n),
+        context=float(((rows.prompt_tokens + rows.baseline_new_tokens / 2) / members).mean()), batch=_batch(rows))
 
 
 def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, float]:
     """`HeldOut.mal`, `measured_mal` and `length_ratio` of a prediction of `rows` from `draft`."""
     return {"mal": 1.0 / sum(draft.forwards_per_token.values()),
-            "measured_mal": float(rows.new_tokens.sum() / rows.steps.sum()),
+            "measured_mal": float(rows.new_tokens.sum() / rows[_column(rows, "", "steps")].sum()),
             "length_ratio": float(rows.new_tokens.sum() / rows.baseline_new_tokens.sum())}
 
 
@@ -196,7 +219,9 @@ def halves(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCurve) -> list[HeldOut]:
     """Every held-out prediction of one cell (module docstring); `curve` is the cell's target curve."""
-    common = {"cell_id": cell_id, "drafter": labels["drafter"], "shape": labels["shape"], "quant": labels["quant"],
+    batch = int(labels.get("batch", 1) or 1)
+    common = {"cell_id": cell_id, "drafter": labels["drafter"], "quant": labels["quant"],
+              "shape": labels["shape"] + (f" @b{batch}" if batch > 1 else ""),  # as the report names the cell
               "numerics_only": bool(labels.get("numerics_only", False))}
 
     def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame, **extra) -> HeldOut:
@@ -207,7 +232,7 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
                        in_sample=in_sample(target, curve), **extra)
 
     out = []
-    if int(labels.get("batch", 1) or 1) > 1:
+    if batch > 1 and not _has(rows, ["batch_verify_widths"]):
         return out  # see the module docstring
     own_reference = labels["quant"] == "none"
     if not own_reference and _has(rows, ["reference_drafted_verify_widths"]):
@@ -280,10 +305,10 @@ def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.D
     else:
         scale = k / depth
         fallbacks.append("drafting x k / K")
-    steps = int(deeper.steps.sum())
+    n_steps = int(deeper.steps.sum())  # batch 1 (`Measured.chain`): a row's own steps
     drafting = float(deeper.draft_time_s.sum())
     other = float((deeper.wall_time_s - deeper.prefill_time_s - deeper.verify_time_s).sum())
-    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * scale) / steps), fallbacks
+    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * scale) / n_steps), fallbacks
 
 
 def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | None]:

@@ -24,11 +24,17 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
         members = group.question_id.split("+")
         alone = one.set_index("question_id").loc[members]
         assert group.baseline_new_tokens == alone.baseline_new_tokens.sum()
-    # The report reads the store: a section per batch size, and no cost-model crash on batch cells.
+        # One batch step serves both rows until one leaves: fewer steps than the rows' own, padded widths.
+        assert group.batch_steps <= group.steps and sum(group.batch_verify_widths.values()) == group.batch_steps
+        assert set(group.baseline_batch_verify_widths) == {"1"} and set(group.batch_verify_rows) <= {"1", "2"}
+    # The report reads the store: a section per batch size, and the cost model predicts the batch cell from
+    # its batch steps (by kernel and by halves of its groups) on its curve measured at batch 2.
     from experiments.report import build_report
 
     text, _, summary, _ = build_report(results, n_boot=100)
     assert "## Speculation against batch size" in text and "| ngram | `chain(4)` |" in text
+    for part in ("kernel all (fp32's drafting cost)", "prompts A", "prompts B"):
+        assert f"| ngram `chain(4) @b2` torchao_int4_g32 | held-out {part} |" in text
 
 
 def test_batch_section_shows_speculation_per_batch():
@@ -48,10 +54,3 @@ def test_batch_section_shows_speculation_per_batch():
     assert table.speculation.round(3).tolist() == [2.0, 0.8] and table.fp32_speculation.round(3).tolist() == [1.5, 1.5]
     assert "| ngram | `chain(4)` | int4 | 8 | 2 | 0.80" in "\n".join(batch_section(rows, n_boot=200))
     assert batch_section(rows[rows.batch == 1]) == []
-
-
-def test_batch_cells_are_not_predicted_by_the_cost_model():
-    """A batch cell gets no held-out prediction (its padded widths are not stored), never a crash."""
-    from experiments.heldout import predictions
-
-    assert predictions("c", {"drafter": "ngram", "shape": "chain(4)", "quant": "int4", "batch": 8}, None, None) == []

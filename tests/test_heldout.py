@@ -200,3 +200,39 @@ def test_a_prompts_error_splits_into_the_mal_taken_from_the_other_half_and_the_c
     assert score["median_error"] > 0.3 and not score["beats_nulls"]  # ... and never scored
     assert score["mal_median_error"] == pytest.approx(frame.mal_error.median(), abs=1e-4)
     assert score["expected_mal_median_error"] == pytest.approx(frame.expected_mal_error.median(), abs=1e-4)
+
+
+def batch_groups() -> pd.DataFrame:
+    """Two groups of two questions decoded at batch 2 (halves A = the first, B = the second), alike: a
+    plain batch of 100 tokens in 6 s (1 s prefill, 50 batch steps of 0.1 s) and a drafted batch of 100
+    tokens in 20 batch steps, each padded to width 5 (0.18 s on `curve(0.08, 0.02)`) plus 0.02 s outside
+    the forward. The rows' own columns count each step once per row it served (40 steps, 7.2 s of
+    verification, widths 3 and 5 unpadded), as `experiments.cell` stores them."""
+    return pd.DataFrame([{"question_id": q, "rows": 2, "batch": 2, "prompt_tokens": 120, "new_tokens": 100,
+                          "steps": 40, "verify_widths": {"3": 20, "5": 20}, "verify_time_s": 7.2,
+                          "prefill_time_s": 1.0, "wall_time_s": 5.0, "batch_steps": 20,
+                          "batch_verify_widths": {"5": 20}, "batch_verify_time_s": 3.6,
+                          "baseline_new_tokens": 100, "baseline_steps": 100, "baseline_verify_time_s": 10.0,
+                          "baseline_wall_time_s": 6.0, "baseline_prefill_time_s": 1.0, "baseline_batch_steps": 50,
+                          "baseline_batch_verify_widths": {"1": 50}, "baseline_batch_verify_time_s": 5.0}
+                         for q in ("q0+q1", "q2+q3")])
+
+
+def test_a_batch_cell_is_predicted_from_its_batch_steps_by_hand():
+    """T_p = 6 s; T_d = 1 + 100 * (20 / 100) * (0.1 * 1.8 + 0.02) = 5 s: 1.2x, as measured (the halves are
+    alike). Read per row instead, the same runs would give other phi and a negative delta."""
+    from dataclasses import replace
+
+    labels = {"drafter": "eagle", "shape": "chain(4)", "quant": "none", "numerics_only": False, "batch": 2}
+    rows, at_batch = batch_groups(), replace(curve(0.08, 0.02), batch=2)
+    held = heldout.predictions("c", labels, rows, at_batch)
+    assert [(h.part, h.shape) for h in held] == [("B", "chain(4) @b2"), ("A", "chain(4) @b2")]
+    for h in held:
+        assert h.measured == pytest.approx(1.2) and h.predicted == pytest.approx(1.2)
+        assert h.mal == pytest.approx(5.0) and h.measured_mal == pytest.approx(5.0)  # tokens per batch step
+    per_row = rows.drop(columns=[c for c in rows if "batch_" in c])
+    assert heldout.predictions("c", labels, per_row, at_batch) == []  # stored before the batch steps
+    wrong = heldout.draft_profile(per_row)
+    assert wrong.other_per_step_s < 0 < heldout.draft_profile(rows).other_per_step_s
+    with pytest.raises(ValueError, match="measured at batch 1"):
+        heldout.predictions("c", labels, rows, curve(0.08, 0.02))
