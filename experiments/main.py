@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntables: {Path(results) / 'leaderboard' / 'leaderboard.md'}; report: {report.path}\n")
     print("\n".join(report.verdict))
     threads = int(runs[0][runs[0].index("--threads") + 1]) if "--threads" in runs[0] else "auto"  # the cells'
-    records.emit("main", {**report.summary, "results": str(results), "grid_exit": status}, threads=threads)
+    kind = "main" if grid_file == GRID_FILE else f"main-{grid_file.stem}"  # one record kind per grid
+    records.emit(kind, {**report.summary, "results": str(results), "grid_exit": status}, threads=threads)
     return status
 
 

@@ -308,7 +308,10 @@ def test_main_sizes(capsys):
     full = capsys.readouterr().out
     assert "results.dir=results/full" in full and "quant=fp32_again,bf16,torchao_int4,rtn4,gptqref4" in full
     assert main_job(["--dry-run", "size=nope"]) == 2
-    assert "size=nope: no grid nope.yaml (sizes: full, main)" in capsys.readouterr().err
+    assert "size=nope: no grid nope.yaml (sizes: batch, full, main)" in capsys.readouterr().err
+    assert main_job(["--dry-run", "size=batch"]) == 0
+    batch = capsys.readouterr().out
+    assert "batch=1,4" in batch and "dataset=batch" in batch and "experiments.kv" not in batch
     assert main_job(["--dry-run"]) == 0
     assert "quant=torchao_int4,fp32_again" in capsys.readouterr().out
 
