@@ -152,7 +152,9 @@ def projection_table(cells: list[Cell], projections: dict[str, dict[str, Latency
         record = {"name": cell.name, "numerics_only": cell.numerics_only}
         for name, curves in projections.items():
             pair = (curves.get(measured[0].target), curves.get(measured[1].target))
-            if pair[0] is not None and pair[1] is not None:
+            if any(c is not None and c.batch != cell.labels.get("batch", 1) for c in pair):
+                record[name] = f"– (curves of batch {pair[0].batch if pair[0] else pair[1].batch})"
+            elif pair[0] is not None and pair[1] is not None:
                 proj = costmodel.project(*cell.parts(), measured, pair)
                 record[name] = f"{proj.speedup:.2f}x / {proj.speedup_compound:.2f}x"
         records.append(record)

@@ -88,19 +88,19 @@ class Cell:
                         if reference is not None else target)
 
     def parts(self) -> tuple[costmodel.RunParts, costmodel.RunParts, costmodel.RunParts]:
-        """(drafted, plain, reference) measured parts, summed over the cell's rows (for projections)."""
+        """(drafted, plain, reference) measured parts, summed over the cell's rows (for projections; a
+        batch cell's per batch step, `heldout.steps`)."""
         r = self.rows
-        context = float((r.prompt_tokens + r.new_tokens / 2).mean())
+        context = float(((r.prompt_tokens + r.new_tokens / 2) / (r["rows"] if "rows" in r else 1)).mean())
 
-        def run(prefix: str, forwards: dict[int, int]) -> costmodel.RunParts:
+        def run(prefix: str) -> costmodel.RunParts:
+            forwards, verify_s = heldout.steps(r, prefix)
             return costmodel.RunParts(
                 new_tokens=int(r[f"{prefix}new_tokens"].sum()), forwards=forwards, context=context,
                 prefill_s=float(r[f"{prefix}prefill_time_s"].sum()),
-                other_s=float((r[f"{prefix}wall_time_s"] - r[f"{prefix}prefill_time_s"]
-                               - r[f"{prefix}verify_time_s"]).sum()))
+                other_s=float((r[f"{prefix}wall_time_s"] - r[f"{prefix}prefill_time_s"]).sum()) - verify_s)
 
-        return (run("", heldout._widths(r.verify_widths)), run("baseline_", {1: int(r.baseline_steps.sum())}),
-                run("reference_", {1: int(r.reference_steps.sum())}))
+        return run(""), run("baseline_"), run("reference_")
 
 
 @dataclass

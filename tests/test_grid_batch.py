@@ -35,6 +35,21 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
     assert "## Speculation against batch size" in text and "| ngram | `chain(4)` |" in text
     for part in ("kernel all (fp32's drafting cost)", "prompts A", "prompts B"):
         assert f"| ngram `chain(4) @b2` torchao_int4_g32 | held-out {part} |" in text
+    # Projected with one-row curves (the batch-1 cell's own, as if from other hardware), only the batch-1
+    # cell is costed; the batch cell says why not.
+    import json
+
+    from specdec.measure.latency import LatencyCurve
+
+    meta = json.loads((results / "cells" / one.cell_id.iloc[0] / "cell.json").read_text())
+    files = []
+    for role in ("target", "reference"):
+        files.append(str(tmp_path / f"{role}.json"))
+        LatencyCurve.from_json({**meta["latency"][role], "machine": "Other"}).save(files[-1])
+    projected = build_report(results, n_boot=100, curve_files=tuple(files))[0]
+    section = projected.split("## Projected to other hardware")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ngram chain(4)")]
+    assert len(lines) == 2 and "x / " in lines[0] and lines[1].endswith("| – (curves of batch 1) |")
 
 
 def test_batch_section_shows_speculation_per_batch():
