@@ -45,15 +45,15 @@ def test_batch_steps_record_the_padded_width_and_the_rows_left(tiny64, prompts, 
     outs = specdec.generate_batch(tiny64, build_for_tests("ngram", target=tiny64), prompts, shape=shape,
                                   max_new_tokens=LIMITS, chat=False)
     per_row = [o.stats.steps for o in outs]
-    widths, served = {}, {}
+    widths, shapes = {}, {}
     for j in range(max(map(len, per_row))):
         here = [steps[j] for steps in per_row if len(steps) > j]
         width = 1 + max(s.drafted for s in here)
         widths[width] = widths.get(width, 0) + 1
-        served[len(here)] = served.get(len(here), 0) + 1
-    assert outs.stats.verify_widths == widths and outs.stats.verify_rows == served
+        shapes[len(here), width] = shapes.get((len(here), width), 0) + 1
+    assert outs.stats.verify_widths == widths and outs.stats.verify_shapes == shapes
     assert outs.stats.steps == max(map(len, per_row)) < sum(map(len, per_row))
-    assert len(served) > 1 and len(widths) > 1  # rows left the batch, and drafts of different sizes were padded
+    assert len({r for r, _ in shapes}) > 1 and len(widths) > 1  # rows left the batch; drafts of different sizes were padded
 
 
 def test_sampled_rows_draw_only_their_own_randomness(tiny_llama64, prompts):

@@ -174,8 +174,9 @@ class BatchStats:
     verify_widths: dict[int, int] = field(default_factory=dict)
     """Steps per width of the batch's verify forward (1 + the most draft nodes of any active row: every
     row is padded to it), what a step costs on the batch's latency curve."""
-    verify_rows: dict[int, int] = field(default_factory=dict)
-    """Steps per number of rows still decoding (rows leave the batch when they finish)."""
+    verify_shapes: dict[tuple[int, int], int] = field(default_factory=dict)
+    """Steps per (rows still decoding, padded width): rows leave the batch when they finish, so a run's
+    steps are not all as wide as the batch."""
 
     def add_step(self, target_s: float, draft_s: float, total_s: float, rows: int = 1, width: int = 1) -> None:
         self.steps += 1
@@ -183,7 +184,7 @@ class BatchStats:
         self.draft_time_s += draft_s
         self.step_time_s += total_s
         self.verify_widths[width] = self.verify_widths.get(width, 0) + 1
-        self.verify_rows[rows] = self.verify_rows.get(rows, 0) + 1
+        self.verify_shapes[rows, width] = self.verify_shapes.get((rows, width), 0) + 1
 
     tokens_per_s = GenerationStats.tokens_per_s
     """Total new tokens (all rows) per second of wall time, prefill included."""
@@ -203,4 +204,4 @@ class BatchStats:
                 "prefill_time_s": self.prefill_time_s, "wall_time_s": self.wall_time_s,
                 "time_split": self.time_split(), "row_mal": self.row_mal,
                 "verify_widths": dict(sorted(self.verify_widths.items())),
-                "verify_rows": dict(sorted(self.verify_rows.items()))}
+                "verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(self.verify_shapes.items())}}
