@@ -170,7 +170,7 @@ def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
     c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
-    members = rows["rows"] if "rows" in rows else 1
+    members = rows["rows"].fillna(1) if "rows" in rows else 1  # NaN: a batch-1 cell in a store with batch cells
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),
         prefill_s=float(rows.baseline_prefill_time_s.sum()), forward_s=float(verify_s / n),

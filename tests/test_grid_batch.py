@@ -26,12 +26,19 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
         assert group.baseline_new_tokens == alone.baseline_new_tokens.sum()
         # One batch step serves both rows until one leaves: fewer steps than the rows' own, padded widths.
         assert group.batch_steps <= group.steps and sum(group.batch_verify_widths.values()) == group.batch_steps
-        assert set(group.baseline_batch_verify_widths) == {"1"} and set(group.batch_verify_rows) <= {"1", "2"}
+        assert set(group.baseline_batch_verify_widths) == {"1"} and sum(group.batch_verify_shapes.values()) == group.batch_steps
+        assert {shape.split("x")[0] for shape in group.batch_verify_shapes} <= {"1", "2"}
     # The report reads the store: a section per batch size, and the cost model predicts the batch cell from
     # its batch steps (by kernel and by halves of its groups) on its curve measured at batch 2.
     from experiments.report import build_report
 
-    text, _, summary, _ = build_report(results, n_boot=100)
+    text, verdict, summary, _ = build_report(results, n_boot=100)
+    # Drift compares cells of one batch size (a batch's tokens/s is all its rows').
+    from experiments.verdict import drift, job_drift
+
+    medians = {b: {c: drift(part)["median"] for c, part in rows[rows.batch == b].groupby("cell_id")} for b in (1, 2)}
+    assert summary["drift"] == round(max(job_drift(m) for m in medians.values()), 4)
+    assert any("(the most within one batch size)" in line for line in verdict)
     assert "## Speculation against batch size" in text and "| ngram | `chain(4)` |" in text
     for part in ("kernel all (fp32's drafting cost)", "prompts A", "prompts B"):
         assert f"| ngram `chain(4) @b2` torchao_int4_g32 | held-out {part} |" in text

@@ -236,3 +236,17 @@ def test_a_batch_cell_is_predicted_from_its_batch_steps_by_hand():
     assert wrong.other_per_step_s < 0 < heldout.draft_profile(rows).other_per_step_s
     with pytest.raises(ValueError, match="measured at batch 1"):
         heldout.predictions("c", labels, rows, curve(0.08, 0.02))
+
+
+def test_a_batch_1_cell_beside_batch_cells_is_read_as_before():
+    """In a store with batch cells every row has the batch columns, NaN in a batch-1 cell's rows: its
+    prediction must be the one made without them (a NaN context once priced every forward at 0 s)."""
+    labels = {"drafter": "eagle", "shape": "chain(4)", "quant": "none", "numerics_only": False, "batch": 1}
+    alone = two_halves()
+    beside = alone.assign(rows=float("nan"), batch_steps=float("nan"), batch_verify_widths=None,
+                          batch_verify_time_s=float("nan"), baseline_batch_steps=float("nan"),
+                          baseline_batch_verify_time_s=float("nan"))
+    two_contexts = curve(0.08, 0.02)  # interpolates between contexts 64 and 256: a NaN context has no price
+    assert heldout.plain_run(beside) == heldout.plain_run(alone)
+    assert ([h.predicted for h in heldout.predictions("c", labels, beside, two_contexts)]
+            == [h.predicted for h in heldout.predictions("c", labels, alone, two_contexts)])
