@@ -36,7 +36,8 @@ from the score, with a note saying why (never a zero). Batch cells (`batch` > 1)
 kernel and by prompts (halves of their groups) from their batch steps (`steps`): a step's width is the
 padded width of its widest row, costed on the cell's curve measured at its batch (`costmodel.PlainRun.batch`),
 and t_1 is the plain batch's mean step, so steps with fewer rows left are priced as the plain run's mix
-of them; a batch cell stored before those fields is not predicted. Knows nothing about files or figures.
+of them (a drafted run's mix differs, `batch_verify_shapes`, and pricing a step by its rows as well is not
+done yet); a batch cell stored before those fields is not predicted. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
