@@ -3,12 +3,14 @@ decoded with `generate_batch` as paired 2x2s, and a batch of one keeps the cells
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from experiments.store import load_rows
 
 from tests.test_experiments import extra_conf, run_grid  # noqa: F401  (fixture)
 
 
-def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
+def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: F811
     results = tmp_path / "results"
     done = run_grid(results, "drafter=ngram", "shape=chain4", "quant=torchao_int4", "max_new_tokens=6", "batch=1,2",
                     "dataset.question_ids=[smoke-1,smoke-2,smoke-3,smoke-4]", extra_conf=extra_conf)
@@ -26,7 +28,8 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
         assert group.baseline_new_tokens == alone.baseline_new_tokens.sum()
         # One batch step serves both rows until one leaves: fewer steps than the rows' own, padded widths.
         assert group.batch_steps <= group.steps and sum(group.batch_verify_widths.values()) == group.batch_steps
-        assert set(group.baseline_batch_verify_widths) == {"1"} and sum(group.batch_verify_shapes.values()) == group.batch_steps
+        assert set(group.baseline_batch_verify_widths) == {"1"}
+        assert sum(group.batch_verify_shapes.values()) == group.batch_steps
         assert {shape.split("x")[0] for shape in group.batch_verify_shapes} <= {"1", "2"}
     # The report reads the store: a section per batch size, and the cost model predicts the batch cell from
     # its batch steps (by kernel and by halves of its groups) on its curve measured at batch 2.
@@ -57,6 +60,18 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
     section = projected.split("## Projected to other hardware")[1].split("\n## ")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ngram chain(4)")]
     assert len(lines) == 2 and "x / " in lines[0] and lines[1].endswith("| – (curves of batch 1) |")
+    # scripts/batch_rows_check.py reads the same store: both drafted runs of the batch cell, priced two ways.
+    import importlib.util
+
+    script = Path(__file__).parents[1] / "scripts" / "batch_rows_check.py"
+    spec = importlib.util.spec_from_file_location("batch_rows_check", script)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.main([str(results)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == [f"ngram chain(4) @b2 on torchao_int4_g32, {role}'s drafted runs"
+                                                        for role in ("kernel", "fp32")]
+    assert all("width only" in line and "rows too" in line for line in printed)
 
 
 def test_batch_section_shows_speculation_per_batch():
