@@ -154,7 +154,8 @@ def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question
         batches.setdefault("reference", batches["plain"])
         batches.setdefault("reference_drafted", batches["drafted"])
         outputs = {run: _batch_output(out) for run, out in batches.items()}
-        per_step = {k: v for run, prefix in zip(RUNS, PREFIXES) for k, v in _batch_fields(prefix, batches[run].stats).items()}
+        per_step = {k: v for run, prefix in zip(RUNS, PREFIXES)
+                    for k, v in _batch_fields(prefix, batches[run].stats).items()}
         rows.append({"question_id": "+".join(q.question_id for q in members), "category": "batch", "turn": 1,
                      "question_seed": seed + start, "order": ",".join(order), "rows": len(members), **_row(outputs),
                      **per_step})
