@@ -167,15 +167,21 @@ def _batch(rows: pd.DataFrame) -> int:
     return int(rows["batch"].iloc[0]) if "batch" in rows and pd.notna(rows["batch"].iloc[0]) else 1
 
 
+def row_context(rows: pd.DataFrame, tokens: str = "baseline_new_tokens") -> float:
+    """c: a row's mean cached tokens at a step, its prompt + half the `tokens` column (a batch row holds
+    `rows` prompts; NaN there is a batch-1 cell in a store with batch cells)."""
+    members = rows["rows"].fillna(1) if "rows" in rows else 1
+    return float(((rows.prompt_tokens + rows[tokens] / 2) / members).mean())
+
+
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
     c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
-    members = rows["rows"].fillna(1) if "rows" in rows else 1  # NaN: a batch-1 cell in a store with batch cells
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),
         prefill_s=float(rows.baseline_prefill_time_s.sum()), forward_s=float(verify_s / n),
-        context=float(((rows.prompt_tokens + rows.baseline_new_tokens / 2) / members).mean()), batch=_batch(rows))
+        context=row_context(rows), batch=_batch(rows))
 
 
 def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, float]:

@@ -91,7 +91,7 @@ class Cell:
         """(drafted, plain, reference) measured parts, summed over the cell's rows (for projections; a
         batch cell's per batch step, `heldout.steps`)."""
         r = self.rows
-        context = float(((r.prompt_tokens + r.new_tokens / 2) / (r["rows"].fillna(1) if "rows" in r else 1)).mean())
+        context = heldout.row_context(r, "new_tokens")
 
         def run(prefix: str) -> costmodel.RunParts:
             forwards, verify_s = heldout.steps(r, prefix)

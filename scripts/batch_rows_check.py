@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, not an installed copy
 
+from experiments import heldout  # noqa: E402
 from experiments.report import load_cells  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if "batch_verify_shapes" not in r or cell.quant not in ones:
             print(f"{cell.name}: no batch_verify_shapes or no batch-1 cell of {cell.quant}: skipped")
             continue
-        context = float(((r.prompt_tokens + r.baseline_new_tokens / 2) / r["rows"]).mean())
+        context = heldout.row_context(r)
         for (curve_b, curve_1), drafted, plain, role in zip(zip(cell.curves(), ones[cell.quant].curves()),
                                                             ("", "reference_drafted_"), ("baseline_", "reference_"),
                                                             ("kernel", "fp32")):
