@@ -132,10 +132,13 @@ def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
 def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
     """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and
     `verify_widths` count each step once per row it served): steps, steps per padded verify width and
-    per (active rows, width) as "RxW", and everything but drafting summed over steps."""
+    per (active rows, width) as "RxW", the target's forward seconds per such shape, and everything but
+    drafting summed over steps."""
     return {f"{prefix}batch_steps": stats.steps,
             f"{prefix}batch_verify_widths": {str(w): n for w, n in sorted(stats.verify_widths.items())},
             f"{prefix}batch_verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(stats.verify_shapes.items())},
+            f"{prefix}batch_shape_forward_s": {f"{r}x{w}": s
+                                                for (r, w), s in sorted(stats.verify_shape_time_s.items())},
             f"{prefix}batch_verify_time_s": stats.step_time_s - stats.draft_time_s}
 
 

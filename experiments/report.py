@@ -87,6 +87,17 @@ class Cell:
         return target, (LatencyCurve.from_json(reference, f"cell {self.cell_id} reference curve")
                         if reference is not None else target)
 
+    def row_curves(self) -> tuple[dict[int, LatencyCurve], dict[int, LatencyCurve]]:
+        """(target, reference) curves by rows per forward, 1 .. the cell's batch ({} for a cell stored
+        without the fewer rows' curves, and for a batch-1 cell: its one curve is `curves()`)."""
+        latency, out = self.meta["latency"], []
+        for role, curve in zip(("target", "reference"), self.curves()):
+            own = role if role in latency else "target"  # the fp32 cell is its own reference
+            rows = latency.get(f"{own}_rows") or {}
+            out.append({int(r): LatencyCurve.from_json(c, f"cell {self.cell_id} {own} curve at {r} rows")
+                        for r, c in rows.items()} | ({curve.batch: curve} if rows else {}))
+        return out[0], out[1]
+
     def parts(self) -> tuple[costmodel.RunParts, costmodel.RunParts, costmodel.RunParts]:
         """(drafted, plain, reference) measured parts, summed over the cell's rows (for projections; a
         batch cell's per batch step, `heldout.steps`)."""

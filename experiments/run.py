@@ -53,7 +53,7 @@ register_configs()
 
 _TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
 _DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
-_CURVES: dict[tuple, dict] = {}  # (target key, widths, contexts, repeats) -> latency curve JSON
+_CURVES: dict[tuple, dict] = {}  # (target key, widths, contexts, repeats, rows, cache) -> latency curve JSON
 PROTOCOL = "paired-2x2"
 """The measuring protocol of `experiments.cell` (in every cell key: cells of an older protocol never match)."""
 REFERENCE_QUANT = "none"
@@ -196,19 +196,32 @@ def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
 
 
-def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str) -> dict:
-    """The target's latency curve (JSON), from `cached_latency`: measured once per target x machine x
-    threads x grid and kept under $SPECDEC_CACHE/latency, then once per process here. Timed through
-    the forward the cells' loop runs (`cache="auto"`: the CUDA graph fast path on CUDA)."""
+def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str, rows: int | None = None) -> dict:
+    """The target's latency curve (JSON) at `rows` rows per forward (default the cell's batch), from
+    `cached_latency`: measured once per target x machine x threads x grid and kept under
+    $SPECDEC_CACHE/latency, then once per process here. Timed through the forward the cells' loop runs
+    (`cache="auto"`: the CUDA graph fast path on CUDA; a batch's preallocated cache, also for the fewer
+    rows left once some have finished)."""
     runner = cfg.runner
     widths = curve_widths(cfg)
-    key = (_target_key(cfg, spec), widths, tuple(runner.latency_contexts), runner.latency_repeats, cfg.batch)
+    rows = rows or cfg.batch
+    cache = "static" if cfg.batch > 1 else "auto"
+    key = (_target_key(cfg, spec), widths, tuple(runner.latency_contexts), runner.latency_repeats, rows, cache)
     if key not in _CURVES:
-        log.info("latency curve of %s", target.label)
+        log.info("latency curve of %s at %d rows", target.label, rows)
         _CURVES[key] = cached_latency(target, widths=widths,
                                       contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
-                                      cache="auto", batch=cfg.batch).to_json()
+                                      cache=cache, batch=rows).to_json()
     return _CURVES[key]
+
+
+def latency_curves(cfg: ExperimentConfig, target: specdec.Target, spec: str, role: str) -> dict:
+    """{role: the curve at the cell's batch} and, for a batch, {role_rows: {r: the curve at r rows}} for
+    r = 1 .. batch - 1: rows leave a batch as they finish, and the steps after cost what fewer rows do."""
+    out = {role: latency_curve(cfg, target, spec)}
+    if cfg.batch > 1:
+        out[f"{role}_rows"] = {str(r): latency_curve(cfg, target, spec, r) for r in range(1, cfg.batch)}
+    return out
 
 
 def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specdec.Target:
@@ -267,9 +280,9 @@ def run_experiment(cfg: DictConfig) -> str:
     target = load_cached_target(exp)
     drafter = build_cached_drafter(exp, target)
     reference_drafter = None if own_reference else build_cached_drafter(exp, reference, REFERENCE_QUANT)
-    curves = {"target": latency_curve(exp, target, exp.quant.spec)}
+    curves = latency_curves(exp, target, exp.quant.spec, "target")
     if reference is not None:
-        curves["reference"] = latency_curve(exp, reference, REFERENCE_QUANT)
+        curves |= latency_curves(exp, reference, REFERENCE_QUANT, "reference")
     turns = sum(len(q.turns) for q in questions)
     with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {key['quant']}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:

@@ -1,12 +1,16 @@
 """Does a batch step's price need its rows? A check on a `size=batch` store, not a benchmark.
 
 Owns one comparison, per batch cell and per drafted run (the kernel's and fp32's): the summed time of
-the drafted batch's target forwards as measured, against two prices anchored on the same cell's plain
-batch (`experiments.heldout`'s rule: the curve as a ratio, scaled so the plain run's steps cost what
-they measured):
+the drafted batch's target forwards as measured, against prices anchored on the same cell's plain batch
+(`experiments.heldout`'s rule: a curve as a ratio, scaled so the plain run's steps cost what they
+measured):
 - *width only* (the cost model's): every step at the batch's curve, L_B(w) / L_B(1) x the plain mean step;
-- *rows too*: a step with r rows left and width w at L_1(w) + (L_B(w) - L_1(w)) (r - 1) / (B - 1), linear
-  in rows between the batch-1 cell's curve and the batch cell's, from `batch_verify_shapes`.
+- *rows, linear*: a step with r rows left and width w at L_1(w) + (L_B(w) - L_1(w)) (r - 1) / (B - 1),
+  between the batch-1 cell's curve and the batch cell's, from `batch_verify_shapes`;
+- *rows, curves*: a step (r, w) at L_r(w), the cell's curve at r rows (`latency.target_rows`), scaled once;
+- *rows, anchored*: a step (r, w) at t_1(r) L_r(w) / L_r(1), t_1(r) the plain batch's mean forward with r
+  rows left (`batch_shape_forward_s`; t_1(B) L_r(1) / L_B(1) where the plain batch had no such step).
+The last two need a store written with the fewer rows' curves and the forward times per shape.
 Knows nothing about reports; prints one line per run.
 
     python scripts/batch_rows_check.py results/batch     # after python -m experiments.main size=batch
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, not an installed copy
@@ -24,13 +29,20 @@ from experiments import heldout  # noqa: E402
 from experiments.report import load_cells  # noqa: E402
 
 
-def _shapes(column) -> dict[tuple[int, int], int]:
-    out: dict[tuple[int, int], int] = {}
+def _by_shape(column) -> dict[tuple[int, int], float]:
+    """A run's {"RxW": value} column summed over rows, keyed (rows, width)."""
+    out: dict[tuple[int, int], float] = {}
     for shapes in column:
         for key, n in shapes.items():
             rows, width = map(int, key.split("x"))
-            out[rows, width] = out.get((rows, width), 0) + int(n)
+            out[rows, width] = out.get((rows, width), 0) + float(n)
     return out
+
+
+def _scaled(plain: dict, drafted: dict, plain_s: float, price: Callable[[int, int], float]) -> float:
+    """The drafted steps priced by `price`, scaled so that the plain steps cost `plain_s`."""
+    return plain_s / sum(n * price(*shape) for shape, n in plain.items()) * sum(
+        n * price(*shape) for shape, n in drafted.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,25 +56,30 @@ def main(argv: list[str] | None = None) -> int:
         if "batch_verify_shapes" not in r or cell.quant not in ones:
             print(f"{cell.name}: no batch_verify_shapes or no batch-1 cell of {cell.quant}: skipped")
             continue
-        context = heldout.row_context(r)
-        for (curve_b, curve_1), drafted, plain, role in zip(zip(cell.curves(), ones[cell.quant].curves()),
-                                                            ("", "reference_drafted_"), ("baseline_", "reference_"),
-                                                            ("kernel", "fp32")):
-            def price(rows: int, width: int) -> float:
-                one = curve_1.at(width, context)
-                return one + (curve_b.at(width, context) - one) * (rows - 1) / (batch - 1)
-
-            plain_s = float(r[f"{plain}batch_verify_time_s"].sum())
-            plain_shapes = _shapes(r[f"{plain}batch_verify_shapes"])
-            drafted_shapes = _shapes(r[f"{drafted}batch_verify_shapes"])
-            measured = float(r[f"{drafted}batch_verify_time_s"].sum())
-            width_only = plain_s / sum(plain_shapes.values()) * sum(
-                n * curve_b.at(w, context) / curve_b.at(1, context) for (_, w), n in drafted_shapes.items())
-            rows_too = plain_s / sum(n * price(k, w) for (k, w), n in plain_shapes.items()) * sum(
-                n * price(k, w) for (k, w), n in drafted_shapes.items())
-            print(f"{cell.name}, {role}'s drafted runs: forwards measured {measured:.2f} s; width only "
-                  f"{width_only:.2f} s ({width_only / measured - 1:+.0%}); rows too {rows_too:.2f} s "
-                  f"({rows_too / measured - 1:+.0%})")
+        c = heldout.row_context(r)
+        for curve_b, curve_1, by_rows, drafted, plain, role in zip(
+                cell.curves(), ones[cell.quant].curves(), cell.row_curves(),
+                ("", "reference_drafted_"), ("baseline_", "reference_"), ("kernel", "fp32")):
+            plain_n, drafted_n = (_by_shape(r[f"{p}batch_verify_shapes"]) for p in (plain, drafted))
+            timed = heldout._has(r, [f"{plain}batch_shape_forward_s", f"{drafted}batch_shape_forward_s"])
+            if timed:  # the target's forwards alone
+                plain_t, drafted_t = (_by_shape(r[f"{p}batch_shape_forward_s"]) for p in (plain, drafted))
+                plain_s, measured = sum(plain_t.values()), sum(drafted_t.values())
+            else:  # everything but drafting
+                plain_s, measured = (float(r[f"{p}batch_verify_time_s"].sum()) for p in (plain, drafted))
+            prices = {"width only": lambda k, w: curve_b.at(w, c),
+                      "rows, linear": lambda k, w: curve_1.at(w, c) + (curve_b.at(w, c) - curve_1.at(w, c))
+                      * (k - 1) / (batch - 1)}
+            out = {name: _scaled(plain_n, drafted_n, plain_s, price) for name, price in prices.items()}
+            if len(by_rows) == batch:
+                out["rows, curves"] = _scaled(plain_n, drafted_n, plain_s, lambda k, w: by_rows[k].at(w, c))
+            if len(by_rows) == batch and timed:
+                t1 = {k: plain_t[k, 1] / plain_n[k, 1] for k, w in plain_n if w == 1}
+                anchor = {k: t1.get(k, t1[batch] * by_rows[k].at(1, c) / by_rows[batch].at(1, c))
+                          for k in range(1, batch + 1)}
+                out["rows, anchored"] = sum(n * anchor[k] * by_rows[k].ratio(w, c) for (k, w), n in drafted_n.items())
+            shown = "; ".join(f"{name} {s:.2f} s ({s / measured - 1:+.0%})" for name, s in out.items())
+            print(f"{cell.name}, {role}'s drafted runs: forwards measured {measured:.2f} s; {shown}")
     return 0
 
 

@@ -103,9 +103,9 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
             machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
                 "dtype": str(best).removeprefix("torch."),
                 "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
-    kind = resolve_cache("auto", target)
     curves = {}
     for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
+        kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
         curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch)
         curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch)] = curve.to_json()
     record = machine.update_record(label, dev, dtype, threads=count, curves=curves)

@@ -52,6 +52,11 @@ def test_batch_steps_record_the_padded_width_and_the_rows_left(tiny64, prompts, 
         widths[width] = widths.get(width, 0) + 1
         shapes[len(here), width] = shapes.get((len(here), width), 0) + 1
     assert outs.stats.verify_widths == widths and outs.stats.verify_shapes == shapes
+    # Each shape's forward seconds: the rows' steps of that shape share one forward, timed once.
+    timed = outs.stats.verify_shape_time_s
+    assert timed.keys() == shapes.keys() and min(timed.values()) > 0
+    assert sum(timed.values()) == pytest.approx(outs.stats.target_time_s)
+    assert sum(timed.values()) < sum(s.target_time_s for steps in per_row for s in steps)  # rows share forwards
     assert outs.stats.steps == max(map(len, per_row)) < sum(map(len, per_row))
     assert len({r for r, _ in shapes}) > 1  # rows left the batch
     assert len(widths) > 1  # and drafts of different sizes were padded
@@ -269,3 +274,23 @@ def test_batched_certificate_case_passes_and_names_unbatchable_drafters():
         name = "single"
 
     assert batch_case(world.target, Single(), "chain(2)", "plain", 10) is None
+
+
+def test_a_batch_and_its_latency_curve_run_the_same_cache(tiny64, prompts, monkeypatch):
+    """`cache="auto"` is the preallocated cache for a batch, in `generate_batch` and in a latency curve
+    at that batch (what the cost model prices a batch's steps with), and the growing one for one row."""
+    from specdec.measure import latency
+    from specdec.target.forwards import resolve_cache
+
+    assert [resolve_cache("auto", tiny64, rows) for rows in (1, 2)] == ["dynamic", "static"]
+    made, static = [], latency.CACHES["static"]
+
+    def counted(target, capacity, buckets):
+        made.append(capacity)
+        return static(target, capacity, buckets)
+
+    monkeypatch.setitem(latency.CACHES, "static", counted)  # the one registry the loop reads too
+    specdec.generate_batch(tiny64, None, prompts[:2], max_new_tokens=2, chat=False)
+    curve = latency.measure_latency(tiny64, (1, 2), (4,), repeats=1, cache="auto", batch=2)
+    assert len(made) == 2 and curve.batch == 2
+    assert latency.curve_key(tiny64, (1, 2), (4,), 1, resolve_cache("auto", tiny64, 2), 2).startswith("static_")

@@ -31,6 +31,11 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
         assert set(group.baseline_batch_verify_widths) == {"1"}
         assert sum(group.batch_verify_shapes.values()) == group.batch_steps
         assert {shape.split("x")[0] for shape in group.batch_verify_shapes} <= {"1", "2"}
+        # The target's forward seconds per shape: the same shapes, inside what the steps took outside drafting.
+        for run in ("", "baseline_"):
+            forwards = group[f"{run}batch_shape_forward_s"]
+            assert set(forwards) == set(group[f"{run}batch_verify_shapes"]) and min(forwards.values()) > 0
+            assert sum(forwards.values()) < group[f"{run}batch_verify_time_s"]
     # The report reads the store: a section per batch size, and the cost model predicts the batch cell from
     # its batch steps (by kernel and by halves of its groups) on its curve measured at batch 2.
     from experiments.report import build_report
@@ -52,6 +57,12 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     from specdec.measure.latency import LatencyCurve
 
     meta = json.loads((results / "cells" / one.cell_id.iloc[0] / "cell.json").read_text())
+    # The batch cell stores its curves at 2 rows and, for the steps after a row has left, at 1 row, timed
+    # through the batch's preallocated cache; the batch-1 cell stores one curve per role.
+    two_meta = json.loads((results / "cells" / two.cell_id.iloc[0] / "cell.json").read_text())
+    for role in ("target", "reference"):
+        assert two_meta["latency"][role]["batch"] == 2 and f"{role}_rows" not in meta["latency"]
+        assert [c["batch"] for c in two_meta["latency"][f"{role}_rows"].values()] == [1]
     files = []
     for role in ("target", "reference"):
         files.append(str(tmp_path / f"{role}.json"))
@@ -60,7 +71,7 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     section = projected.split("## Projected to other hardware")[1].split("\n## ")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ngram chain(4)")]
     assert len(lines) == 2 and "x / " in lines[0] and lines[1].endswith("| – (curves of batch 1) |")
-    # scripts/batch_rows_check.py reads the same store: both drafted runs of the batch cell, priced two ways.
+    # scripts/batch_rows_check.py reads the same store: both drafted runs of the batch cell, priced four ways.
     import importlib.util
 
     script = Path(__file__).parents[1] / "scripts" / "batch_rows_check.py"
@@ -71,7 +82,8 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed] == [f"ngram chain(4) @b2 on torchao_int4_g32, {role}'s drafted runs"
                                                         for role in ("kernel", "fp32")]
-    assert all("width only" in line and "rows too" in line for line in printed)
+    assert all(all(f"{way} " in line for way in ("width only", "rows, linear", "rows, curves", "rows, anchored"))
+               for line in printed)
 
 
 def test_batch_section_shows_speculation_per_batch():

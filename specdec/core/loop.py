@@ -293,9 +293,7 @@ def _plan(target: Target, drafter: Drafter | None, shape: str | ShapeSpec | Shap
     generation past the context, a too short `cache_capacity`, a batch the cache or policy cannot
     run, or a batch whose cache would not fit in memory."""
     spec = None if isinstance(shape, ShapePolicy) else parse_shape(shape)
-    # A batch's `auto` cache is the preallocated one: a growing cache copies every row's entries at every
-    # step (transformers' DynamicCache concatenates), which a batch of long rows pays for in full.
-    kind = "static" if cache == "auto" and len(rows) > 1 else resolve_cache(cache, target)
+    kind = resolve_cache(cache, target, len(rows))
     max_nodes = 0 if drafter is None else shape.max_nodes if spec is None else spec.max_nodes
     width, buckets = verification_width(kind, max_nodes + 1, buckets)
     for b, (row, limit) in enumerate(zip(rows, limits)):

@@ -177,9 +177,13 @@ class BatchStats:
     verify_shapes: dict[tuple[int, int], int] = field(default_factory=dict)
     """Steps per (rows still decoding, padded width): rows leave the batch when they finish, so a run's
     steps are not all as wide as the batch."""
+    verify_shape_time_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    """Seconds of the verify forwards per (rows still decoding, padded width), summed: what a step of each
+    shape cost in this run (a plain batch's one-token forward at each row count, for the cost model)."""
 
     def add_step(self, target_s: float, draft_s: float, total_s: float, rows: int = 1, width: int = 1) -> None:
         self.steps += 1
+        self.verify_shape_time_s[rows, width] = self.verify_shape_time_s.get((rows, width), 0.0) + target_s
         self.target_time_s += target_s
         self.draft_time_s += draft_s
         self.step_time_s += total_s

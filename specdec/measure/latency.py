@@ -131,7 +131,7 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
     (cache, forward) pair to time (`specdec.target.forwards.CACHES`; `graphs`: the bucketed static
     forward, captured on CUDA, with the default buckets widened to the widest width). `batch` > 1
     times `batch` rows at once (the rows' prefixes differ; the forward is the batched tree forward
-    `specdec.generate_batch` verifies with)."""
+    `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a batch's does: `static`)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if not isinstance(batch, int) or batch < 1:
@@ -140,7 +140,7 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
     if longest > target.context_length:
         raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
                          f"context length {target.context_length}")
-    kind = resolve_cache(cache, target)
+    kind = resolve_cache(cache, target, batch)
     padded, buckets = verification_width(kind, max(widths), None)
     gen = torch.Generator().manual_seed(seed)
     table = []
@@ -182,7 +182,7 @@ def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32
     """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
     store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
     `tuned_latency`, which never measures."""
-    kind = resolve_cache(cache, target)
+    kind = resolve_cache(cache, target, batch)
     key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch)
     record = machine.load_record(target.label, target.device, target.dtype) or {}
     if key in record.get("curves", {}):
@@ -203,7 +203,7 @@ def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> Lat
     (batch * w - 1) * DEFAULT_WIDTH_COST one-token forwards (a batch's rows widen the forward like
     tokens do), whose `machine` field says "not tuned" (the policy's scale factor absorbs the absolute
     time; only the curve's shape matters)."""
-    kind = resolve_cache(cache, target)
+    kind = resolve_cache(cache, target, batch)
     prefix = f"{kind}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}
     curves = record.get("curves", {})

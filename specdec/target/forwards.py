@@ -38,10 +38,13 @@ def _graphs(target: Target, capacity: int, buckets: tuple[int, ...]) -> tuple[Ca
     return runner.open(), runner.forward
 
 
-def resolve_cache(cache: str, target: Target) -> str:
-    """The `CACHES` key `generate(cache=...)` runs with: `auto` -> `graphs` on CUDA, else `dynamic`."""
+def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:
+    """The `CACHES` key `generate_batch(cache=...)` runs `rows` prompts with: `auto` -> `static` for a
+    batch (a growing cache copies every row's entries at every step: transformers' DynamicCache
+    concatenates, which a batch of long rows pays for in full), else `graphs` on CUDA and `dynamic` on
+    CPU. What a latency curve at a batch is timed through, too (`specdec.measure.latency`)."""
     if cache == "auto":
-        return "graphs" if target.device.type == "cuda" else "dynamic"
+        return "static" if rows > 1 else "graphs" if target.device.type == "cuda" else "dynamic"
     if cache not in CACHES:
         raise ValueError(f"unknown cache {cache!r}; expected auto or one of {', '.join(CACHES)}")
     return cache
