@@ -52,7 +52,8 @@ class HeldOutScore:
 def heldout_score(cells: list[Cell]) -> HeldOutScore:
     by_shape, shape_note = heldout.shape_predictions(
         [heldout.Measured(c.cell_id, c.labels, c.rows, c.curves()[0]) for c in cells])
-    held = heldout.table([h for c in cells for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0])]
+    held = heldout.table([h for c in cells
+                          for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0], c.row_curves()[0])]
                          + by_shape)
     return HeldOutScore(held, heldout.score(held, {"shape": shape_note} if shape_note else None), shape_note)
 

@@ -34,10 +34,12 @@ Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) =
 cells (fp32 cost) are listed apart and left out of the score. A kind that no cell allows is absent
 from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are predicted by
 kernel and by prompts (halves of their groups) from their batch steps (`steps`): a step's width is the
-padded width of its widest row, costed on the cell's curve measured at its batch (`costmodel.PlainRun.batch`),
-and t_1 is the plain batch's mean step, so steps with fewer rows left are priced as the plain run's mix
-of them (a drafted run's mix differs, `batch_verify_shapes`, and pricing a step by its rows as well is not
-done yet); a batch cell stored before those fields is not predicted. Knows nothing about files or figures.
+padded width of its widest row. Rows leave a batch as they finish, so a step is priced by the rows still
+decoding too (`shapes`, `costmodel.predict_speculation`): f_r, the plain batch's one-token forward with r
+rows (`batch_shape_forward_s`), times R_r(w) of the cell's curve at r rows. A batch cell stored before
+its curves by rows and forward times by shape is priced by width alone, on its curve at the batch with
+t_1 the plain batch's mean step (as if the drafted run left rows as the plain run did); one stored before
+its batch steps is not predicted. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
@@ -129,11 +131,25 @@ def steps(rows: pd.DataFrame, prefix: str = "") -> tuple[dict[int, int], float]:
             float(rows[_column(rows, prefix, "verify_time_s")].sum()))
 
 
+def shapes(rows: pd.DataFrame, prefix: str = "", name: str = "verify_shapes") -> dict[tuple[int, int], float] | None:
+    """A batch's {(rows still decoding, padded width): value} of the runs `prefix` summed over `rows`
+    (`batch_verify_shapes`: steps; `batch_shape_forward_s`: forward seconds), None where not stored."""
+    column = f"{prefix}batch_{name}"
+    if not _has(rows, [column]):
+        return None
+    out: dict[tuple[int, int], float] = {}
+    for by_shape in rows[column]:
+        for key, value in by_shape.items():
+            r, w = map(int, key.split("x"))
+            out[r, w] = out.get((r, w), 0) + value
+    return out
+
+
 def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfile:
     """phi_w and delta from the drafted runs `prefix` (`""` = the kernel's, `reference_drafted_` = fp32's)."""
     widths, verify_s = steps(rows, prefix)
     other = float((rows[f"{prefix}wall_time_s"] - rows[f"{prefix}prefill_time_s"]).sum()) - verify_s
-    return costmodel.DraftProfile.from_runs(int(rows[f"{prefix}new_tokens"].sum()), widths, other)
+    return costmodel.DraftProfile.from_runs(int(rows[f"{prefix}new_tokens"].sum()), widths, other, shapes(rows, prefix))
 
 
 def _has(rows: pd.DataFrame, columns: Sequence[str]) -> bool:
@@ -159,7 +175,8 @@ def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftPr
         return fp32, False
     drafting = float(rows.reference_drafted_draft_time_s.sum()) / sum(_widths(rows.reference_drafted_verify_widths).values())
     scale = on_kernel[str(k)] / on_fp32[str(k)]
-    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s + drafting * (scale - 1)), True
+    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s + drafting * (scale - 1),
+                                  fp32.shapes_per_token), True
 
 
 def _batch(rows: pd.DataFrame) -> int:
@@ -178,10 +195,15 @@ def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
     c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
+    by_rows = {}
+    counts, forwards = shapes(rows, "baseline_"), shapes(rows, "baseline_", "shape_forward_s")
+    if counts and forwards:  # a batch's one-token forward per row count, and the rest of its steps
+        by_rows = {"row_forward_s": {r: forwards[r, w] / k for (r, w), k in counts.items() if w == 1},
+                   "step_other_s": float(verify_s - sum(forwards.values())) / n}
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),
         prefill_s=float(rows.baseline_prefill_time_s.sum()), forward_s=float(verify_s / n),
-        context=row_context(rows), batch=_batch(rows))
+        context=row_context(rows), batch=_batch(rows), **by_rows)
 
 
 def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, float]:
@@ -191,11 +213,11 @@ def diagnostics(draft: costmodel.DraftProfile, rows: pd.DataFrame) -> dict[str, 
             "length_ratio": float(rows.new_tokens.sum() / rows.baseline_new_tokens.sum())}
 
 
-def in_sample(rows: pd.DataFrame, curve: LatencyCurve) -> float:
+def in_sample(rows: pd.DataFrame, curve: LatencyCurve, row_curves: Mapping[int, LatencyCurve] | None = None) -> float:
     """`HeldOut.in_sample` of `rows` (NaN where they lack the drafted runs' timings)."""
     if not _has(rows, ("verify_widths", "prefill_time_s", "verify_time_s")):
         return float("nan")
-    return costmodel.predict_speculation(draft_profile(rows), plain_run(rows), curve)
+    return costmodel.predict_speculation(draft_profile(rows), plain_run(rows), curve, row_curves)
 
 
 def expected_transfer(seen: pd.DataFrame, unseen: pd.DataFrame) -> float:
@@ -224,8 +246,10 @@ def halves(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return rows[mask], rows[~mask]
 
 
-def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCurve) -> list[HeldOut]:
-    """Every held-out prediction of one cell (module docstring); `curve` is the cell's target curve."""
+def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCurve,
+                row_curves: Mapping[int, LatencyCurve] | None = None) -> list[HeldOut]:
+    """Every held-out prediction of one cell (module docstring); `curve` is the cell's target curve,
+    `row_curves` a batch cell's target curves by rows per forward ({} or None: priced by width only)."""
     batch = int(labels.get("batch", 1) or 1)
     common = {"cell_id": cell_id, "drafter": labels["drafter"], "quant": labels["quant"],
               "shape": labels["shape"] + (f" @b{batch}" if batch > 1 else ""),  # as the report names the cell
@@ -234,9 +258,9 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame, **extra) -> HeldOut:
         plain = plain_run(target)
         return HeldOut(**common, kind=kind, part=part, measured=measured_speculation(target),
-                       predicted=costmodel.predict_speculation(source, plain, curve),
-                       flat=costmodel.predict_speculation(source, plain, None), **diagnostics(source, target),
-                       in_sample=in_sample(target, curve), **extra)
+                       predicted=costmodel.predict_speculation(source, plain, curve, row_curves),
+                       flat=costmodel.predict_speculation(source, plain, None, row_curves),
+                       **diagnostics(source, target), in_sample=in_sample(target, curve, row_curves), **extra)
 
     out = []
     if batch > 1 and not _has(rows, ["batch_verify_widths"]):

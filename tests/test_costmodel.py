@@ -126,3 +126,32 @@ def test_a_batch_is_predicted_with_its_own_batch_curve():
     assert costmodel.predict_speculation(draft, plain, steep) < costmodel.predict_speculation(draft, plain, None)
     with pytest.raises(ValueError, match="measured at batch 1, the run decodes batch 8"):
         costmodel.predict_speculation(draft, plain, LatencyCurve(**flat, seconds=((1.0, 4.0),)))
+
+
+def test_a_batch_step_is_priced_by_the_rows_still_decoding_by_hand():
+    """A batch of 3 whose rows leave as they finish. The plain run: 30 tokens in 3.0 s (0.3 s prefill),
+    its one-token forwards 0.2 s with 3 rows and 0.1 s with 1 row (never 2), 0.01 s per step besides.
+    The drafted profile, per 30 tokens: 4 steps with 3 rows of width 5, 2 with 2 rows of width 5, 2 with
+    1 row of width 2; 0.02 s per step outside the forward. Curves: L_1 = 0.05 + 0.01 w, L_2 = 0.08 +
+    0.02 w, L_3 = 0.1 + 0.04 w. A step costs f_r R_r(w) + 0.01 + 0.02, f_2 from the curves: 0.2 x
+    L_2(1) / L_3(1) = 0.2 x 0.1 / 0.14."""
+    from dataclasses import replace
+
+    draft = costmodel.DraftProfile.from_runs(30, {5: 6, 2: 2}, other_s=0.16, shapes={(3, 5): 4, (2, 5): 2, (1, 2): 2})
+    assert draft.shapes_per_token == {(3, 5): 4 / 30, (2, 5): 2 / 30, (1, 2): 2 / 30}
+    plain = costmodel.PlainRun(new_tokens=30, seconds=3.0, prefill_s=0.3, forward_s=0.15, context=100.0, batch=3,
+                               row_forward_s={3: 0.2, 1: 0.1}, step_other_s=0.01)
+    curves = {r: replace(linear_curve(a, b), batch=r) for r, a, b in ((1, 0.05, 0.01), (2, 0.08, 0.02), (3, 0.1, 0.04))}
+    f2 = 0.2 * 0.1 / 0.14
+    steps = (4 * (0.2 * 0.3 / 0.14 + 0.03) + 2 * (f2 * 0.18 / 0.1 + 0.03) + 2 * (0.1 * 0.07 / 0.06 + 0.03))
+    assert costmodel.predict_speculation(draft, plain, curves[3], curves) == pytest.approx(3.0 / (0.3 + steps))
+    # The flat null: every width free, a row count the plain run never reached at f_B.
+    flat = 4 * (0.2 + 0.03) + 2 * (0.2 + 0.03) + 2 * (0.1 + 0.03)
+    assert costmodel.predict_speculation(draft, plain, None, curves) == pytest.approx(3.0 / (0.3 + flat))
+    # Without the curves by rows, every step is priced at the batch's width only, as before.
+    width_only = 0.3 + 30 * (6 / 30 * (0.15 * 0.3 / 0.14 + 0.02) + 2 / 30 * (0.15 * 0.18 / 0.14 + 0.02))
+    assert costmodel.predict_speculation(draft, plain, curves[3]) == pytest.approx(3.0 / width_only)
+    with pytest.raises(ValueError, match="needs the curves at 2 and 3 rows, got curves at \\[1, 3\\] rows"):
+        costmodel.predict_speculation(draft, plain, curves[3], {1: curves[1], 3: curves[3]})
+    with pytest.raises(ValueError, match="7 steps by \\(rows, width\\) against 8 by width"):
+        costmodel.DraftProfile.from_runs(30, {5: 6, 2: 2}, other_s=0.16, shapes={(3, 5): 4, (2, 5): 1, (1, 2): 2})

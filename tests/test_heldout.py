@@ -238,6 +238,27 @@ def test_a_batch_cell_is_predicted_from_its_batch_steps_by_hand():
         heldout.predictions("c", labels, rows, curve(0.08, 0.02))
 
 
+def test_a_batch_cell_with_its_rows_is_priced_per_row_count_by_hand():
+    """The same groups, stored with their steps by (rows, width) and their forward seconds per shape: the
+    plain batch ran 40 steps with both rows (3.2 s of forwards: f_2 = 0.08 s) and 10 with one (f_1 = 0.06
+    s), 0.024 s per step besides; the drafted batch 15 steps of 2 rows and 5 of 1, all of width 5.
+    T_d = 1 + 15 (0.08 L_2(5) / L_2(1) + 0.024 + 0.02) + 5 (0.06 L_1(5) / L_1(1) + 0.044) = 4.54 s with
+    L_2 = 0.08 + 0.02 w and L_1 = 0.05 + 0.01 w; the halves are alike, so each half predicts 6 / 4.54."""
+    from dataclasses import replace
+
+    labels = {"drafter": "eagle", "shape": "chain(4)", "quant": "none", "numerics_only": False, "batch": 2}
+    rows = batch_groups().assign(
+        batch_verify_shapes=[{"2x5": 15, "1x5": 5}] * 2, batch_shape_forward_s=[{"2x5": 2.4, "1x5": 0.5}] * 2,
+        baseline_batch_verify_shapes=[{"2x1": 40, "1x1": 10}] * 2,
+        baseline_batch_shape_forward_s=[{"2x1": 3.2, "1x1": 0.6}] * 2)
+    at_rows = {1: replace(curve(0.05, 0.01), batch=1), 2: replace(curve(0.08, 0.02), batch=2)}
+    t_d = 1 + 15 * (0.08 * 0.18 / 0.1 + 0.044) + 5 * (0.06 * 0.10 / 0.06 + 0.044)
+    held = heldout.predictions("c", labels, rows, at_rows[2], at_rows)
+    assert [h.predicted for h in held] == pytest.approx([6 / t_d] * 2)
+    # Without the curves by rows (a cell stored before them) the width-only price stands.
+    assert [h.predicted for h in heldout.predictions("c", labels, rows, at_rows[2])] == pytest.approx([1.2, 1.2])
+
+
 def test_a_batch_1_cell_beside_batch_cells_is_read_as_before():
     """In a store with batch cells every row has the batch columns, NaN in a batch-1 cell's rows: its
     prediction must be the one made without them (a NaN context once priced every forward at 0 s)."""

@@ -49,14 +49,22 @@ class DraftProfile:
     """phi_w: target forwards of width w per new token."""
     other_per_step_s: float
     """delta: seconds per drafted step outside the target's forward."""
+    shapes_per_token: Mapping[tuple[int, int], float] | None = None
+    """A batch's phi by (rows still decoding, padded width), where its runs recorded them (rows leave a
+    batch as they finish); the same forwards as `forwards_per_token`, split by rows."""
 
     @classmethod
-    def from_runs(cls, new_tokens: int, forwards: Mapping[int, int], other_s: float) -> DraftProfile:
-        """From summed drafted runs: tokens, forwards per width, seconds outside the forwards."""
+    def from_runs(cls, new_tokens: int, forwards: Mapping[int, int], other_s: float,
+                  shapes: Mapping[tuple[int, int], int] | None = None) -> DraftProfile:
+        """From summed drafted runs: tokens, forwards per width, seconds outside the forwards (and a
+        batch's forwards per (rows, width))."""
         steps = sum(forwards.values())
         if new_tokens <= 0 or steps <= 0:
             raise ValueError(f"a draft profile needs tokens and steps, got {new_tokens} tokens, {steps} steps")
-        return cls({int(w): n / new_tokens for w, n in forwards.items()}, other_s / steps)
+        if shapes is not None and sum(shapes.values()) != steps:
+            raise ValueError(f"{sum(shapes.values())} steps by (rows, width) against {steps} by width")
+        return cls({int(w): n / new_tokens for w, n in forwards.items()}, other_s / steps,
+                   None if shapes is None else {(int(r), int(w)): n / new_tokens for (r, w), n in shapes.items()})
 
 
 @dataclass(frozen=True)
@@ -73,16 +81,32 @@ class PlainRun:
     """c: mean cached tokens at a step."""
     batch: int = 1
     """Rows decoded together (`specdec.generate_batch`): t_1 is then one batched one-token forward."""
+    row_forward_s: Mapping[int, float] | None = None
+    """A batch's f_r: the mean one-token forward of its plain steps with r rows still decoding (where
+    measured); t_1 is then f_r + `step_other_s`."""
+    step_other_s: float = 0.0
+    """With `row_forward_s`: seconds of a plain step outside its forward (acceptance, bookkeeping)."""
 
 
-def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurve | None) -> float:
+def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurve | None,
+                        row_curves: Mapping[int, LatencyCurve] | None = None) -> float:
     """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1). A batch is
     predicted with the curve measured at its batch size (a batch's forward of w tokens per row costs
     R(w, c) of that curve: rows widen a forward, so the batch-1 curve would understate it); the
-    profile's widths are then a step's padded width (1 + the most draft nodes of any row)."""
+    profile's widths are then a step's padded width (1 + the most draft nodes of any row).
+
+    Rows leave a batch as they finish, so its steps are not all B rows wide. With the profile's steps
+    by (rows r, width w), the plain run's forward per row count f_r and the curves at each row count
+    (`row_curves`, {r: L_r}, B included), a step costs f_r R_r(w, c) + the plain step's other seconds
+    + delta; f_r of a row count the plain run never reached is f_B L_r(1, c) / L_B(1, c). The flat null
+    (`curve=None` with `row_curves`) takes R_r = 1 and f_B there."""
     if curve is not None and curve.batch != plain.batch:
         raise ValueError(f"the latency curve was measured at batch {curve.batch}, the run decodes batch {plain.batch}: "
                          f"measure one at that batch (python -m specdec.tune TARGET --batch {plain.batch})")
+    if draft.shapes_per_token and plain.row_forward_s and row_curves:
+        per_token = sum(phi * (_row_step_s(plain, r, w, None if curve is None else row_curves) + draft.other_per_step_s)
+                        for (r, w), phi in draft.shapes_per_token.items())
+        return plain.seconds / (plain.prefill_s + plain.new_tokens * per_token)
 
     def ratio(w: int) -> float:
         return 1.0 if curve is None else curve.at(w, plain.context) / curve.at(1, plain.context)
@@ -90,6 +114,18 @@ def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurv
     per_token = sum(phi * (plain.forward_s * ratio(w) + draft.other_per_step_s)
                     for w, phi in draft.forwards_per_token.items())
     return plain.seconds / (plain.prefill_s + plain.new_tokens * per_token)
+
+
+def _row_step_s(plain: PlainRun, rows: int, width: int, curves: Mapping[int, LatencyCurve] | None) -> float:
+    """Seconds of a batch step outside drafting with `rows` rows of `width` (`predict_speculation`)."""
+    c, measured = plain.context, plain.row_forward_s
+    if curves is None:  # the flat null
+        return measured.get(rows, measured[plain.batch]) + plain.step_other_s
+    if rows not in curves or plain.batch not in curves:
+        raise ValueError(f"a batch step with {rows} rows left needs the curves at {rows} and {plain.batch} rows, "
+                         f"got curves at {sorted(curves)} rows")
+    f = measured[rows] if rows in measured else measured[plain.batch] * curves[rows].at(1, c) / curves[plain.batch].at(1, c)
+    return f * curves[rows].ratio(width, c) + plain.step_other_s
 
 
 @dataclass(frozen=True)
