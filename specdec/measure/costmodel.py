@@ -124,7 +124,7 @@ def _row_step_s(plain: PlainRun, rows: int, width: int, curves: Mapping[int, Lat
     if rows not in curves or plain.batch not in curves:
         raise ValueError(f"a batch step with {rows} rows left needs the curves at {rows} and {plain.batch} rows, "
                          f"got curves at {sorted(curves)} rows")
-    f = measured[rows] if rows in measured else measured[plain.batch] * curves[rows].at(1, c) / curves[plain.batch].at(1, c)
+    f = measured.get(rows, measured[plain.batch] * curves[rows].at(1, c) / curves[plain.batch].at(1, c))
     return f * curves[rows].ratio(width, c) + plain.step_other_s
 
 
