@@ -201,7 +201,7 @@ def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str, rows
     `cached_latency`: measured once per target x machine x threads x grid and kept under
     $SPECDEC_CACHE/latency, then once per process here. Timed through the forward the cells' loop runs
     (`cache="auto"`: the CUDA graph fast path on CUDA; a batch's preallocated cache, also for the fewer
-    rows left once some have finished)."""
+    rows left once some have finished, with the holes its rows of different lengths leave)."""
     runner = cfg.runner
     widths = curve_widths(cfg)
     rows = rows or cfg.batch
@@ -211,7 +211,7 @@ def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str, rows
         log.info("latency curve of %s at %d rows", target.label, rows)
         _CURVES[key] = cached_latency(target, widths=widths,
                                       contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
-                                      cache=cache, batch=rows).to_json()
+                                      cache=cache, batch=rows, holes=cfg.batch > 1).to_json()
     return _CURVES[key]
 
 

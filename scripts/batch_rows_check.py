@@ -4,12 +4,14 @@ Owns one comparison, per batch cell and per drafted run (the kernel's and fp32's
 the drafted batch's target forwards as measured, against prices anchored on the same cell's plain batch
 (`experiments.heldout`'s rule: a curve as a ratio, scaled so the plain run's steps cost what they
 measured):
-- *width only* (the cost model's): every step at the batch's curve, L_B(w) / L_B(1) x the plain mean step;
+- *width only* (the cost model's for a cell stored without its curves by rows): every step at the batch's
+  curve, L_B(w) / L_B(1) x the plain mean step;
 - *rows, linear*: a step with r rows left and width w at L_1(w) + (L_B(w) - L_1(w)) (r - 1) / (B - 1),
   between the batch-1 cell's curve and the batch cell's, from `batch_verify_shapes`;
 - *rows, curves*: a step (r, w) at L_r(w), the cell's curve at r rows (`latency.target_rows`), scaled once;
-- *rows, anchored*: a step (r, w) at t_1(r) L_r(w) / L_r(1), t_1(r) the plain batch's mean forward with r
-  rows left (`batch_shape_forward_s`; t_1(B) L_r(1) / L_B(1) where the plain batch had no such step).
+- *rows, anchored* (the cost model's forwards, `costmodel.predict_speculation` with `row_curves`): a step
+  (r, w) at f_r L_r(w) / L_r(1), f_r the plain batch's mean forward with r rows left
+  (`batch_shape_forward_s`; f_B L_r(1) / L_B(1) where the plain batch had no such step).
 The last two need a store written with the fewer rows' curves and the forward times per shape.
 Knows nothing about reports; prints one line per run.
 
@@ -27,16 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from experiments import heldout  # noqa: E402
 from experiments.report import load_cells  # noqa: E402
-
-
-def _by_shape(column) -> dict[tuple[int, int], float]:
-    """A run's {"RxW": value} column summed over rows, keyed (rows, width)."""
-    out: dict[tuple[int, int], float] = {}
-    for shapes in column:
-        for key, n in shapes.items():
-            rows, width = map(int, key.split("x"))
-            out[rows, width] = out.get((rows, width), 0) + float(n)
-    return out
 
 
 def _scaled(plain: dict, drafted: dict, plain_s: float, price: Callable[[int, int], float]) -> float:
@@ -60,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         for curve_b, curve_1, by_rows, drafted, plain, role in zip(
                 cell.curves(), ones[cell.quant].curves(), cell.row_curves(),
                 ("", "reference_drafted_"), ("baseline_", "reference_"), ("kernel", "fp32")):
-            plain_n, drafted_n = (_by_shape(r[f"{p}batch_verify_shapes"]) for p in (plain, drafted))
-            timed = heldout._has(r, [f"{plain}batch_shape_forward_s", f"{drafted}batch_shape_forward_s"])
+            plain_n, drafted_n = (heldout.shapes(r, p) for p in (plain, drafted))
+            plain_t, drafted_t = (heldout.shapes(r, p, "shape_forward_s") for p in (plain, drafted))
+            timed = plain_t is not None and drafted_t is not None
             if timed:  # the target's forwards alone
-                plain_t, drafted_t = (_by_shape(r[f"{p}batch_shape_forward_s"]) for p in (plain, drafted))
                 plain_s, measured = sum(plain_t.values()), sum(drafted_t.values())
             else:  # everything but drafting
                 plain_s, measured = (float(r[f"{p}batch_verify_time_s"].sum()) for p in (plain, drafted))

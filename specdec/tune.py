@@ -106,8 +106,8 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     curves = {}
     for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
         kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
-        curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch)
-        curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch)] = curve.to_json()
+        curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch, holes=batch > 1)
+        curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch, batch > 1)] = curve.to_json()
     record = machine.update_record(label, dev, dtype, threads=count, curves=curves)
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 

@@ -294,3 +294,17 @@ def test_a_batch_and_its_latency_curve_run_the_same_cache(tiny64, prompts, monke
     curve = latency.measure_latency(tiny64, (1, 2), (4,), repeats=1, cache="auto", batch=2)
     assert len(made) == 2 and curve.batch == 2
     assert latency.curve_key(tiny64, (1, 2), (4,), 1, resolve_cache("auto", tiny64, 2), 2).startswith("static_")
+    # With holes, every timed forward takes the explicit mask a batch of unequal rows verifies under.
+    calls = []
+
+    def forward(*args, **kwargs):
+        calls.append(kwargs.get("valid") is not None)
+        return plain_forward(*args, **kwargs)
+
+    plain_forward = tiny64.forward
+    monkeypatch.setattr(tiny64, "forward", forward)
+    for holes in (False, True):
+        calls.clear()
+        timed = latency.measure_latency(tiny64, (1, 2), (4,), repeats=1, cache="static", batch=2, holes=holes)
+        assert calls[1:] == [holes] * 4 and timed.holes is holes  # after the prefill: 2 widths, warm-up + 1
+        assert latency.LatencyCurve.from_json(timed.to_json()).holes is holes

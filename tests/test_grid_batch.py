@@ -63,6 +63,7 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     for role in ("target", "reference"):
         assert two_meta["latency"][role]["batch"] == 2 and f"{role}_rows" not in meta["latency"]
         assert [c["batch"] for c in two_meta["latency"][f"{role}_rows"].values()] == [1]
+        assert two_meta["latency"][role]["holes"] and not meta["latency"][role]["holes"]  # as each ran
     files = []
     for role in ("target", "reference"):
         files.append(str(tmp_path / f"{role}.json"))

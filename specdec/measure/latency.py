@@ -49,6 +49,8 @@ class LatencyCurve:
     """seconds[c][w]: median time of one forward at contexts[c], widths[w]."""
     batch: int = 1
     """Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification)."""
+    holes: bool = False
+    """Timed as rows with holes run (an explicit mask over the real entries: `measure_latency`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
@@ -89,7 +91,8 @@ class LatencyCurve:
         missing = [f for f in fields if f not in data]
         if missing:
             raise ValueError(f"latency curve {source} lacks {', '.join(missing)}")
-        return LatencyCurve(**{f: data[f] for f in fields}, batch=int(data.get("batch", 1)))
+        return LatencyCurve(**{f: data[f] for f in fields}, batch=int(data.get("batch", 1)),
+                            holes=bool(data.get("holes", False)))
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -125,13 +128,17 @@ def _sync(device: torch.device) -> None:
 
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
-                    cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
+                    cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
     """Time one forward of each width after each context (median of `repeats`, widths interleaved
     within each repeat so drift hits all widths alike; one warm-up pass first). `cache` names the
     (cache, forward) pair to time (`specdec.target.forwards.CACHES`; `graphs`: the bucketed static
     forward, captured on CUDA, with the default buckets widened to the widest width). `batch` > 1
     times `batch` rows at once (the rows' prefixes differ; the forward is the batched tree forward
-    `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a batch's does: `static`)."""
+    `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a batch's does: `static`).
+    `holes` times each forward as a batch whose rows hold holes runs it (prompts of different lengths:
+    the explicit mask over real entries) rather than through the model's own causal mask, which a batch
+    of equal rows takes for chains and for every one-token step (the two cost differently, most at
+    width 1: 12% at 4 rows of the int4 embedded target on an AMD EPYC)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if not isinstance(batch, int) or batch < 1:
@@ -155,7 +162,11 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
                 tokens = torch.randint(0, target.vocab_size, (batch, w), generator=gen)
                 _sync(target.device)
                 t0 = time.perf_counter()
-                forward(tokens, kv, torch.full((w,), -1, dtype=torch.long))
+                parents = torch.full((w,), -1, dtype=torch.long)
+                if holes:
+                    forward(tokens, kv, parents, valid=torch.ones(batch, w, dtype=torch.bool))
+                else:
+                    forward(tokens, kv, parents)
                 _sync(target.device)
                 if rep:  # rep 0 warms up
                     times[w].append(time.perf_counter() - t0)
@@ -163,31 +174,31 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
         table.append([statistics.median(times[w]) for w in widths])
     return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
                         machine=machine.machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
-                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table), batch=batch)
+                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table), batch=batch, holes=holes)
 
 
 def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
-              batch: int = 1) -> str:
+              batch: int = 1, holes: bool = False) -> str:
     """A curve's name inside the target's tune record: what else changes its times (the kernel, the
-    attention, the threads, the grid, the cache kind and the batch; machine, target and dtype name the
-    record). A batch of one adds nothing to the name."""
+    attention, the threads, the grid, the cache kind, the batch and the holes; machine, target and
+    dtype name the record). A batch of one without holes adds nothing to the name."""
     parts = [cache, target.kernel, target.attention, f"t{torch.get_num_threads()}",
              "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
-    return "_".join(parts + ([f"b{batch}"] if batch > 1 else []))
+    return "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                    contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic",
-                   batch: int = 1) -> LatencyCurve:
+                   batch: int = 1, holes: bool = False) -> LatencyCurve:
     """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
     store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
     `tuned_latency`, which never measures."""
     kind = resolve_cache(cache, target, batch)
-    key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch)
+    key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch, holes)
     record = machine.load_record(target.label, target.device, target.dtype) or {}
     if key in record.get("curves", {}):
         return LatencyCurve.from_json(record["curves"][key], f"tune record curve {key}")
-    curve = measure_latency(target, widths, contexts, repeats, cache=kind, batch=batch)
+    curve = measure_latency(target, widths, contexts, repeats, cache=kind, batch=batch, holes=holes)
     machine.update_record(target.label, target.device, target.dtype, curves={key: curve.to_json()})
     return curve
 
