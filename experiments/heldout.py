@@ -44,7 +44,7 @@ its batch steps is not predicted. Knows nothing about files or figures.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,12 +109,17 @@ class HeldOut:
         return abs(value / self.measured - 1)
 
 
-def _widths(column: pd.Series) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for widths in column:
-        for w, n in widths.items():
-            out[int(w)] = out.get(int(w), 0) + int(n)
+def _summed(column: pd.Series, key: Callable[[str], Hashable] = int) -> dict:
+    """The {key: value} dicts of a column added up, their keys read by `key`."""
+    out: dict = {}
+    for by_key in column:
+        for k, value in by_key.items():
+            out[key(k)] = out.get(key(k), 0) + value
     return out
+
+
+def _widths(column: pd.Series) -> dict[int, int]:
+    return {w: int(n) for w, n in _summed(column).items()}
 
 
 def _column(rows: pd.DataFrame, prefix: str, name: str) -> str:
@@ -135,14 +140,7 @@ def shapes(rows: pd.DataFrame, prefix: str = "", name: str = "verify_shapes") ->
     """A batch's {(rows still decoding, padded width): value} of the runs `prefix` summed over `rows`
     (`batch_verify_shapes`: steps; `batch_shape_forward_s`: forward seconds), None where not stored."""
     column = f"{prefix}batch_{name}"
-    if not _has(rows, [column]):
-        return None
-    out: dict[tuple[int, int], float] = {}
-    for by_shape in rows[column]:
-        for key, value in by_shape.items():
-            r, w = map(int, key.split("x"))
-            out[r, w] = out.get((r, w), 0) + value
-    return out
+    return _summed(rows[column], lambda k: tuple(map(int, k.split("x")))) if _has(rows, [column]) else None
 
 
 def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfile:

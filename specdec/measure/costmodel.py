@@ -20,6 +20,10 @@ The model, in one place. A drafted run of N new tokens on a target takes
   the shorter chain, delta from its measured times with the drafting part scaled by `drafting_scale`).
 - P (prefill), t_1 (mean one-token forward), T_p (wall time) and N: the plain run on the target
   being predicted (what any user measures before speculating; the drafted run is never read).
+- A batch of B rows: w is a step's padded width (its widest row), L the curve at B rows. Rows leave as
+  they finish, so where the runs recorded their steps by rows still decoding r, a step costs
+  f_r R_r(w, c) + the plain step's other seconds, with f_r the plain batch's one-token forward at r rows
+  and R_r the curve at r rows, timed with holes as a batch of unequal rows runs (`predict_speculation`).
 - R(w, c) = L(w, c) / L(1, c): the shape of the target's latency curve at the run's mean context c.
   The curve is used as a ratio, anchored on t_1 measured in the same job, so a curve taken at another
   time (or load) shifts neither side. The *flat-curve null* sets R = 1 (a wide verification free);

@@ -137,8 +137,8 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
     `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a batch's does: `static`).
     `holes` times each forward as a batch whose rows hold holes runs it (prompts of different lengths:
     the explicit mask over real entries) rather than through the model's own causal mask, which a batch
-    of equal rows takes for chains and for every one-token step (the two cost differently, most at
-    width 1: 12% at 4 rows of the int4 embedded target on an AMD EPYC)."""
+    of equal rows takes for chains and for every one-token step (the two can cost differently, most at
+    width 1: `scripts/batch_rows_check.py` shows what that does to a batch's price)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if not isinstance(batch, int) or batch < 1:
