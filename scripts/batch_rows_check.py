@@ -12,8 +12,10 @@ measured):
 - *rows, anchored* (the cost model's forwards, `costmodel.predict_speculation` with `row_curves`): a step
   (r, w) at f_r L_r(w) / L_r(1), f_r the plain batch's mean forward with r rows left
   (`batch_shape_forward_s`; f_B L_r(1) / L_B(1) where the plain batch had no such step).
-The last two need a store written with the fewer rows' curves and the forward times per shape.
-Knows nothing about reports; prints one line per run.
+The last two need a store written with the fewer rows' curves and the forward times per shape, and then
+the plain batch's one-token forward per row count is shown in the loop and on the curve. Last, per cell,
+each held-out speculation prediction (`experiments.heldout`) priced by rows and by width only.
+Knows nothing about reports; prints lines, not a page.
 
     python scripts/batch_rows_check.py results/batch     # after python -m experiments.main size=batch
 """
@@ -72,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                 out["rows, anchored"] = sum(n * anchor[k] * by_rows[k].ratio(w, c) for (k, w), n in drafted_n.items())
             shown = "; ".join(f"{name} {s:.2f} s ({s / measured - 1:+.0%})" for name, s in out.items())
             print(f"{cell.name}, {role}'s drafted runs: forwards measured {measured:.2f} s; {shown}")
+            if timed and len(by_rows) == batch:
+                ones_ms = "; ".join(f"{k} rows {plain_t[k, 1] / n * 1e3:.1f} ms in the loop, "
+                                    f"{by_rows[k].at(1, c) * 1e3:.1f} on the curve"
+                                    for (k, w), n in sorted(plain_n.items(), reverse=True) if w == 1)
+                print(f"{cell.name}, {role}'s plain one-token forward: {ones_ms}")
+        curve, by_rows = cell.curves()[0], cell.row_curves()[0]
+        for priced, width_only in zip(heldout.predictions(cell.cell_id, cell.labels, r, curve, by_rows),
+                                      heldout.predictions(cell.cell_id, cell.labels, r, curve)):
+            print(f"{cell.name}, speculation held out by {priced.kind} {priced.part}: measured {priced.measured:.3f}x; "
+                  f"by rows {priced.predicted:.3f}x ({priced.error(priced.predicted):.1%} off); "
+                  f"width only {width_only.predicted:.3f}x ({width_only.error(width_only.predicted):.1%} off)")
     return 0
 
 

@@ -81,10 +81,17 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     spec.loader.exec_module(check)
     assert check.main([str(results)]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in printed] == [f"ngram chain(4) @b2 on torchao_int4_g32, {role}'s drafted runs"
-                                                        for role in ("kernel", "fp32")]
+    name = "ngram chain(4) @b2 on torchao_int4_g32"
+    drafted = [line for line in printed if "drafted runs" in line]
+    assert [line.split(":")[0] for line in drafted] == [f"{name}, {role}'s drafted runs" for role in ("kernel", "fp32")]
     assert all(all(f"{way} " in line for way in ("width only", "rows, linear", "rows, curves", "rows, anchored"))
-               for line in printed)
+               for line in drafted)
+    ones = [line for line in printed if "one-token forward" in line]
+    assert len(ones) == 2 and all("2 rows" in line and "on the curve" in line for line in ones)
+    # ... and each held-out prediction of the batch cell, priced by rows and by width only.
+    held = [line.split(":")[0] for line in printed if "speculation held out" in line]
+    assert held == [f"{name}, speculation held out by {part}"
+                    for part in ("kernel all (fp32's drafting cost)", "prompts B", "prompts A")]
 
 
 def test_batch_section_shows_speculation_per_batch():
