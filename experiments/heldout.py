@@ -143,6 +143,15 @@ def shapes(rows: pd.DataFrame, prefix: str = "", name: str = "verify_shapes") ->
     return _summed(rows[column], lambda k: tuple(map(int, k.split("x")))) if _has(rows, [column]) else None
 
 
+def row_forwards(rows: pd.DataFrame, prefix: str) -> dict[int, float] | None:
+    """f_r of the plain batch runs `prefix`: their mean one-token forward with r rows still decoding
+    (None where the runs stored no forward times by shape)."""
+    counts, forwards = shapes(rows, prefix), shapes(rows, prefix, "shape_forward_s")
+    if not counts or not forwards:
+        return None
+    return {r: forwards[r, w] / k for (r, w), k in counts.items() if w == 1}
+
+
 def draft_profile(rows: pd.DataFrame, prefix: str = "") -> costmodel.DraftProfile:
     """phi_w and delta from the drafted runs `prefix` (`""` = the kernel's, `reference_drafted_` = fp32's)."""
     widths, verify_s = steps(rows, prefix)
@@ -193,10 +202,9 @@ def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
     c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
-    by_rows = {}
-    counts, forwards = shapes(rows, "baseline_"), shapes(rows, "baseline_", "shape_forward_s")
-    if counts and forwards:  # a batch's one-token forward per row count, and the rest of its steps
-        by_rows = {"row_forward_s": {r: forwards[r, w] / k for (r, w), k in counts.items() if w == 1},
+    by_rows, forwards = {}, shapes(rows, "baseline_", "shape_forward_s")
+    if forwards and shapes(rows, "baseline_"):  # a batch's one-token forward per row count, and the rest of its steps
+        by_rows = {"row_forward_s": row_forwards(rows, "baseline_"),
                    "step_other_s": float(verify_s - sum(forwards.values())) / n}
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),

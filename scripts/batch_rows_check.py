@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from experiments import heldout  # noqa: E402
 from experiments.report import load_cells  # noqa: E402
+from specdec.measure import costmodel  # noqa: E402
 
 
 def _scaled(plain: dict, drafted: dict, plain_s: float, price: Callable[[int, int], float]) -> float:
@@ -67,11 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             out = {name: _scaled(plain_n, drafted_n, plain_s, price) for name, price in prices.items()}
             if len(by_rows) == batch:
                 out["rows, curves"] = _scaled(plain_n, drafted_n, plain_s, lambda k, w: by_rows[k].at(w, c))
-            if len(by_rows) == batch and timed:
-                t1 = {k: plain_t[k, 1] / plain_n[k, 1] for k, w in plain_n if w == 1}
-                anchor = {k: t1.get(k, t1[batch] * by_rows[k].at(1, c) / by_rows[batch].at(1, c))
-                          for k in range(1, batch + 1)}
-                out["rows, anchored"] = sum(n * anchor[k] * by_rows[k].ratio(w, c) for (k, w), n in drafted_n.items())
+            if len(by_rows) == batch and timed:  # the cost model's price of a step, its forward alone
+                forwards = costmodel.PlainRun(new_tokens=0, seconds=0.0, prefill_s=0.0, forward_s=0.0, context=c,
+                                              batch=batch, row_forward_s=heldout.row_forwards(r, plain))
+                out["rows, anchored"] = sum(n * costmodel.batch_step_s(forwards, k, w, by_rows)
+                                            for (k, w), n in drafted_n.items())
             shown = "; ".join(f"{name} {s:.2f} s ({s / measured - 1:+.0%})" for name, s in out.items())
             print(f"{cell.name}, {role}'s drafted runs: forwards measured {measured:.2f} s; {shown}")
             if timed and len(by_rows) == batch:

@@ -108,7 +108,8 @@ def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurv
         raise ValueError(f"the latency curve was measured at batch {curve.batch}, the run decodes batch {plain.batch}: "
                          f"measure one at that batch (python -m specdec.tune TARGET --batch {plain.batch})")
     if draft.shapes_per_token and plain.row_forward_s and row_curves:
-        per_token = sum(phi * (_row_step_s(plain, r, w, None if curve is None else row_curves) + draft.other_per_step_s)
+        curves = None if curve is None else row_curves
+        per_token = sum(phi * (batch_step_s(plain, r, w, curves) + draft.other_per_step_s)
                         for (r, w), phi in draft.shapes_per_token.items())
         return plain.seconds / (plain.prefill_s + plain.new_tokens * per_token)
 
@@ -120,8 +121,9 @@ def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurv
     return plain.seconds / (plain.prefill_s + plain.new_tokens * per_token)
 
 
-def _row_step_s(plain: PlainRun, rows: int, width: int, curves: Mapping[int, LatencyCurve] | None) -> float:
-    """Seconds of a batch step outside drafting with `rows` rows of `width` (`predict_speculation`)."""
+def batch_step_s(plain: PlainRun, rows: int, width: int, curves: Mapping[int, LatencyCurve] | None) -> float:
+    """Seconds of a batch step outside drafting with `rows` rows of `width` (`predict_speculation`; with
+    `plain.step_other_s` = 0, its forward alone)."""
     c, measured = plain.context, plain.row_forward_s
     if curves is None:  # the flat null
         return measured.get(rows, measured[plain.batch]) + plain.step_other_s
