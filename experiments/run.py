@@ -4,8 +4,8 @@
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
 Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
-cell id, with the measuring protocol), the per-process cache of loaded targets (and of their latency curves) shared by the cells of
-one multirun, the cell's labels (the bit-width and "numerics only" derived from the quantization
+cell id, with the measuring protocol), the per-process cache of loaded targets shared by the cells of one multirun, the
+latency curves a cell times between its turns, the cell's labels (the bit-width and "numerics only" derived from the quantization
 registry, never hand-kept), its metadata (resolved config, the latency curves of its target and of the
 unquantized reference, the model's sizes for a roofline, git commit, hardware, library versions), the
 progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 import specdec
 from specdec import quant as quantization
 from specdec.core.shapes import AutoShape
-from specdec.measure.latency import cached_latency
+from specdec.measure.latency import CurveTimer
 from experiments.cell import run_cell
 from experiments.leaderboard import cell_summary
 from experiments.config import ExperimentConfig, check_keys, register_configs
@@ -53,7 +53,6 @@ register_configs()
 
 _TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
 _DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
-_CURVES: dict[tuple, dict] = {}  # (target key, widths, contexts, repeats, rows, cache) -> latency curve JSON
 PROTOCOL = "paired-2x2"
 """The measuring protocol of `experiments.cell` (in every cell key: cells of an older protocol never match)."""
 REFERENCE_QUANT = "none"
@@ -196,32 +195,50 @@ def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
 
 
-def latency_curve(cfg: ExperimentConfig, target: specdec.Target, spec: str, rows: int | None = None) -> dict:
-    """The target's latency curve (JSON) at `rows` rows per forward (default the cell's batch), from
-    `cached_latency`: measured once per target x machine x threads x grid and kept under
-    $SPECDEC_CACHE/latency, then once per process here. Timed through the forward the cells' loop runs
-    (`cache="auto"`: the CUDA graph fast path on CUDA; a batch's preallocated cache, also for the fewer
-    rows left once some have finished, with the holes its rows of different lengths leave)."""
-    runner = cfg.runner
-    widths = curve_widths(cfg)
-    rows = rows or cfg.batch
-    cache = "static" if cfg.batch > 1 else "auto"
-    key = (_target_key(cfg, spec), widths, tuple(runner.latency_contexts), runner.latency_repeats, rows, cache)
-    if key not in _CURVES:
-        log.info("latency curve of %s at %d rows", target.label, rows)
-        _CURVES[key] = cached_latency(target, widths=widths,
-                                      contexts=tuple(runner.latency_contexts), repeats=runner.latency_repeats,
-                                      cache=cache, batch=rows, holes=cfg.batch > 1).to_json()
-    return _CURVES[key]
+class CellCurves:
+    """The latency curves a cell stores: its target's and (for a kernel's cell) its reference's, at the
+    cell's batch and, for a batch, at every fewer rows too (rows leave a batch as they finish, and the
+    steps after cost what fewer rows do). Timed through the forward the cell's loop runs (`cache="auto"`:
+    the CUDA graph fast path on CUDA; a batch's preallocated cache, with the holes its rows of different
+    lengths leave), in `runner.latency_repeats` passes of `CurveTimer` spread evenly over the cell's
+    turns (`after_turn`), so each curve sees the machine its runs saw, not the moment the cell began."""
 
+    def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], turns: int) -> None:
+        self.repeats, self.turns, self.done = cfg.runner.latency_repeats, turns, 0
+        cache = "static" if cfg.batch > 1 else "auto"
+        timers: dict[int, dict[int, CurveTimer]] = {}  # id(target) -> rows -> timer (one per target object)
+        self.roles: dict[str, dict[int, CurveTimer]] = {}
+        for role, target in targets.items():
+            if id(target) not in timers:
+                log.info("latency curves of %s at 1..%d rows", target.label, cfg.batch)
+                timers[id(target)] = {
+                    rows: CurveTimer(target, widths=curve_widths(cfg), contexts=tuple(cfg.runner.latency_contexts),
+                                     cache=cache, batch=rows, holes=cfg.batch > 1)
+                    for rows in range(1, cfg.batch + 1)}
+            self.roles[role] = timers[id(target)]
+        self.timers = [t for by_rows in timers.values() for t in by_rows.values()]
 
-def latency_curves(cfg: ExperimentConfig, target: specdec.Target, spec: str, role: str) -> dict:
-    """{role: the curve at the cell's batch} and, for a batch, {role_rows: {r: the curve at r rows}} for
-    r = 1 .. batch - 1: rows leave a batch as they finish, and the steps after cost what fewer rows do."""
-    out = {role: latency_curve(cfg, target, spec)}
-    if cfg.batch > 1:
-        out[f"{role}_rows"] = {str(r): latency_curve(cfg, target, spec, r) for r in range(1, cfg.batch)}
-    return out
+    def after_turn(self) -> None:
+        """A turn has ended: take the passes now due (pass k of R falls after turn ceil((k + 1/2) T / R))."""
+        self.done += 1
+        due = min(self.repeats, int(self.done * self.repeats / self.turns + 0.5))
+        while self.timers[0].passes < due:
+            for timer in self.timers:
+                timer.sample()
+
+    def to_json(self) -> dict:
+        """{role: the curve at the cell's batch} and, for a batch, {role_rows: {r: the curve at r rows}}
+        for r = 1 .. batch - 1 (any passes still due are taken first)."""
+        while self.timers[0].passes < self.repeats:
+            for timer in self.timers:
+                timer.sample()
+        out = {}
+        for role, by_rows in self.roles.items():
+            batch = max(by_rows)
+            out[role] = by_rows[batch].curve().to_json()
+            if batch > 1:
+                out[f"{role}_rows"] = {str(r): by_rows[r].curve().to_json() for r in range(1, batch)}
+        return out
 
 
 def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specdec.Target:
@@ -280,17 +297,16 @@ def run_experiment(cfg: DictConfig) -> str:
     target = load_cached_target(exp)
     drafter = build_cached_drafter(exp, target)
     reference_drafter = None if own_reference else build_cached_drafter(exp, reference, REFERENCE_QUANT)
-    curves = latency_curves(exp, target, exp.quant.spec, "target")
-    if reference is not None:
-        curves |= latency_curves(exp, reference, REFERENCE_QUANT, "reference")
-    turns = sum(len(q.turns) for q in questions)
+    turns = len(questions) if exp.batch > 1 else sum(len(q.turns) for q in questions)  # a batch runs first turns
+    curves = CellCurves(exp, {"target": target, **({"reference": reference} if reference is not None else {})}, turns)
     with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {key['quant']}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:
         rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=exp.sampling,
                         max_new_tokens=exp.max_new_tokens, reference=reference,
                         reference_drafter=reference_drafter, warmup_tokens=exp.runner.warmup_tokens,
                         teacher_forcing=exp.runner.teacher_forcing and exp.sampling.temperature == 0,
-                        on_turn=bar.update, batch=exp.batch)
+                        on_turn=lambda: (bar.update(), curves.after_turn()),
+                        batch=exp.batch)
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
         **quant_labels(exp.quant.spec, target, exp.quant.label), "dataset": exp.dataset.name or exp.dataset.source,
@@ -306,7 +322,7 @@ def run_experiment(cfg: DictConfig) -> str:
         "hardware": hardware(),
         "versions": versions(),
         "target_info": target.info,
-        "latency": curves,
+        "latency": curves.to_json(),
         "model_sizes": {"target": model_sizes(target),
                         **({"reference": model_sizes(reference)} if reference is not None else {})},
         "questions": [q.question_id for q in questions],

@@ -1,7 +1,8 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
 Owns `LatencyCurve` (the measurement, as data, with interpolation and JSON round-trip),
-`measure_latency` (times `Target.forward` of w tokens after c cached ones, widths interleaved),
+`CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes over all widths that
+can be spread over time), `measure_latency` (a timer's passes in a row),
 `cached_latency` (measure once per target x kernel x attention x threads x grid and keep it in the
 machine's tune record, `specdec.machine`) and `tuned_latency` (look a curve up, never measure: what
 `shape="auto"` plans with). The curve is what turns acceptance into speed: the `auto` draft shape and
@@ -126,55 +127,96 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class CurveTimer:
+    """Times a latency curve in passes: each `sample()` times one forward of every width after every
+    context (the widths' order rotated pass by pass, so no width always follows the widest), and
+    `curve()` is the median of the passes so far. The caches are filled, and one untimed pass warms
+    them, at construction. `measure_latency` takes its passes in a row; a caller pricing runs that
+    last minutes (a grid cell) takes them between the runs, so that the curve sees the machine the
+    runs saw: a shared machine's speed drifts by several percent over minutes, and a curve taken in
+    one go can be 10% off the runs it prices, most at width 1, whose ratio R(w) = L(w) / L(1)
+    every price takes (see `measure_latency` for the arguments)."""
+
+    def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+                 contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
+                 holes: bool = False) -> None:
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        longest = max(contexts) + max(widths)
+        if longest > target.context_length:
+            raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
+                             f"context length {target.context_length}")
+        self.target, self.widths, self.contexts = target, tuple(widths), tuple(contexts)
+        self.batch, self.holes = batch, holes
+        kind = resolve_cache(cache, target, batch)
+        padded, buckets = verification_width(kind, max(widths), None)
+        self._gen = torch.Generator().manual_seed(seed)
+        self._caches = []
+        for context in self.contexts:
+            kv, forward = CACHES[kind](target, context + padded, buckets)
+            if context:
+                prefix = torch.randint(0, target.vocab_size, (batch, context), generator=self._gen)
+                target.forward(prefix, kv, logits_rows=slice(-1, None))
+            self._caches.append((context, kv, forward))
+        self._times: dict[tuple[int, int], list[float]] = {(c, w): [] for c in self.contexts for w in self.widths}
+        self.passes = 0
+        self._pass(timed=False)
+
+    def sample(self) -> None:
+        """One timed pass over every (context, width)."""
+        self._pass(timed=True)
+        self.passes += 1
+
+    def _pass(self, timed: bool) -> None:
+        turn = self.passes % len(self.widths)
+        order = self.widths[turn:] + self.widths[:turn]
+        for context, kv, forward in self._caches:
+            for w in order:
+                tokens = torch.randint(0, self.target.vocab_size, (self.batch, w), generator=self._gen)
+                parents = torch.full((w,), -1, dtype=torch.long)
+                _sync(self.target.device)
+                t0 = time.perf_counter()
+                if self.holes:
+                    forward(tokens, kv, parents, valid=torch.ones(self.batch, w, dtype=torch.bool))
+                else:
+                    forward(tokens, kv, parents)
+                _sync(self.target.device)
+                if timed:
+                    self._times[context, w].append(time.perf_counter() - t0)
+                kv.truncate(context)
+
+    def curve(self) -> LatencyCurve:
+        """The median of the passes so far (at least one)."""
+        if not self.passes:
+            raise ValueError("a latency curve needs at least one timed pass: call sample() first")
+        target = self.target
+        seconds = tuple(tuple(statistics.median(self._times[c, w]) for w in self.widths) for c in self.contexts)
+        return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
+                            machine=machine.machine_name(target.device), threads=torch.get_num_threads(),
+                            widths=self.widths, contexts=self.contexts, seconds=seconds, batch=self.batch,
+                            holes=self.holes)
+
+
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """Time one forward of each width after each context (median of `repeats`, widths interleaved
-    within each repeat so drift hits all widths alike; one warm-up pass first). `cache` names the
-    (cache, forward) pair to time (`specdec.target.forwards.CACHES`; `graphs`: the bucketed static
-    forward, captured on CUDA, with the default buckets widened to the widest width). `batch` > 1
-    times `batch` rows at once (the rows' prefixes differ; the forward is the batched tree forward
-    `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a batch's does: `static`).
-    `holes` times each forward as a batch whose rows hold holes runs it (prompts of different lengths:
-    the explicit mask over real entries) rather than through the model's own causal mask, which a batch
-    of equal rows takes for chains and for every one-token step (the two can cost differently, most at
-    width 1: `scripts/batch_rows_check.py` shows what that does to a batch's price)."""
+    """Time one forward of each width after each context (median of `repeats` passes taken in a row,
+    `CurveTimer`: all widths and contexts in every pass, so drift hits all alike; one warm-up pass
+    first). `cache` names the (cache, forward) pair to time (`specdec.target.forwards.CACHES`;
+    `graphs`: the bucketed static forward, captured on CUDA, with the default buckets widened to the
+    widest width). `batch` > 1 times `batch` rows at once (the rows' prefixes differ; the forward is
+    the batched tree forward `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a
+    batch's does: `static`). `holes` times each forward as a batch whose rows hold holes runs it
+    (prompts of different lengths: the explicit mask over real entries) rather than through the
+    model's own causal mask, which a batch of equal rows takes for chains and for every one-token step
+    (the two can cost differently, most at width 1: `scripts/batch_rows_check.py` shows what that
+    does to a batch's price)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
-    longest = max(contexts) + max(widths)
-    if longest > target.context_length:
-        raise ValueError(f"latency context {max(contexts)} + width {max(widths)} exceeds {target.label!r}'s "
-                         f"context length {target.context_length}")
-    kind = resolve_cache(cache, target, batch)
-    padded, buckets = verification_width(kind, max(widths), None)
-    gen = torch.Generator().manual_seed(seed)
-    table = []
-    for context in contexts:
-        kv, forward = CACHES[kind](target, context + padded, buckets)
-        prefix = torch.randint(0, target.vocab_size, (batch, context), generator=gen)
-        if context:
-            target.forward(prefix, kv, logits_rows=slice(-1, None))
-        times: dict[int, list[float]] = {w: [] for w in widths}
-        for rep in range(repeats + 1):
-            for w in widths:
-                tokens = torch.randint(0, target.vocab_size, (batch, w), generator=gen)
-                _sync(target.device)
-                t0 = time.perf_counter()
-                parents = torch.full((w,), -1, dtype=torch.long)
-                if holes:
-                    forward(tokens, kv, parents, valid=torch.ones(batch, w, dtype=torch.bool))
-                else:
-                    forward(tokens, kv, parents)
-                _sync(target.device)
-                if rep:  # rep 0 warms up
-                    times[w].append(time.perf_counter() - t0)
-                kv.truncate(context)
-        table.append([statistics.median(times[w]) for w in widths])
-    return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
-                        machine=machine.machine_name(target.device), threads=torch.get_num_threads(), widths=tuple(widths),
-                        contexts=tuple(contexts), seconds=tuple(tuple(r) for r in table), batch=batch, holes=holes)
+    timer = CurveTimer(target, widths, contexts, seed=seed, cache=cache, batch=batch, holes=holes)
+    for _ in range(repeats):
+        timer.sample()
+    return timer.curve()
 
 
 def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
