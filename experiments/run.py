@@ -4,11 +4,11 @@
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
 Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
-cell id, with the measuring protocol), the per-process cache of loaded targets shared by the cells of one multirun, the
-latency curves a cell times between its turns, the cell's labels (the bit-width and "numerics only" derived from the quantization
-registry, never hand-kept), its metadata (resolved config, the latency curves of its target and of the
-unquantized reference, the model's sizes for a roofline, git commit, hardware, library versions), the
-progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
+cell id, with the measuring protocol), the per-process cache of loaded targets shared by the cells of
+one multirun, the latency curves a cell times between its turns (`CellCurves`), the cell's labels (the
+bit-width and "numerics only" derived from the quantization registry, never hand-kept), its metadata
+(resolved config, those curves, the model's sizes for a roofline, git commit, hardware, library
+versions), the progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
 drafter or quantization name: they are handed to `specdec.drafters.build` and `specdec.load_target`
 as they are.
 """
@@ -221,7 +221,9 @@ class CellCurves:
     def after_turn(self) -> None:
         """A turn has ended: take the passes now due (pass k of R falls after turn ceil((k + 1/2) T / R))."""
         self.done += 1
-        due = min(self.repeats, int(self.done * self.repeats / self.turns + 0.5))
+        self._take(min(self.repeats, int(self.done * self.repeats / self.turns + 0.5)))
+
+    def _take(self, due: int) -> None:
         while self.timers[0].passes < due:
             for timer in self.timers:
                 timer.sample()
@@ -229,9 +231,7 @@ class CellCurves:
     def to_json(self) -> dict:
         """{role: the curve at the cell's batch} and, for a batch, {role_rows: {r: the curve at r rows}}
         for r = 1 .. batch - 1 (any passes still due are taken first)."""
-        while self.timers[0].passes < self.repeats:
-            for timer in self.timers:
-                timer.sample()
+        self._take(self.repeats)
         out = {}
         for role, by_rows in self.roles.items():
             batch = max(by_rows)

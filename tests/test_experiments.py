@@ -443,8 +443,8 @@ def test_a_cells_latency_curves_are_timed_in_passes_spread_over_its_turns(tiny_l
     from experiments.run import CellCurves
     from specdec.measure.latency import LatencyCurve
 
-    cfg = SimpleNamespace(batch=1, shape=SimpleNamespace(spec="chain(2)"),
-                          runner=SimpleNamespace(latency_widths=[1, 2], latency_contexts=[4, 8], latency_repeats=3))
+    runner = SimpleNamespace(latency_widths=[1, 2], latency_contexts=[4, 8], latency_repeats=3)
+    cfg = SimpleNamespace(batch=1, shape=SimpleNamespace(spec="chain(2)"), runner=runner)
     curves = CellCurves(cfg, {"target": tiny_llama64, "reference": tiny_llama64}, turns=7)
     assert len(curves.timers) == 1 and curves.timers[0].passes == 0
     passes = []

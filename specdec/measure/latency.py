@@ -191,8 +191,8 @@ class CurveTimer:
             raise ValueError("a latency curve needs at least one timed pass: call sample() first")
         target = self.target
         seconds = tuple(tuple(statistics.median(self._times[c, w]) for w in self.widths) for c in self.contexts)
-        return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
-                            machine=machine.machine_name(target.device), threads=torch.get_num_threads(),
+        return LatencyCurve(target=target.label, device=str(target.device),
+                            dtype=str(target.dtype).replace("torch.", ""), machine=machine.machine_name(target.device), threads=torch.get_num_threads(),
                             widths=self.widths, contexts=self.contexts, seconds=seconds, batch=self.batch,
                             holes=self.holes)
 
