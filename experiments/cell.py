@@ -143,7 +143,7 @@ def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
 
 
 def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question], batch: int, shape: str,
-                 seed: int, options: dict, on_turn: Callable[[], None] | None) -> list[dict[str, Any]]:
+                 seed: int, options: dict, on_unit: Callable[[int], None] | None) -> list[dict[str, Any]]:
     """`run_cell` at `batch` > 1: one row per group of `batch` questions' first turns."""
     rows = []
     for group, start in enumerate(range(0, len(questions), batch)):
@@ -162,9 +162,8 @@ def _run_batches(model_of: dict, runs: tuple[str, ...], questions: list[Question
         rows.append({"question_id": "+".join(q.question_id for q in members), "category": "batch", "turn": 1,
                      "question_seed": seed + start, "order": ",".join(order), "rows": len(members), **_row(outputs),
                      **per_step})
-        if on_turn is not None:
-            for _ in members:
-                on_turn()
+        if on_unit is not None:
+            on_unit(len(members))
     return rows
 
 
@@ -228,7 +227,7 @@ def run_cell(
     reference_drafter: specdec.drafters.Drafter | None = None,
     warmup_tokens: int = 0,
     teacher_forcing: bool = False,
-    on_turn: Callable[[], None] | None = None,
+    on_unit: Callable[[int], None] | None = None,
     batch: int = 1,
 ) -> list[dict[str, Any]]:
     """Measure `drafter` on `target` in the paired 2x2 on every turn of `questions`; one row per turn.
@@ -236,7 +235,8 @@ def run_cell(
     Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
     `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
     stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
-    `on_turn` is called after each turn (progress reporting). `batch` > 1: see the module docstring.
+    `on_unit` is called after each turn's four runs (at a batch, each group's) with the turns they
+    measured. `batch` > 1: see the module docstring.
     With `teacher_forcing`, a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
     """
     if (reference is None) != (reference_drafter is None):
@@ -258,7 +258,7 @@ def run_cell(
         for run in run_order(runs, -1):  # the last row of ORDERS: the first prompt's runs follow it as any row does
             decode(run, questions[0].turns[0], sampling.seed, max_new_tokens=warmup_tokens)
     if batch > 1:
-        return _run_batches(model_of, runs, questions, batch, shape, sampling.seed, options, on_turn)
+        return _run_batches(model_of, runs, questions, batch, shape, sampling.seed, options, on_unit)
 
     chain = parse_shape(shape)
     probe = {}
@@ -287,6 +287,6 @@ def run_cell(
                                                             max_new_tokens=max_new_tokens))
                 row.update(teacher_forced(_PROFILES[key][1], target, shape), **probe)
             rows.append(row)
-            if on_turn is not None:
-                on_turn()
+            if on_unit is not None:
+                on_unit(1)
     return rows

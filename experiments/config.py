@@ -110,12 +110,13 @@ class RunnerConfig:
     """Show tqdm progress bars over cells and prompts."""
     latency_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Widths of the target latency curve stored in every cell (`experiments.run.CellCurves`, timed between the
-    cell's turns); the cost model reads it. Must start at 1."""
+    cell's prompts); the cost model reads it. Must start at 1."""
     latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
     """Context lengths of that curve."""
     latency_repeats: int = 11
-    """Timed passes over that curve's points (median kept), spread evenly over the cell's turns. The cost model takes
-    its shape R(w) = L(w) / L(1), so the median must hold against a slow forward or two on a shared machine."""
+    """Timed passes over that curve's points (median kept): at least this many, as many after each prompt. The cost
+    model takes its shape R(w) = L(w) / L(1), so the median must hold against a slow forward or two on a shared
+    machine."""
     teacher_forcing: bool = True
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""

@@ -5,7 +5,7 @@
 
 Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
 cell id, with the measuring protocol), the per-process cache of loaded targets shared by the cells of
-one multirun, the latency curves a cell times between its turns (`CellCurves`), the cell's labels (the
+one multirun, the latency curves a cell times between its prompts (`CellCurves`), the cell's labels (the
 bit-width and "numerics only" derived from the quantization registry, never hand-kept), its metadata
 (resolved config, those curves, the model's sizes for a roofline, git commit, hardware, library
 versions), the progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
@@ -200,11 +200,13 @@ class CellCurves:
     cell's batch and, for a batch, at every fewer rows too (rows leave a batch as they finish, and the
     steps after cost what fewer rows do). Timed through the forward the cell's loop runs (`cache="auto"`:
     the CUDA graph fast path on CUDA; a batch's preallocated cache, with the holes its rows of different
-    lengths leave), in `runner.latency_repeats` passes of `CurveTimer` spread evenly over the cell's
-    turns (`after_turn`), so each curve sees the machine its runs saw, not the moment the cell began."""
+    lengths leave), in passes of `CurveTimer` taken between the cell's units (a prompt's four runs; at a
+    batch, a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each
+    curve sees the machine its runs saw, not the moment the cell began, and every unit's first run
+    follows the same pause (the run orders of `experiments.cell.ORDERS` stay balanced)."""
 
-    def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], turns: int) -> None:
-        self.repeats, self.turns, self.done = cfg.runner.latency_repeats, turns, 0
+    def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], units: int) -> None:
+        self.per_unit = -(-cfg.runner.latency_repeats // units)
         cache = "static" if cfg.batch > 1 else "auto"
         timers: dict[int, dict[int, CurveTimer]] = {}  # id(target) -> rows -> timer (one per target object)
         self.roles: dict[str, dict[int, CurveTimer]] = {}
@@ -218,20 +220,15 @@ class CellCurves:
             self.roles[role] = timers[id(target)]
         self.timers = [t for by_rows in timers.values() for t in by_rows.values()]
 
-    def after_turn(self) -> None:
-        """A turn has ended: take the passes now due (pass k of R falls after turn ceil((k + 1/2) T / R))."""
-        self.done += 1
-        self._take(min(self.repeats, int(self.done * self.repeats / self.turns + 0.5)))
-
-    def _take(self, due: int) -> None:
-        while self.timers[0].passes < due:
+    def after_unit(self) -> None:
+        """A unit's runs have ended: its passes, every timer alike."""
+        for _ in range(self.per_unit):
             for timer in self.timers:
                 timer.sample()
 
     def to_json(self) -> dict:
         """{role: the curve at the cell's batch} and, for a batch, {role_rows: {r: the curve at r rows}}
-        for r = 1 .. batch - 1 (any passes still due are taken first)."""
-        self._take(self.repeats)
+        for r = 1 .. batch - 1."""
         out = {}
         for role, by_rows in self.roles.items():
             batch = max(by_rows)
@@ -298,14 +295,15 @@ def run_experiment(cfg: DictConfig) -> str:
     drafter = build_cached_drafter(exp, target)
     reference_drafter = None if own_reference else build_cached_drafter(exp, reference, REFERENCE_QUANT)
     turns = len(questions) if exp.batch > 1 else sum(len(q.turns) for q in questions)  # a batch runs first turns
-    curves = CellCurves(exp, {"target": target, **({"reference": reference} if reference is not None else {})}, turns)
+    units = -(-len(questions) // exp.batch) if exp.batch > 1 else turns
+    curves = CellCurves(exp, {"target": target, **({"reference": reference} if reference is not None else {})}, units)
     with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {key['quant']}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:
         rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=exp.sampling,
                         max_new_tokens=exp.max_new_tokens, reference=reference,
                         reference_drafter=reference_drafter, warmup_tokens=exp.runner.warmup_tokens,
                         teacher_forcing=exp.runner.teacher_forcing and exp.sampling.temperature == 0,
-                        on_turn=lambda: (bar.update(), curves.after_turn()),
+                        on_unit=lambda turns: (bar.update(turns), curves.after_unit()),
                         batch=exp.batch)
     labels = {
         "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],

@@ -434,10 +434,10 @@ def test_a_cells_latency_curve_includes_its_shapes_full_verification_width():
     assert widths("auto") == (1, 2, 4, 8)
 
 
-def test_a_cells_latency_curves_are_timed_in_passes_spread_over_its_turns(tiny_llama64):
-    """R passes over T turns: pass k falls after turn ceil((k + 1/2) T / R), so the curve sees the machine
-    the runs saw; a reference that is the target's own object is timed once; a batch cell times every row
-    count, with holes, and passes still due at the end are taken then."""
+def test_a_cells_latency_curves_are_timed_in_passes_between_its_units(tiny_llama64):
+    """ceil(R / U) passes after each of a cell's U units (a prompt's four runs; a batch's group), every timer
+    alike: every unit's first run follows the same pause, and the curve sees the machine the runs saw. A
+    reference that is the target's own object is timed once; a batch cell times every row count, with holes."""
     from types import SimpleNamespace
 
     from experiments.run import CellCurves
@@ -445,25 +445,25 @@ def test_a_cells_latency_curves_are_timed_in_passes_spread_over_its_turns(tiny_l
 
     runner = SimpleNamespace(latency_widths=[1, 2], latency_contexts=[4, 8], latency_repeats=3)
     cfg = SimpleNamespace(batch=1, shape=SimpleNamespace(spec="chain(2)"), runner=runner)
-    curves = CellCurves(cfg, {"target": tiny_llama64, "reference": tiny_llama64}, turns=7)
+    curves = CellCurves(cfg, {"target": tiny_llama64, "reference": tiny_llama64}, units=7)
     assert len(curves.timers) == 1 and curves.timers[0].passes == 0
     passes = []
     for _ in range(7):
-        curves.after_turn()
+        curves.after_unit()
         passes.append(curves.timers[0].passes)
-    assert passes == [0, 1, 1, 2, 2, 3, 3]  # after turns 2, 4 and 6 of 7 (1.17, 3.5, 5.83 rounded up)
+    assert passes == [1, 2, 3, 4, 5, 6, 7]  # R = 3 < 7 units: one pass after every unit
     out = curves.to_json()
     assert set(out) == {"target", "reference"} and out["target"] == out["reference"]
     curve = LatencyCurve.from_json(out["target"])
     assert curve.widths == (1, 2, 3) and curve.contexts == (4, 8) and curve.batch == 1 and not curve.holes
 
     cfg.batch = 3
-    curves = CellCurves(cfg, {"target": tiny_llama64}, turns=9)
+    curves = CellCurves(cfg, {"target": tiny_llama64}, units=2)
     assert len(curves.timers) == 3
-    curves.after_turn()  # 1 of 9 turns: no pass due yet
-    assert [t.passes for t in curves.timers] == [0, 0, 0]
+    curves.after_unit()
+    assert [t.passes for t in curves.timers] == [2, 2, 2]  # ceil(3 / 2) after each unit
+    curves.after_unit()
     out = curves.to_json()
-    assert [t.passes for t in curves.timers] == [3, 3, 3]
     assert set(out) == {"target", "target_rows"} and set(out["target_rows"]) == {"1", "2"}
     rows = {r: LatencyCurve.from_json(c) for r, c in {"3": out["target"], **out["target_rows"]}.items()}
     assert all(c.batch == int(r) and c.holes for r, c in rows.items())
