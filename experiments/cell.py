@@ -235,7 +235,7 @@ def run_cell(
     Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
     `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
     stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
-    `on_unit` is called after each turn's four runs (at a batch, each group's) with the turns they
+    `on_unit` is called after each turn's runs (at a batch, each group's) with the number of turns they
     measured. `batch` > 1: see the module docstring.
     With `teacher_forcing`, a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
     """

@@ -200,7 +200,7 @@ class CellCurves:
     cell's batch and, for a batch, at every fewer rows too (rows leave a batch as they finish, and the
     steps after cost what fewer rows do). Timed through the forward the cell's loop runs (`cache="auto"`:
     the CUDA graph fast path on CUDA; a batch's preallocated cache, with the holes its rows of different
-    lengths leave), in passes of `CurveTimer` taken between the cell's units (a prompt's four runs; at a
+    lengths leave), in passes of `CurveTimer` taken between the cell's units (a prompt's runs; at a
     batch, a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each
     curve sees the machine its runs saw, not the moment the cell began, and every unit's first run
     follows the same pause (the run orders of `experiments.cell.ORDERS` stay balanced)."""

@@ -134,8 +134,7 @@ class CurveTimer:
     them, at construction. `measure_latency` takes its passes in a row; a caller pricing runs that
     last minutes (a grid cell) takes them between the runs, so that the curve sees the machine the
     runs saw: a shared machine's speed drifts by several percent over minutes, and a curve taken in
-    one go can be 10% off the runs it prices, most at width 1, whose ratio R(w) = L(w) / L(1)
-    every price takes (see `measure_latency` for the arguments)."""
+    one go sees only its own few seconds (see `measure_latency` for the arguments)."""
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                  contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
@@ -192,9 +191,9 @@ class CurveTimer:
         target = self.target
         seconds = tuple(tuple(statistics.median(self._times[c, w]) for w in self.widths) for c in self.contexts)
         return LatencyCurve(target=target.label, device=str(target.device),
-                            dtype=str(target.dtype).replace("torch.", ""), machine=machine.machine_name(target.device), threads=torch.get_num_threads(),
-                            widths=self.widths, contexts=self.contexts, seconds=seconds, batch=self.batch,
-                            holes=self.holes)
+                            dtype=str(target.dtype).replace("torch.", ""), machine=machine.machine_name(target.device),
+                            threads=torch.get_num_threads(), widths=self.widths, contexts=self.contexts,
+                            seconds=seconds, batch=self.batch, holes=self.holes)
 
 
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
