@@ -202,10 +202,10 @@ def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
     """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
     c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
-    by_rows, forwards = {}, shapes(rows, "baseline_", "shape_forward_s")
-    if forwards and shapes(rows, "baseline_"):  # a batch's one-token forward per row count, and the rest of its steps
-        by_rows = {"row_forward_s": row_forwards(rows, "baseline_"),
-                   "step_other_s": float(verify_s - sum(forwards.values())) / n}
+    by_rows, row_forward_s = {}, row_forwards(rows, "baseline_")
+    if row_forward_s is not None:  # a batch's one-token forward per row count, and the rest of its steps
+        forwards = shapes(rows, "baseline_", "shape_forward_s")
+        by_rows = {"row_forward_s": row_forward_s, "step_other_s": float(verify_s - sum(forwards.values())) / n}
     return costmodel.PlainRun(
         new_tokens=int(rows.baseline_new_tokens.sum()), seconds=float(rows.baseline_wall_time_s.sum()),
         prefill_s=float(rows.baseline_prefill_time_s.sum()), forward_s=float(verify_s / n),
