@@ -1,8 +1,9 @@
 """The report's cost-model parts: the out-of-sample score of the cost model and projections to other hardware.
 
 Owns the held-out predictions of a store's cells and their score (the rules in `experiments.heldout`,
-the model in `specdec.measure.costmodel`), their verdict line and REPORT.md section, the projection
-curves and table for other hardware, and `md_table`, the markdown table every report section uses.
+the model in `specdec.measure.costmodel`), their verdict line and REPORT.md section, how well each cell's
+curves match its own runs (`curve_fit`), the projection curves and table for other hardware, and
+`md_table`, the markdown table every report section uses.
 Knows nothing about verdicts, acceptance or figures; a cell is what `experiments.report.Cell` gives
 (`cell_id`, `labels`, `rows`, `meta`, `name`, `numerics_only`, `curves()`, `parts()`).
 """
@@ -116,6 +117,59 @@ def heldout_md(result: HeldOutScore) -> list[str]:
                           f"{r.mal:.2f} / {r.measured_mal:.2f}", _pct(r.in_sample_error, 0), f"{r.length_ratio:.2f}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     return md
+
+
+ROLES = (("target", "baseline_", ""), ("reference", "reference_", "reference_drafted_"))
+"""(curve role, plain runs' prefix, drafted runs' prefix) of a paired cell."""
+
+
+def curve_fit(cells: list[Cell]) -> pd.DataFrame:
+    """Per batch-1 cell and curve role, how the stored curve matches the runs it prices (medians over
+    prompts, each run at its own context: its prompt + half its new tokens):
+    - *t1 gap*: the curve's one-token forward / the plain run's verify seconds per step - 1;
+    - *width gap*: the curve's price of the drafted run's verify widths / its verify seconds - 1;
+    - *shape error*: (1 + width gap) / (1 + t1 gap) - 1, the part the cost model sees (it anchors the
+      curve's shape on the plain run, so a curve off by a common factor costs it nothing).
+    A role the cell stored no curve or runs for (the fp32 cell is its own reference) is left out."""
+    out = []
+    for cell in cells:
+        if cell.labels.get("batch", 1) != 1:
+            continue  # a batch step's price needs its rows: scripts/batch_rows_check.py
+        for (role, plain, drafted), curve in zip(ROLES, cell.curves()):
+            r = cell.rows
+            needed = [f"{plain}steps", f"{plain}verify_time_s", f"{drafted}verify_widths", f"{drafted}verify_time_s"]
+            if cell.meta["latency"].get(role) is None or not all(c in r and r[c].notna().all() for c in needed):
+                continue  # no curve of its own, or no such runs (a store from before the paired runs)
+            t1 = [curve.at(1, p + n / 2) * s / v - 1 for p, n, s, v in zip(
+                r.prompt_tokens, r[f"{plain}new_tokens"], r[f"{plain}steps"], r[f"{plain}verify_time_s"])]
+            width = [sum(k * curve.at(int(w), p + n / 2) for w, k in widths.items()) / v - 1 for p, n, widths, v in zip(
+                r.prompt_tokens, r[f"{drafted}new_tokens"], r[f"{drafted}verify_widths"], r[f"{drafted}verify_time_s"])]
+            shape = [(1 + b) / (1 + a) - 1 for a, b in zip(t1, width)]
+            out.append({"cell": cell.name, "role": role, "t1_gap": float(pd.Series(t1).median()),
+                        "width_gap": float(pd.Series(width).median()), "shape_error": float(pd.Series(shape).median())})
+    return pd.DataFrame(out, columns=["cell", "role", "t1_gap", "width_gap", "shape_error"])
+
+
+def curve_fit_summary(fit: pd.DataFrame) -> dict:
+    """The JSON line's `curves`: medians over cells x roles of each |gap|, the largest |shape error|."""
+    if not len(fit):
+        return {}
+    gaps = fit[["t1_gap", "width_gap", "shape_error"]].abs()
+    return {"n": len(fit), **{k: round(float(v), 4) for k, v in gaps.median().items()},
+            "shape_error_max": round(float(gaps.shape_error.max()), 4)}
+
+
+def curve_fit_md(fit: pd.DataFrame) -> list[str]:
+    """REPORT.md's table of `curve_fit` ([] without a batch-1 cell)."""
+    if not len(fit):
+        return []
+    return ["", "How each cell's curves match its own runs (median over prompts, each at its context): t1 gap = the "
+            "curve's one-token forward against the plain runs' verify seconds per step; width gap = the curve's price "
+            "of the drafted runs' verify widths against their verify seconds; shape error = (1 + width gap) / "
+            "(1 + t1 gap) - 1, the only part the cost model sees (it anchors on the plain run).", "",
+            *md_table(["cell", "curve", "t1 gap", "width gap", "shape error"],
+                      [[r.cell, r.role, f"{r.t1_gap:+.1%}", f"{r.width_gap:+.1%}", f"{r.shape_error:+.1%}"]
+                       for r in fit.itertuples()])]
 
 
 def projection_curves(cells: list[Cell], devices: list[str], curve_files: list[str]) -> tuple[dict, list[str]]:

@@ -310,8 +310,11 @@ def report_parts(results: str | os.PathLike, records_root: str | os.PathLike | N
                "draft's cache synced with the target's exact K/V after every token: greedy acceptance (argmax "
                "agrees), sampled acceptance at T = 1 (= 1 - TV), KL(target || draft). Ratio = acceptance / the full "
                f"cache's on the same prompt, mean with a 95% bootstrap CI over prompts; **within** when the CI's "
-               f"lower end is >= {1 - MARGIN:.2f}. MAL: `specdec.generate` with greedy chain({s['depth']}) on the "
-               f"first {s['mal_prompts']} prompt(s) (the full cache reaches {s['depth'] + 1}).", "",
+               f"lower end is >= {1 - MARGIN:.2f}. " + (
+                   f"MAL: `specdec.generate` with greedy chain({s['depth']}) on the first {s['mal_prompts']} "
+                   f"prompt(s) (the full cache reaches {s['depth'] + 1})." if s["mal_prompts"] else
+                   "MAL: not measured in this run (`mal_prompts` 0; `grids/full.yaml` and "
+                   "`scripts/bench_self_draft.py` measure it)."), "",
                "| policy | retention | kv | memory | greedy acceptance ratio | within | 1 - TV ratio | mean TV | "
                "mean KL | MAL |", "|---|---|---|---|---|---|---|---|---|---|"]
         import pandas as pd

@@ -120,7 +120,7 @@ class Report:
     verdict: list[str]
     """At most 15 lines."""
     summary: dict
-    """The JSON line: cells, control, verdict, cost_model, drift."""
+    """The JSON line: cells, control, verdict, cost_model, drift, curves (`costs.curve_fit_summary`), kv."""
 
 
 def load_cells(results: str | os.PathLike) -> list[Cell]:
@@ -259,6 +259,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     verdict += costs.verdict_line(score)
     verdict.append(f"- Drift: fp32 plain tok/s per cell (median) spans {spread:.0%} of its median across the job"
                    + (" (the most within one batch size)" if len(by_batch) > 1 else ""))
+    fit = costs.curve_fit(cells)
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
     verdict = (verdict + kv_verdict)[:15]
 
@@ -266,7 +267,8 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
                "verdict": {c.name: found[c.cell_id].label for c in speed},
                "interaction": {c.name: [round(found[c.cell_id].point, 4), round(found[c.cell_id].lo, 4),
                                         round(found[c.cell_id].hi, 4)] for c in speed + [c for c in cells if c.control]},
-               "cost_model": score, "drift": round(spread, 4), **({"kv": kv_summary} if kv_summary else {})}
+               "cost_model": score, "drift": round(spread, 4),
+               **({"curves": costs.curve_fit_summary(fit)} if len(fit) else {}), **({"kv": kv_summary} if kv_summary else {})}
 
     curves: dict[str, LatencyCurve] = {}
     for cell in cells:
@@ -327,6 +329,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     md += md_table(["kernel", "machine", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
                     [[label, curve.machine, f"{1e3 * curve.at(1):.1f}",
                       *(f"{curve.ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))] for label, curve in sorted(curves.items())])
+    md += costs.curve_fit_md(fit)
     md += kv_md  # starts with a blank line; [] without a KV curve or sweep
     md += costs.projection_md(cells, list(devices), list(curve_files))
     md.append("")

@@ -271,3 +271,33 @@ def test_a_batch_1_cell_beside_batch_cells_is_read_as_before():
     assert heldout.plain_run(beside) == heldout.plain_run(alone)
     assert ([h.predicted for h in heldout.predictions("c", labels, beside, two_contexts)]
             == [h.predicted for h in heldout.predictions("c", labels, alone, two_contexts)])
+
+
+def test_the_curve_fit_keeps_a_common_scale_out_of_the_shape_error_by_hand():
+    """Plain runs of 10 one-token forwards in 1.0 s (0.1 s each) and drafted runs of 4 forwards of width 5
+    in 0.8 s (0.2 s each). A curve L(w) = 0.075 + 0.025 w prices them 0.1 and 0.2 s: no gap. The same
+    curve x 1.1 is off by +10% on both, and its shape error is 0; a curve twice as steep (0.05 + 0.05 w)
+    has t1 gap 0 and width gap (0.3 / 0.2 - 1) = +50%, all of it shape error. A role the cell stored no
+    curve for is left out, and so is a batch cell."""
+    from types import SimpleNamespace
+
+    from experiments import costs
+
+    rows = pd.DataFrame([{"prompt_tokens": 60, "baseline_new_tokens": 10, "baseline_steps": 10,
+                          "baseline_verify_time_s": 1.0, "new_tokens": 12, "verify_widths": {"5": 4},
+                          "verify_time_s": 0.8} for _ in range(3)])
+
+    def fake(line: tuple[float, float], batch: int = 1, name: str = "c") -> SimpleNamespace:
+        return SimpleNamespace(name=name, labels={"batch": batch}, rows=rows, meta={"latency": {"target": {}}},
+                               curves=lambda: (curve(*line), curve(*line)))
+
+    fit = costs.curve_fit([fake((0.075, 0.025), name="exact"), fake((0.0825, 0.0275), name="scaled"),
+                           fake((0.05, 0.05), name="steep"), fake((0.075, 0.025), batch=4)])
+    assert list(fit.cell) == ["exact", "scaled", "steep"] and set(fit.role) == {"target"}
+    by = fit.set_index("cell")
+    assert by.loc["exact", ["t1_gap", "width_gap", "shape_error"]].tolist() == pytest.approx([0, 0, 0], abs=1e-12)
+    assert by.loc["scaled", ["t1_gap", "width_gap", "shape_error"]].tolist() == pytest.approx([0.1, 0.1, 0], abs=1e-12)
+    assert by.loc["steep", ["t1_gap", "width_gap", "shape_error"]].tolist() == pytest.approx([0, 0.5, 0.5], abs=1e-12)
+    summary = costs.curve_fit_summary(fit)
+    assert summary["n"] == 3 and summary["shape_error"] == pytest.approx(0) and summary["shape_error_max"] == 0.5
+    assert costs.curve_fit_summary(fit.iloc[:0]) == {} and costs.curve_fit_md(fit.iloc[:0]) == []
