@@ -157,7 +157,8 @@ def load_cells(results: str | os.PathLike) -> list[Cell]:
         key = (cell.entry, cell.quant)
         if key in seen:
             raise ReportError(f"{results} holds two cells for {cell.name} ({seen[key]}, {cell.cell_id}): one was "
-                              "measured by an older protocol (unpaired runs). Run the grid into a new results.dir")
+                              "measured under an older protocol (the cell key's `protocol`, experiments.run.PROTOCOL: "
+                              "unpaired runs, or shared curves). Run the grid into a new results.dir")
         seen[key] = cell.cell_id
     return cells
 
