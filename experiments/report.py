@@ -261,6 +261,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
     verdict.append(f"- Drift: fp32 plain tok/s per cell (median) spans {spread:.0%} of its median across the job"
                    + (" (the most within one batch size)" if len(by_batch) > 1 else ""))
     fit = costs.curve_fit(cells)
+    curves_fit = costs.curve_fit_summary(fit)  # {} without a batch-1 cell
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
     verdict = (verdict + kv_verdict)[:15]
 
@@ -269,7 +270,7 @@ def build_report(results: str | os.PathLike, n_boot: int = 2000, devices: tuple[
                "interaction": {c.name: [round(found[c.cell_id].point, 4), round(found[c.cell_id].lo, 4),
                                         round(found[c.cell_id].hi, 4)] for c in speed + [c for c in cells if c.control]},
                "cost_model": score, "drift": round(spread, 4),
-               **({"curves": costs.curve_fit_summary(fit)} if len(fit) else {}), **({"kv": kv_summary} if kv_summary else {})}
+               **({"curves": curves_fit} if curves_fit else {}), **({"kv": kv_summary} if kv_summary else {})}
 
     curves: dict[str, LatencyCurve] = {}
     for cell in cells:
