@@ -135,8 +135,8 @@ def curve_fit(cells: list[Cell]) -> pd.DataFrame:
     for cell in cells:
         if cell.labels.get("batch", 1) != 1:
             continue  # a batch step's price needs its rows: scripts/batch_rows_check.py
+        r = cell.rows
         for (role, plain, drafted), curve in zip(ROLES, cell.curves()):
-            r = cell.rows
             needed = [f"{plain}steps", f"{plain}verify_time_s", f"{drafted}verify_widths", f"{drafted}verify_time_s"]
             if cell.meta["latency"].get(role) is None or not all(c in r and r[c].notna().all() for c in needed):
                 continue  # no curve of its own, or no such runs (a store from before the paired runs)

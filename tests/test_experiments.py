@@ -435,7 +435,7 @@ def test_a_cells_latency_curve_includes_its_shapes_full_verification_width():
 
 
 def test_a_cells_latency_curves_are_timed_in_passes_between_its_units(tiny_llama64):
-    """ceil(R / U) passes after each of a cell's U units (a prompt's four runs; a batch's group), every timer
+    """ceil(R / U) passes after each of a cell's U units (a prompt's runs; a batch's group), every timer
     alike: every unit's first run follows the same pause, and the curve sees the machine the runs saw. A
     reference that is the target's own object is timed once; a batch cell times every row count, with holes."""
     from types import SimpleNamespace
