@@ -96,7 +96,8 @@ class RowBook:
     def _check_rows(self, begin: int, offsets: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(index [B, K], real [B, K]) of `keep_rows`' offsets padded to the longest row; ValueError
         for a wrong row count or an offset outside the block."""
-        if len(offsets) != self.batch:
+        unwritten = self.length == 0 and not any(offsets)  # e.g. a drafter's head before its first forward
+        if len(offsets) != self.batch and not unwritten:
             raise ValueError(f"keep_rows got offsets for {len(offsets)} rows, the cache holds {self.batch}")
         width = max(len(o) for o in offsets)
         index = torch.zeros(len(offsets), width, dtype=torch.long)
