@@ -26,7 +26,7 @@ prefill always runs through `Target.forward`, the steps through the pair's forwa
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +88,7 @@ def generate(
     seed: int = 0,
     chat: bool = True,
     stop_on_eos: bool = True,
+    eos: Collection[int] | None = None,
     cache: str = "auto",
     cache_capacity: int | None = None,
     buckets: Sequence[int] | None = None,
@@ -99,6 +100,7 @@ def generate(
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
     `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`), `auto`
     (`specdec.core.policy`), or a `ShapePolicy` object (how `specdec.measure.profiles` records drafts).
+    `eos` is the stop set (None: the target's EOS tokens; ignored with stop_on_eos=False).
     `cache` is `auto` or a key of `CACHES`; `cache_capacity` sizes a preallocated cache (default:
     just enough); `buckets` are the verification widths of `cache="graphs"` (default
     `specdec.target.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
@@ -106,7 +108,7 @@ def generate(
     """
     return generate_batch(target, drafter, [prompt], shape=shape, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
-                          stop_on_eos=stop_on_eos, cache=cache, cache_capacity=cache_capacity, buckets=buckets)[0]
+                          stop_on_eos=stop_on_eos, eos=eos, cache=cache, cache_capacity=cache_capacity, buckets=buckets)[0]
 
 
 class BatchOutput(list):
@@ -128,6 +130,7 @@ def generate_batch(
     seed: int = 0,
     chat: bool = True,
     stop_on_eos: bool = True,
+    eos: Collection[int] | None = None,
     cache: str = "auto",
     cache_capacity: int | None = None,
     buckets: Sequence[int] | None = None,
@@ -157,7 +160,7 @@ def generate_batch(
     rows = [target.encode_prompt(p, chat=chat) for p in prompts]
     policy, kind, needed, buckets = _plan(target, drafter, shape, rows, limits, cache, cache_capacity, buckets)
     hear = drafter.commit if drafter is not None else _no_commit
-    eos = target.eos_token_ids if stop_on_eos else set()
+    eos = set() if not stop_on_eos else set(target.eos_token_ids if eos is None else eos)
     generators = [torch.Generator(device=target.device).manual_seed(seed + b) for b in range(len(rows))]
     sync = torch.cuda.synchronize if target.device.type == "cuda" else _no_sync
     stats = [GenerationStats() for _ in rows]
