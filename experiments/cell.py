@@ -49,7 +49,7 @@ import specdec
 from specdec.core.metrics import BatchStats
 from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure.profiles import AcceptanceProfile, profile
-from specdec.target.forwards import CACHES
+from specdec.runtime.forwards import CACHES
 
 from experiments.questions import Question
 

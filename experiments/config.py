@@ -37,7 +37,7 @@ class ModelConfig:
     dtype: Optional[str] = None
     """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
     kernel: str = "auto"
-    """What runs the plain linear layers (`specdec.target.kernels`): `auto` (measured once per machine), `torch`,
+    """What runs the plain linear layers (`specdec.runtime.kernels`): `auto` (measured once per machine), `torch`,
     `onednn`; the one chosen is in each cell's `target_info.kernel`."""
 
 

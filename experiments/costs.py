@@ -17,7 +17,7 @@ import pandas as pd
 
 from experiments import heldout
 from specdec.measure import costmodel
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 if TYPE_CHECKING:
     from experiments.report import Cell

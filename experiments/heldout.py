@@ -52,7 +52,7 @@ import pandas as pd
 
 from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure import costmodel
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 WITHIN = 0.25
 """A prediction 'within 25%' has |predicted / measured - 1| <= WITHIN."""

@@ -119,8 +119,8 @@ def long_prompts(target, count: int, context: int, kinds: tuple[str, ...] = ("re
 def reference(target, prompt: list[int], new_tokens: int) -> dict:
     """The target's greedy path of `new_tokens` tokens after `prompt` (the cache kept exact), its
     next-token log-probabilities [N, V] along the path, and its exact K/V of the path's rows."""
-    from specdec.core.loop import prefill
-    from specdec.target.cache import KVCache
+    from specdec.loop.decode import prefill
+    from specdec.runtime.cache import KVCache
 
     cache = KVCache()
     start = prefill(target, cache, prompt)

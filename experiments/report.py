@@ -32,7 +32,7 @@ from experiments.leaderboard import SETTING, LeaderboardError, entry_stats
 from experiments.store import StoreError, load_rows, open_existing
 from experiments.verdict import MARGIN, Interaction, drift, interaction, is_paired, job_drift
 from specdec.measure import costmodel
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 SEED = 0
 REFERENCE = "none"

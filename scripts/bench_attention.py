@@ -4,7 +4,7 @@
     python scripts/bench_attention.py --caches dynamic,static --widths 1,5,9 --repeats 3
     python scripts/bench_attention.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
 
-`specdec_sdpa` (specdec.target.attention) differs from `sdpa` only where a forward carries a mask on CPU:
+`specdec_sdpa` (specdec.runtime.attention) differs from `sdpa` only where a forward carries a mask on CPU:
 it lets the kernel read grouped K/V heads instead of copying them per query head. A width-w
 forward here is a tree block of w nodes (masked for w > 1), as `specdec.measure.latency` times it. For
 each cache kind and context: one prefilled cache, then r times per width one forward under each
@@ -25,9 +25,9 @@ import torch
 
 import specdec
 from specdec.measure import records
-from specdec.target.attention import NAME
-from specdec.target.cache import KVCache
-from specdec.target.forwards import CACHES, verification_width
+from specdec.runtime.attention import NAME
+from specdec.runtime.cache import KVCache
+from specdec.runtime.forwards import CACHES, verification_width
 from specdec.machine import machine_name
 
 ATTENTIONS = ("sdpa", NAME)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="weights dtype (default: the target's own)")
     parser.add_argument("--widths", type=_ints, default=(1, 2, 5, 9, 17, 33))
     parser.add_argument("--contexts", type=_ints, default=(256, 1024))
-    parser.add_argument("--caches", default="dynamic", help="comma-separated cache kinds (specdec.target.forwards.CACHES)")
+    parser.add_argument("--caches", default="dynamic", help="comma-separated cache kinds (specdec.runtime.forwards.CACHES)")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args(argv)

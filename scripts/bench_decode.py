@@ -15,7 +15,7 @@ forward / draft (propose + commit) / everything else, and how many outputs equal
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
         [--new-tokens 64] [--threads 1] [--cache auto] [--latency 1,2,4,...,128]
 
---cache: the loop's (cache, forward) pair (`specdec.target.forwards.CACHES`; `auto` = `graphs`, the CUDA
+--cache: the loop's (cache, forward) pair (`specdec.runtime.forwards.CACHES`; `auto` = `graphs`, the CUDA
 graph fast path, on CUDA, else `dynamic`); when it is not `dynamic`, a `plain[cache=dynamic]` row
 runs the plain loop without it, for comparison. --latency W,W,...: first print the target's forward
 time per width through that pair and through `dynamic` (`specdec.measure.latency.measure_latency`, 256
@@ -39,13 +39,13 @@ import torch
 
 import specdec
 from specdec.measure import records
-from specdec.target import kernels
+from specdec.runtime import kernels
 from specdec.drafters import build
 from specdec.drafters.registry import parse_specs
-from specdec.target.forwards import resolve_cache
+from specdec.runtime.forwards import resolve_cache
 from specdec.machine import machine_name
 from specdec.measure.latency import measure_latency
-from specdec.target.loading import check_device
+from specdec.loading import check_device
 from specdec.core.metrics import GenerationStats
 from specdec.core.shapes import parse_shape
 from specdec.tune import ensure_tuned
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
     parser.add_argument("--kernel", default="auto", choices=kernels.CHOICES,
-                        help="linear kernel of the target (specdec.target.kernels); HF runs on the same model")
+                        help="linear kernel of the target (specdec.runtime.kernels); HF runs on the same model")
     parser.add_argument("--drafters", default="eagle,ngram",
                         help="comma-separated registered drafters, each optionally NAME[k=v,...] with its options")
     parser.add_argument("--shapes", default="chain(4);dynamic(8,6,32);auto", help="semicolon-separated shapes")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--cache", default="auto", help="auto or a key of specdec.target.forwards.CACHES")
+    parser.add_argument("--cache", default="auto", help="auto or a key of specdec.runtime.forwards.CACHES")
     parser.add_argument("--latency", default="", help="comma-separated widths: print the latency curve first")
     args = parser.parse_args(argv)
     try:

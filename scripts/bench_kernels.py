@@ -1,4 +1,4 @@
-"""Latency curve of a target under each linear kernel (specdec.target.kernels), interleaved in one run.
+"""Latency curve of a target under each linear kernel (specdec.runtime.kernels), interleaved in one run.
 
     python scripts/bench_kernels.py                                   # embedded target: none, bf16, torchao_int4
     python scripts/bench_kernels.py --specs none --widths 1,4,8 --repeats 3
@@ -26,7 +26,7 @@ import torch
 
 import specdec
 from specdec.measure import records
-from specdec.target import kernels
+from specdec.runtime import kernels
 from specdec.machine import machine_name
 from specdec.measure.latency import measure_latency
 

@@ -34,7 +34,7 @@ prepare)
 import shutil, sys
 from pathlib import Path
 from specdec.machine import cache_root
-from specdec.target.loading import embedded_gguf_path, embedded_model_dir
+from specdec.loading import embedded_gguf_path, embedded_model_dir
 src = embedded_model_dir()  # converted here with this machine's transformers
 tok = Path(".dev/p1/tok"); tok.mkdir(parents=True, exist_ok=True)
 for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -77,7 +77,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 from specdec.machine import cache_root
-from specdec.target.loading import embedded_gguf_path
+from specdec.loading import embedded_gguf_path
 gguf, out = embedded_gguf_path(), cache_root() / "smollm2-135m-instruct"
 model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
 model.hf_quantizer = None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

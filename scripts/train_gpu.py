@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 import traceback
 from pathlib import Path

@@ -4,31 +4,44 @@ Public API:
     target = specdec.load_target("smollm2-135m")
     drafter = specdec.drafters.build("ngram", target=target)
     out = specdec.generate(target, drafter, "Why is the sky blue?", shape="chain(4)")
+
+
+The face is lazy (PEP 562): `import specdec` loads no submodule; each name below loads its module on
+first use, so `import specdec.X` pays only for X.
 """
 
 from specdec.quiet import install_log_filters
 
 install_log_filters()  # before transformers (and through it torchao) is first imported
 
-from specdec.target.loading import load_target, tiny_target  # noqa: E402
-from specdec.core.loop import BatchOutput, GenerationOutput, generate, generate_batch  # noqa: E402
-from specdec.core.metrics import GenerationStats  # noqa: E402
-from specdec.target.model import Target  # noqa: E402
-from specdec.measure.profiles import profile  # noqa: E402
-from specdec.core.sampling import SamplingConfig  # noqa: E402
-from specdec.core.shapes import ChainShape, DynamicShape, TreeShape, parse_shape  # noqa: E402
+_FACE = {
+    "load_target": "specdec.loading", "tiny_target": "specdec.loading",
+    "BatchOutput": "specdec.loop.decode", "GenerationOutput": "specdec.loop.decode",
+    "generate": "specdec.loop.decode", "generate_batch": "specdec.loop.decode",
+    "GenerationStats": "specdec.core.metrics", "Target": "specdec.runtime.model",
+    "profile": "specdec.measure.profiles", "SamplingConfig": "specdec.core.sampling",
+    "ChainShape": "specdec.core.shapes", "DynamicShape": "specdec.core.shapes", "TreeShape": "specdec.core.shapes",
+    "parse_shape": "specdec.core.shapes",
+}
+_MODULES = ("drafters", "quant", "tune", "certify", "machine")
 
-__all__ = [
-    "BatchOutput", "ChainShape", "DynamicShape", "GenerationOutput", "GenerationStats", "SamplingConfig", "Target",
-    "TreeShape", "drafters", "generate", "generate_batch", "load_target", "parse_shape", "profile", "tiny_target",
-]
+__all__ = sorted([*_FACE, "drafters"])
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """`specdec.drafters` on first use: importing the core (the loop) loads no drafter."""
-    if name == "drafters":
-        import importlib
+    """A public name's module on first use (then cached in this module's namespace)."""
+    import importlib
 
-        return importlib.import_module("specdec.drafters")
-    raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    if name in _FACE:
+        value = getattr(importlib.import_module(_FACE[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"specdec.{name}")
+    else:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_FACE, *_MODULES])

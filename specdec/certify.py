@@ -40,17 +40,17 @@ import torch
 
 import specdec
 from specdec.core.draft import Drafter
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 from specdec.core.shapes import AutoShape
 from specdec.drafters.registry import _REGISTRY as _DRAFTERS
 from specdec.drafters.registry import build, parse_options
 from specdec.measure.certify_batch import batch_case
 from specdec.measure.certify_cases import LENGTH, SAMPLINGS, CaseResult, SiblingDrafter, distribution_case
 from specdec.measure import width_effect as widths
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 from specdec.certify_power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
 from specdec.measure.mutants import MUTANTS
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 __all__ = ["ALPHA", "POWER_ALPHA", "POWER_N", "REFERENCE_CASES", "Certificate", "Power", "SiblingDrafter", "World",
            "certify", "main", "power", "reference_cases", "tiny_world"]

@@ -6,7 +6,7 @@
 
 Owns the measuring that constructors used to do on first use: the torch thread count that decodes
 fastest (plain decoding, counts 1 .. cores, interleaved), the linear kernel
-(`specdec.target.kernels.measure_choice`), the EAGLE head dtype (`specdec.drafters.eagle.
+(`specdec.runtime.kernels.measure_choice`), the EAGLE head dtype (`specdec.tune.
 measure_head_dtypes`, when `--drafter eagle` and a shipped head exists) and the latency curve that
 `shape="auto"` plans with (`specdec.measure.latency.measure_latency`). Each run writes one fresh
 record per target (and per `--quant` target) in the machine's store (`specdec.machine`), prints a
@@ -30,8 +30,10 @@ import torch
 import specdec
 from specdec import machine
 from specdec.quant import parse_spec
-from specdec.target import kernels
-from specdec.target.forwards import resolve_cache
+from specdec.runtime import kernels
+from specdec.runtime.forwards import resolve_cache
+from specdec.drafters import eagle
+from specdec.loop.decode import generate
 from specdec.measure.latency import curve_key, measure_latency
 
 CURVE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -90,15 +92,13 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
         machine.update_record(label, dev, dtype, kernel={**choice, "among": names})
     target = specdec.load_target(name, device=device, quant=quant, threads=count)  # as users will get it
     if "eagle" in drafters and dev.type == "cpu" and dtype == torch.float32:
-        from specdec.drafters import eagle
-
         try:
             head = eagle.EagleHead.load(eagle.shipped_head_path(target))
         except FileNotFoundError as err:
             notes.append(f"head dtype not tuned: {err}")
         else:
             vocab = eagle.DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= eagle.DEFAULT_DRAFT_VOCAB else None
-            per_step = eagle.measure_head_dtypes(target, head, vocab)
+            per_step = measure_head_dtypes(target, head, vocab)
             best = min(per_step, key=per_step.get)
             machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
                 "dtype": str(best).removeprefix("torch."),
@@ -169,6 +169,24 @@ def card(record: dict) -> list[str]:
     lines += [f"  note     {n}" for n in record.get("notes", [])]
     lines.append(f"  record   {record['path']}")
     return lines
+
+
+def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_vocab: int | None, repeats: int = 3,
+                        new_tokens: int = 12) -> dict[torch.dtype, float]:
+    """Median drafting seconds per step of a greedy chain(3) generation from a random 48-token prompt,
+    per head dtype (interleaved, one warm-up round): timed inside decoding, where the target's forward
+    between two drafts has evicted the head's weights from the caches, as it does in use."""
+    prompt = torch.randint(0, target.vocab_size, (48,), generator=torch.Generator().manual_seed(0)).tolist()
+    drafters = {dtype: eagle.EagleDrafter(head, target=target, draft_vocab=draft_vocab, head_dtype=dtype)
+                for dtype in eagle.HEAD_DTYPES}
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in eagle.HEAD_DTYPES}
+    for rep in range(repeats + 1):
+        for dtype, drafter in drafters.items():
+            steps = generate(target, drafter, prompt, shape="chain(3)", max_new_tokens=new_tokens, stop_on_eos=False,
+                             cache="dynamic").stats.steps[1:]  # the first step also runs the prompt through the head
+            if rep and steps:
+                times[dtype].append(statistics.median(s.draft_time_s for s in steps))
+    return {dtype: statistics.median(ts) for dtype, ts in times.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ def test_local_directory_with_the_embedded_tokenizer_loads(tmp_path):
     """Any HF causal LM directory loads: a tiny Mistral saved with the embedded tokenizer."""
     from transformers import AutoTokenizer
 
-    from specdec.target.loading import embedded_model_dir
+    from specdec.loading import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
     tiny = specdec.tiny_target("mistral", vocab_size=len(tokenizer), hidden_size=16)

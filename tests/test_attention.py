@@ -1,4 +1,4 @@
-"""`specdec_sdpa` (specdec.target.attention): the default attention of loaded targets, the same logits as
+"""`specdec_sdpa` (specdec.runtime.attention): the default attention of loaded targets, the same logits as
 transformers' `sdpa`, and no per-head copy of the cached keys and values under a mask on CPU."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
 
 import specdec
-from specdec.target.attention import NAME
-from specdec.target.cache import KVCache
+from specdec.runtime.attention import NAME
+from specdec.runtime.cache import KVCache
 
 
 def _tree_logits(target, impl: str) -> torch.Tensor:

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import specdec
-import specdec.core.policy
-from specdec.core.auto_policy import AutoPolicy, candidate_widths
-from specdec.core.policy import shape_policy
+import specdec.loop.policy
+from specdec.loop.auto_policy import AutoPolicy, candidate_widths
+from specdec.loop.policy import shape_policy
 from specdec.drafters import build_for_tests
-from specdec.measure.latency import LatencyCurve
-from specdec.core.reference import reference_generate
-from specdec.target.cache import KVCache
+from specdec.core.curve import LatencyCurve
+from specdec.loop.reference import reference_generate
+from specdec.runtime.cache import KVCache
 from specdec.core.draft import Acceptance, Draft, DraftRequest
 
 from specdec.core.metrics import StepRecord
@@ -120,24 +120,25 @@ def test_auto_greedy_output_equals_reference(tiny64, name, lat):
 def test_estimates_carry_over_to_the_next_generation_of_the_same_drafter(tiny_llama64):
     shape = AutoShape(latency=FLAT)
     drafter = build_for_tests("ngram", target=tiny_llama64)
-    first = specdec.core.policy.shape_policy(shape, tiny_llama64, drafter)
+    first = specdec.loop.policy.shape_policy(shape, tiny_llama64, drafter)
     specdec.generate(tiny_llama64, drafter, PROMPT, shape=shape, max_new_tokens=8, stop_on_eos=False)
     assert first.trials.sum() > 0
-    assert specdec.core.policy.shape_policy(shape, tiny_llama64, drafter) is first
+    assert specdec.loop.policy.shape_policy(shape, tiny_llama64, drafter) is first
     other = build_for_tests("ngram", target=tiny_llama64)
-    assert specdec.core.policy.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
+    assert specdec.loop.policy.shape_policy(shape, tiny_llama64, other).trials.sum() == 0
 
 
 def test_auto_plans_with_the_tuned_curve_else_the_untuned_default(tiny_llama64, tmp_path, monkeypatch):
     """Without a given curve, auto reads the curve `specdec.tune` stored, else the documented default;
     it never measures (nothing is written)."""
+    from specdec.loop.tuned import DEFAULT_WIDTH_COST
     from specdec.measure import latency
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     drafter = build_for_tests("ngram", target=tiny_llama64)
     policy = shape_policy(parse_shape("auto(max_nodes=6)"), tiny_llama64, object())
     assert policy.curve.machine == "not tuned"
-    assert policy.curve.ratio(9) == pytest.approx(1 + 8 * latency.DEFAULT_WIDTH_COST)
+    assert policy.curve.ratio(9) == pytest.approx(1 + 8 * DEFAULT_WIDTH_COST)
     out = specdec.generate(tiny_llama64, drafter, PROMPT, shape="auto(max_nodes=6)", max_new_tokens=4,
                            stop_on_eos=False)
     assert len(out.token_ids) == 4 and not any(tmp_path.iterdir())
@@ -235,7 +236,7 @@ def test_growers_and_ngram_record_path_confidences(tiny_llama64):
     drafter = build_for_tests("small", target=tiny_llama64)
     for shape in ("chain(3)", "tree(2,2)"):
         drafter.reset()
-        drafter.commit(specdec.core.loop.prefill(tiny_llama64, KVCache(), PROMPT))
+        drafter.commit(specdec.loop.decode.prefill(tiny_llama64, KVCache(), PROMPT))
         draft = drafter.propose(DraftRequest(token_ids=torch.tensor([PROMPT]), shape=parse_shape(shape),
                                              sampling=SamplingConfig(), generator=torch.Generator(), max_depth=8))
         parents = draft.parents.tolist()

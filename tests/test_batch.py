@@ -6,12 +6,13 @@ import pytest
 import torch
 
 import specdec
-from specdec.core import rows
+from specdec.core.curve import LatencyCurve
+from specdec.loop import rows
 from specdec.core.draft import Draft
 from specdec.drafters.common import PerRow
 from specdec.drafters.registry import build_for_tests
-from specdec.target.cache import KVCache
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.cache import KVCache
+from specdec.runtime.static_cache import StaticKVCache
 
 SHAPES = ["chain(4)", "tree(2,2,1)", "dynamic(top_k=3,depth=4,budget=10)", "auto"]
 LIMITS = [12, 5, 9, 12]
@@ -187,9 +188,10 @@ def test_bad_batches_are_refused_before_any_work(tiny_llama64, prompts, monkeypa
 def test_auto_plans_a_batch_with_the_curve_of_its_batch_size(tiny_llama64, prompts):
     """A curve measured at batch 3 is stored under its own key and is the one `auto` at batch 3 reads;
     batch 1 keeps its own (here: none stored, so the untuned default of batch 1)."""
-    from specdec.core.auto_policy import AutoPolicy
+    from specdec.loop.auto_policy import AutoPolicy
     from specdec.core.shapes import parse_shape
-    from specdec.measure.latency import cached_latency, tuned_latency
+    from specdec.loop.tuned import tuned_latency
+    from specdec.measure.latency import cached_latency
 
     curve = cached_latency(tiny_llama64, widths=(1, 2, 4), contexts=(8,), repeats=1, cache="dynamic", batch=3)
     assert curve.batch == 3 and len(curve.seconds[0]) == 3
@@ -280,7 +282,7 @@ def test_a_batch_and_its_latency_curve_run_the_same_cache(tiny64, prompts, monke
     """`cache="auto"` is the preallocated cache for a batch, in `generate_batch` and in a latency curve
     at that batch (what the cost model prices a batch's steps with), and the growing one for one row."""
     from specdec.measure import latency
-    from specdec.target.forwards import resolve_cache
+    from specdec.runtime.forwards import resolve_cache
 
     assert [resolve_cache("auto", tiny64, rows) for rows in (1, 2)] == ["dynamic", "static"]
     made, static = [], latency.CACHES["static"]
@@ -307,4 +309,4 @@ def test_a_batch_and_its_latency_curve_run_the_same_cache(tiny64, prompts, monke
         calls.clear()
         timed = latency.measure_latency(tiny64, (1, 2), (4,), repeats=1, cache="static", batch=2, holes=holes)
         assert calls[1:] == [holes] * 4 and timed.holes is holes  # after the prefill: 2 widths, warm-up + 1
-        assert latency.LatencyCurve.from_json(timed.to_json()).holes is holes
+        assert LatencyCurve.from_json(timed.to_json()).holes is holes

@@ -11,7 +11,8 @@ import torch
 
 import specdec
 from specdec.core.sampling import SamplingConfig
-from specdec.core.shapes import grow_tree, parse_shape
+from specdec.core.grow import grow_tree
+from specdec.core.shapes import parse_shape
 from specdec.drafters import build
 from specdec.drafters.eagle import random_head
 from specdec.drafters.eagle_head import EagleHead, widen

@@ -4,7 +4,6 @@ lengths, and one drafter reused across calls and across batch sizes. Every row e
 decoding of its prompt alone (tiny fp64 target, T = 0)."""
 
 import pytest
-import torch
 
 import specdec
 from specdec.drafters import names

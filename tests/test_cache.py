@@ -5,11 +5,11 @@ import torch
 
 import specdec
 from specdec.core import tree as tree_ops
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.drafters import build
 from specdec.drafters.draft_model import ModelDrafter
 from specdec.drafters.self_draft import SelfDrafter
-from specdec.target.forwards import CACHES
+from specdec.runtime.forwards import CACHES
 from specdec.drafters.kv_policy import apply_to_prefill, attention_probe
 
 

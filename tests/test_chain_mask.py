@@ -5,9 +5,9 @@ and the result equals the explicit tree-mask forward, in either cache, after evi
 import pytest
 import torch
 
-from specdec.target.cache import KVCache
-from specdec.target.model import is_chain, tree_attention
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.cache import KVCache
+from specdec.runtime.model import is_chain, tree_attention
+from specdec.runtime.static_cache import StaticKVCache
 
 CACHES = {"dynamic": KVCache, "static": lambda: StaticKVCache(64)}
 

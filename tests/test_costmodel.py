@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.measure import costmodel
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 
 def linear_curve(a: float, b: float, label: str = "m") -> LatencyCurve:

@@ -13,13 +13,13 @@ import torch
 
 import specdec
 from specdec.core import tree as tree_ops
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead, widen
 from specdec.training.eagle import training_prompts
-from specdec.core.loop import prefill
-from specdec.core.reference import reference_generate
+from specdec.loop.decode import prefill
+from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import parse_shape
 
@@ -105,7 +105,7 @@ def test_sampling_over_a_tree_matches_the_target_distribution():
 
     from scipy.stats import chisquare
 
-    from specdec.core.reference import exact_joint_probs
+    from specdec.loop.reference import exact_joint_probs
 
     target = specdec.tiny_target("llama", vocab_size=5, hidden_size=16, dtype=torch.float64, seed=0, logit_scale=6.0)
     drafter = build("eagle", target=target, head="random")
@@ -255,7 +255,7 @@ def test_the_heads_written_out_layer_computes_what_transformers_layer_does():
     and for a tree block after it (the cache then holds the same keys and values)."""
     from transformers import DynamicCache
 
-    from specdec.target.model import tree_attention
+    from specdec.runtime.model import tree_attention
 
     tiny = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, seed=0, logit_scale=4.0)
     head = fused_head(tiny).double().eval()
@@ -295,14 +295,14 @@ def test_head_dtype_sets_what_the_drafts_run_in_and_leaves_the_target_alone(tiny
 def test_auto_head_dtype_follows_the_tuned_record(tmp_path, monkeypatch):
     """head_dtype='auto' (the default): the dtype `specdec.tune` stored for this head geometry, else the
     target's; building never measures. `measure_head_dtypes` (what tune runs) times both dtypes."""
-    from specdec import machine
+    from specdec import machine, tune
     from specdec.drafters import eagle
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     fp32 = specdec.tiny_target("llama", dtype=torch.float32, vocab_size=64, seed=0)
-    measured = eagle.measure_head_dtypes(fp32, random_head(fp32), None, repeats=1, new_tokens=4)
+    measured = tune.measure_head_dtypes(fp32, random_head(fp32), None, repeats=1, new_tokens=4)
     assert set(measured) == set(eagle.HEAD_DTYPES) and all(t > 0 for t in measured.values())
-    monkeypatch.setattr(eagle, "measure_head_dtypes", lambda *a, **k: pytest.fail("building measured"))
+    monkeypatch.setattr(tune, "measure_head_dtypes", lambda *a, **k: pytest.fail("building measured"))
     assert build("eagle", target=fp32, head="random").head.fc.weight.dtype == torch.float32  # not tuned
     geometry = eagle.head_geometry(fp32, random_head(fp32), None)
     for stored, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):

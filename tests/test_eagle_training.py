@@ -19,9 +19,9 @@ from specdec.training.eagle import (acceptance_per_depth, depth_losses, fill_sha
                                              rollout_batch, unroll)
 from specdec.training.prompts import SOURCES, check_disjoint, collect, prompt_text, shared_ngrams, split, user
 
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest
-from specdec.core.loop import prefill
+from specdec.loop.decode import prefill
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import parse_shape
 

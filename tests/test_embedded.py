@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import specdec
-from specdec.target import kernels
+from specdec.runtime import kernels
 from specdec.machine import cache_root as cache_dir
-from specdec.target.loading import embedded_model_dir
-from specdec.core.reference import next_token_logits
+from specdec.loading import embedded_model_dir
+from specdec.loop.reference import next_token_logits
 
 PROMPTS = [
     "Why is the sky blue?",

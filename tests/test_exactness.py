@@ -16,7 +16,7 @@ import torch
 import specdec
 from specdec import certify
 from specdec.drafters import Draft, build, build_for_tests
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 from specdec.measure.mutants import MUTANTS, mutated
 
 PROMPTS = certify.GREEDY_PROMPTS

@@ -441,7 +441,7 @@ def test_a_cells_latency_curves_are_timed_in_passes_between_its_units(tiny_llama
     from types import SimpleNamespace
 
     from experiments.run import CellCurves
-    from specdec.measure.latency import LatencyCurve
+    from specdec.core.curve import LatencyCurve
 
     runner = SimpleNamespace(latency_widths=[1, 2], latency_contexts=[4, 8], latency_repeats=3)
     cfg = SimpleNamespace(batch=1, shape=SimpleNamespace(spec="chain(2)"), runner=runner)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import specdec
 from experiments import kv
 from specdec.measure import records
 

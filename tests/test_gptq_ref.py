@@ -6,7 +6,7 @@ import torch
 import specdec
 from specdec import quant
 from specdec.quant.gptq_ref import gptq_quantize, layer_hessians
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 
 
 def _samples(vocab: int, count: int = 4, length: int = 40) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""The static-shape fast path (`specdec.target.graphs`, `cache="graphs"`): a bucketed, padded forward over
+"""The static-shape fast path (`specdec.runtime.graphs`, `cache="graphs"`): a bucketed, padded forward over
 a preallocated cache equals `Target.forward`, keeps the cache equal to a prefill, is exact for every
 drafter, shape and family, reuses its captured buckets across generations, and rejects bad sizes
 before generating. On a CPU the buckets run eagerly (the function a CUDA graph would capture); the
@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import specdec
-from specdec.target import graphs
-from specdec.target.cache import KVCache
+from specdec.runtime import graphs
+from specdec.runtime.cache import KVCache
 from specdec.drafters import build, build_for_tests
-from specdec.target.forwards import resolve_cache
-from specdec.target.graphs import StaticForward, static_forward
+from specdec.runtime.forwards import resolve_cache
+from specdec.runtime.graphs import StaticForward, static_forward
 from specdec.measure.latency import cached_latency, measure_latency
-from specdec.core.reference import reference_generate
-from specdec.target.static_cache import StaticKVCache
+from specdec.loop.reference import reference_generate
+from specdec.runtime.static_cache import StaticKVCache
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 
@@ -163,7 +163,7 @@ def test_the_static_forward_is_kept_and_replaced_when_it_cannot_serve():
     second = graphs._FORWARDS[target.model]["verifier"]
     with torch.no_grad():
         target.model.lm_head.weight = torch.nn.Parameter(target.model.lm_head.weight.clone())
-    target = specdec.target.model.Target(target.model, target.tokenizer, name=target.name)  # the lm_head is read at init
+    target = specdec.runtime.model.Target(target.model, target.tokenizer, name=target.name)  # the lm_head is read at init
     assert static_forward(target, 64, (1, 8)) is not second  # weights at other addresses: a graph would read stale ones
     assert static_forward(target, 300, (1, 8)).capacity == 512  # more capacity: rounded up to 256s
 

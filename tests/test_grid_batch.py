@@ -55,7 +55,7 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     # cell is costed; the batch cell says why not.
     import json
 
-    from specdec.measure.latency import LatencyCurve
+    from specdec.core.curve import LatencyCurve
 
     meta = json.loads((results / "cells" / one.cell_id.iloc[0] / "cell.json").read_text())
     # The batch cell stores its curves at 2 rows and, for the steps after a row has left, at 1 row, timed

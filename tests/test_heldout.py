@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from experiments import heldout
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 WIDTHS = (1, 2, 3, 4, 5, 8)
 

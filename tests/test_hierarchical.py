@@ -8,7 +8,7 @@ import torch
 import specdec
 from specdec.drafters import build, build_for_tests
 from specdec.drafters.hierarchical import EXTRA_NODE_ID
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 from specdec import certify
 from specdec.certify import ALPHA, distribution_case
 from specdec.certify import GREEDY_PROMPTS as PROMPTS

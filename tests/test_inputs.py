@@ -28,7 +28,7 @@ def test_bad_generation_arguments(tiny_llama64, kwargs, match):
 def test_cuda_where_there_is_none_fails_before_loading(device, monkeypatch):
     def no_load(**kwargs):
         raise AssertionError("loaded a model before checking the device")
-    monkeypatch.setitem(specdec.target.loading._BUILTINS, "tiny-llama", no_load)
+    monkeypatch.setitem(specdec.loading._BUILTINS, "tiny-llama", no_load)
     with pytest.raises(ValueError, match=re.escape(f"device {device!r} requested but CUDA is not available here")):
         specdec.load_target("tiny-llama", device=device)
 

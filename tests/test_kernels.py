@@ -1,4 +1,4 @@
-"""Linear kernels (specdec.target.kernels): the packed linear computes F.linear, the swap is reversible and
+"""Linear kernels (specdec.runtime.kernels): the packed linear computes F.linear, the swap is reversible and
 shares weights, `auto` is measured once and cached, bad kernels are refused before any work, and
 greedy speculation stays exact for every drafter on a target whose linears are packed."""
 
@@ -13,7 +13,7 @@ from torch.nn import functional as F
 import specdec
 from specdec import machine
 from specdec import certify
-from specdec.target import kernels
+from specdec.runtime import kernels
 from specdec.drafters import build_for_tests
 from specdec.quant import quantized_copy
 

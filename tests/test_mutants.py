@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.core import acceptance, shapes
+from specdec.core import acceptance, grow, shapes
 from specdec.core.draft import Draft
 from specdec.core.sampling import SamplingConfig
 from specdec.measure.mutants import MUTANTS, Mutant, MutantDoesNotApply, mutant, mutated
@@ -58,11 +58,11 @@ def test_truncation_mutant_reaches_the_grower():
     """Under top-k the real grower records the truncated law; the mutant records softmax(logits / T)."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     sampling = SamplingConfig(temperature=1.0, top_k=2)
-    grow = lambda: shapes.grow_tree(shapes.ChainShape(1), logits, None, sampling,  # noqa: E731
-                                    torch.Generator().manual_seed(0), 1)
-    assert grow().draft_probs[0, 0, 2:].sum() == 0
+    run = lambda: grow.grow_tree(shapes.ChainShape(1), logits, None, sampling,  # noqa: E731
+                                 torch.Generator().manual_seed(0), 1)
+    assert run().draft_probs[0, 0, 2:].sum() == 0
     with mutated(mutant("draft_probs_ignore_truncation")):
-        recorded = grow().draft_probs[0, 0]
+        recorded = run().draft_probs[0, 0]
     torch.testing.assert_close(recorded, logits[0].softmax(-1))
 
 

@@ -15,7 +15,7 @@ import specdec
 from specdec.core.draft import Draft
 from specdec.drafters import build_for_tests
 from specdec.measure.profiles import UnderivableShapeError, pooled_mal, profile
-from specdec.core.reference import next_token_logits
+from specdec.loop.reference import next_token_logits
 
 PROMPT = [1, 5, 9, 5, 9, 5, 9, 13, 2, 5, 9]
 TOKENS = 24

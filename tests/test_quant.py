@@ -21,7 +21,7 @@ from specdec.quant.bnb_backend import bnb_linear_kwargs, check_cpu_4bit_rows
 from specdec.quant.gptq_backend import gptq_calibration, gptq_config
 from specdec.quant.hqq_backend import hqq_config
 from specdec.quant.texts import CALIBRATION_PARAGRAPHS
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 
 SPECS = quant.example_specs()
 PROMPT = [1, 5, 9, 5, 9, 5, 9, 13]
@@ -136,7 +136,7 @@ def test_every_backend_runs_here_or_says_why_not(tiny, spec):
             quant.quantized_copy(tiny, spec)
         return
     quantized = quant.quantized_copy(tiny, spec)
-    logits = quantized.forward(torch.tensor([PROMPT]), specdec.target.cache.KVCache()).logits
+    logits = quantized.forward(torch.tensor([PROMPT]), specdec.runtime.cache.KVCache()).logits
     assert logits.shape == (1, len(PROMPT), tiny.vocab_size) and torch.isfinite(logits.float()).all()
     info = quantized.info["quant"]
     assert info["spec"] == quant.parse_spec(spec).text and quantized.quant == info["spec"]
@@ -255,7 +255,7 @@ def test_gptq_adapter_arguments_and_calibration_set():
     assert gptq_config(quant.parse_spec("gptq4")) == {"bits": 4, "group_size": 32, "sym": True, "desc_act": False}
     per_channel = gptq_config(quant.parse_spec("gptq3_pc_asym"))
     assert per_channel == {"bits": 3, "group_size": -1, "sym": False, "desc_act": False}
-    tokenizer = specdec.target.loading.ByteTokenizer()
+    tokenizer = specdec.loading.ByteTokenizer()
     examples = gptq_calibration(tokenizer, max_tokens=64)
     assert len(examples) == len(CALIBRATION_PARAGRAPHS) >= 8
     assert all(len(e["input_ids"]) == len(e["attention_mask"]) == 64 for e in examples)

@@ -20,7 +20,7 @@ from experiments.leaderboard import write_leaderboard
 from experiments.report import ReportError, main as report_cli, write_report
 from experiments.verdict import classify, interaction, prompts_to_settle
 from experiments.store import ResultsStore
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 SIZES = {"params": 1.35e8, "weight_bytes": 5.4e8, "layers": 30, "hidden": 576, "kv_heads": 3, "head_dim": 64,
          "kv_bytes_per_element": 4}

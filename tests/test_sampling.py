@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.core.reference import reference_generate
+from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 

@@ -12,9 +12,9 @@ import torch
 
 import specdec
 from specdec.core import tree as tree_ops
-from specdec.target.cache import Cache, KVCache
+from specdec.runtime.cache import Cache, KVCache
 from specdec.core.draft import Draft, Step
-from specdec.target.model import tree_attention
+from specdec.runtime.model import tree_attention
 
 
 def _modules() -> list[str]:
@@ -64,7 +64,7 @@ def test_core_modules_import_no_drafter_code(package):
 
 
 def test_importing_the_loop_loads_no_drafter():
-    code = ("import specdec.core.loop, sys; "
+    code = ("import specdec.loop.decode, sys; "
             "print(sorted(m for m in sys.modules if m.startswith('specdec.drafters')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -13,7 +13,7 @@ import torch
 import specdec
 from specdec.drafters import build
 from specdec.drafters.kv_policy import fake_quantize, parse_kv_policy
-from specdec.core.reference import next_token_logits, reference_generate
+from specdec.loop.reference import next_token_logits, reference_generate
 from specdec.certify import ALPHA, distribution_case
 
 SHAPES = ["chain(4)", "tree(3,2,2)", "dynamic(top_k=3,depth=5,budget=12)"]

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import specdec
-from specdec.core.loop import prefill
+from specdec.loop.decode import prefill
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import parse_shape
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.speculators_format import Eagle3Config, Eagle3Head, load_speculators, save_speculators
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 
 VOCAB, HIDDEN, LAYERS, AUX = 96, 32, 4, (1, 2, 3)
 FLAGS = [{}, {"fc_norm": True, "norm_before_residual": True, "norm_output": True}, {"norm_before_fc": True}]
@@ -194,7 +194,7 @@ def test_round_trip_is_exact(tiny, tmp_path):
 
 def test_greedy_output_is_the_targets(tiny):
     """Exactness does not depend on the head: greedy speculative output = plain greedy output."""
-    from specdec.core.loop import generate
+    from specdec.loop.decode import generate
 
     drafter = build("eagle", target=tiny, head=random_eagle3(FLAGS[0]), head_dtype=None)
     prompt = [5, 9, 13, 2, 7]
@@ -207,7 +207,7 @@ def test_greedy_output_is_the_targets(tiny):
 def test_an_eagle3_head_drafts_a_batch_as_each_row_alone(tiny, flags):
     """A speculators EAGLE-3 head batches: every row of `generate_batch` (prompts of different
     lengths, rows stopping at different lengths) drafts and outputs what it does alone."""
-    from specdec.core.loop import generate, generate_batch
+    from specdec.loop.decode import generate, generate_batch
 
     drafter = build("eagle", target=tiny, head=random_eagle3(flags), head_dtype=None)
     prompts, limits = [[5, 9, 13, 2, 7], [3, 1], [8, 8, 4, 2, 6, 1, 9, 9]], [16, 7, 12]

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import specdec
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest, build, build_for_tests
-from specdec.target.forwards import CACHES
-from specdec.core.loop import prefill
-from specdec.core.reference import reference_generate
+from specdec.runtime.forwards import CACHES
+from specdec.loop.decode import prefill
+from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import parse_shape
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.static_cache import StaticKVCache
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
 

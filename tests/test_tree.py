@@ -5,10 +5,10 @@ import torch
 
 import specdec
 from specdec.core import tree as tree_ops
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest, build_for_tests
-from specdec.core.loop import prefill
-from specdec.core.reference import reference_generate
+from specdec.loop.decode import prefill
+from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import ChainShape, DynamicShape, TreeShape, parse_shape
 

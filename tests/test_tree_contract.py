@@ -6,7 +6,6 @@ through (`scripts/mutation_test.py`, docs/measurements/mutation-testing.md)."""
 import random
 
 import pytest
-import torch
 
 from specdec.core import tree as tree_ops
 

@@ -9,10 +9,10 @@ import torch
 
 import specdec
 from specdec import machine, tune
-from specdec.core.policy import shape_policy
+from specdec.loop.policy import shape_policy
 from specdec.core.shapes import parse_shape
 from specdec.drafters import build
-from specdec.measure.latency import tuned_latency
+from specdec.loop.tuned import tuned_latency
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def _files(root):
 
 def test_with_nothing_stored_constructors_measure_and_write_nothing(empty_cache):
     target = specdec.load_target("tiny-llama", dtype=torch.float32)  # three kernels could run: a choice
-    assert len(specdec.target.kernels.candidates(target.device, target.dtype)) > 1
+    assert len(specdec.runtime.kernels.candidates(target.device, target.dtype)) > 1
     assert target.kernel == machine.DEFAULT_KERNEL and target.info["kernel"]["tuned"] is False
     assert target.info["threads"] == {"threads": machine.DEFAULT_THREADS, "from": "default"}
     drafter = build("eagle", target=target, head="random")

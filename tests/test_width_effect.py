@@ -10,7 +10,7 @@ import torch
 
 import specdec
 from specdec.measure import width_effect as we
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 PROMPTS = ([1, 2, 3, 4, 5], [3, 4, 1, 2], [7, 7, 7, 9])
 
@@ -28,7 +28,7 @@ def test_recorded_laws_are_the_runs_own(fp64):
     assert laws.tokens == out.token_ids and len(laws.logits) == 10
     assert max(laws.widths) == 1 + 6 and min(laws.widths) >= 1  # tree(2,2): root + 2 + 4 nodes
     # the first token's law is the one after the prompt
-    from specdec.core.reference import next_token_logits
+    from specdec.loop.reference import next_token_logits
     assert torch.allclose(laws.logits[0], next_token_logits(fp64, PROMPTS[0]).double(), atol=1e-9)
 
 

@@ -22,9 +22,10 @@ import torch
 
 from specdec.core import tree as tree_ops
 
+from specdec.core.shapes import Shape
+
 if TYPE_CHECKING:
     from specdec.core.sampling import SamplingConfig
-    from specdec.core.shapes import Shape
 
 KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
 """(keys, values) per decoder layer, each [B, kv_heads, S, head_dim]."""

@@ -13,7 +13,7 @@ import torch
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.common import PerRow
 from specdec.drafters.registry import register
-from specdec.core.shapes import grow_tree
+from specdec.core.grow import grow_tree
 
 
 @register("none")

@@ -14,7 +14,7 @@ import copy
 import torch
 
 from specdec.core.draft import Draft, DraftRequest, Step
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 
 class BlockSlots:

@@ -25,9 +25,9 @@ from specdec.drafters.common import BlockSlots
 from specdec.drafters.registry import register
 from specdec.drafters.lockstep import grow_rows
 from specdec.drafters.self_draft import build_self_draft, score_rows
-from specdec.target.forwards import drafter_cache, drafter_cache_kind
-from specdec.target.model import Target
-from specdec.core.shapes import grow_tree
+from specdec.runtime.forwards import drafter_cache, drafter_cache_kind
+from specdec.runtime.model import Target
+from specdec.core.grow import grow_tree
 
 
 class ModelDrafter:
@@ -42,7 +42,7 @@ class ModelDrafter:
         self.name = name
         self.model = draft_model
         self.cache_kind = cache
-        """Its own cache (`specdec.target.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA."""
+        """Its own cache (`specdec.runtime.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA."""
         self.batchable = drafter_cache_kind(draft_model, cache) != "graphs"
         """Batches run on the dynamic or static cache (the CUDA-graph runner serves one row)."""
         self.reset()
@@ -127,7 +127,7 @@ def build_small(*, target: Target, model: str | Target | None = None, layers: in
                 cache: str = "auto", **load_options):
     """A small draft model (`model=`, a `ModelDrafter`), or by default an early-exit self-draft of
     the target's first `layers` layers (default a quarter of them); `cache` is the draft model's
-    own cache kind (`specdec.target.forwards.drafter_cache`)."""
+    own cache kind (`specdec.runtime.forwards.drafter_cache`)."""
     if model is None:
         total = target.model.config.num_hidden_layers
         return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small",
@@ -135,7 +135,7 @@ def build_small(*, target: Target, model: str | Target | None = None, layers: in
     if isinstance(model, Target):
         draft_model = model
     else:
-        from specdec.target.loading import load_target
+        from specdec.loading import load_target
 
         draft_model = load_target(model, device=target.device, **load_options)
     return ModelDrafter(draft_model, target=target, name="small", cache=cache)

@@ -8,7 +8,7 @@ until the head has run them (with a head that fuses aux layers, EAGLE-3, the tar
 those layers' hidden states, `Step.target_aux`, and they travel with the final ones). The head's output at the last pair
 predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
 Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
-and each expanded level is one tree forward of the head (`specdec.target.model.tree_attention`).
+and each expanded level is one tree forward of the head (`specdec.runtime.model.tree_attention`).
 
 Rollback (`refresh=True`, EAGLE's recipe and the default): the head's entries for draft nodes were
 computed from *predicted* features, so all are dropped and the accepted tokens are re-run at the next
@@ -28,7 +28,7 @@ deeper nodes, and score with their own lm_head over their d2t draft vocabulary, 
 lm_head and softcap are not used for them.
 
 Batches (`specdec.generate_batch`): one head cache holds every row, each row's pairs at its own
-positions, with holes where a row ran fewer pairs or a shorter draft level (`specdec.target.cache`).
+positions, with holes where a row ran fewer pairs or a shorter draft level (`specdec.runtime.cache`).
 A step runs every row's new pairs in one head forward, then grows each row's own tree (its own
 scores; its randomness only from its own generator) with `specdec.drafters.lockstep.grow_rows`, one
 head forward per depth for all rows, levels padded to the widest row; `commit` rolls each row back
@@ -37,7 +37,7 @@ per-row positions (`takes_row_positions`; a speculators EAGLE-3 head does not ye
 prompt at a time).
 
 Head dtype: `head_dtype="auto"` (the default) runs the head in the dtype `python -m specdec.tune`
-stored for this machine x target x kernel x head geometry (`measure_head_dtypes` times both), else
+stored for this machine x target x kernel x head geometry (`specdec.tune.measure_head_dtypes` times both), else
 in the target's dtype; a depth reads its weights from memory after every target forward, so
 halving their bytes can pay, but not on every CPU.
 """
@@ -45,23 +45,22 @@ halving their bytes can pay, but not on every CPU.
 from __future__ import annotations
 
 import copy
-import statistics
 from pathlib import Path
 
 import torch
 
 from specdec import machine
-from specdec.target import kernels
-from specdec.target.cache import KVCache
+from specdec.runtime import kernels
+from specdec.runtime.cache import KVCache
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.registry import register
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.drafters.speculators_format import Eagle3Head, is_speculators_dir, load_speculators
 from specdec.drafters.common import BlockSlots
 from specdec.drafters.lockstep import Ask, grow_rows
-from specdec.target.loading import parse_dtype
-from specdec.target.model import Target, batch_attention, tree_attention
-from specdec.core.shapes import SubVocab, grow_tree
+from specdec.loading import parse_dtype
+from specdec.runtime.model import Target, batch_attention, tree_attention
+from specdec.core.grow import SubVocab, grow_tree
 
 HEADS_DIR = Path(__file__).parent / "heads"
 """Shipped heads: `<target name>.safetensors` + `<target name>.json`."""
@@ -77,7 +76,7 @@ class EagleDrafter:
         self.batchable = getattr(head, "takes_row_positions", False)  # its forward runs rows at their own positions
         self.refresh = refresh
         # A copy, cast and given the target's linear kernel: the caller's head may still be trained, or
-        # be built into drafters of other dtypes (`measure_head_dtypes`), and must not change under them.
+        # be built into drafters of other dtypes (`specdec.tune.measure_head_dtypes`), and must not change under them.
         # A dtype the kernel does not pack on this CPU (bf16 under oneDNN without AVX-512) stays on F.linear.
         self.head = copy.deepcopy(head).to(device=target.device, dtype=head_dtype or target.dtype).eval()
         if target.kernel != "torch":
@@ -212,7 +211,7 @@ class EagleDrafter:
 
     # ---- batches (`specdec.generate_batch`) ------------------------------------------------------
     # Row b's pairs sit in row b of one head cache at row b's own positions (pair i at position i);
-    # rows that ran fewer pairs have holes there (`specdec.target.cache.RowBook`). A draft block is
+    # rows that ran fewer pairs have holes there (`specdec.runtime.cache.RowBook`). A draft block is
     # padded per depth to the widest row, its padding entries are holes, and a row's block slot s is
     # block column s in every row's `BlockSlots` (padding columns included).
 
@@ -377,26 +376,6 @@ def choose_head_dtype(target: Target, head: EagleHead, draft_vocab: int | None) 
         raise machine.TuneError(f"tune record {path} stores head dtype {entry.get('dtype')!r}, expected one of "
                                 f"{', '.join(names)}; run `python -m specdec.tune {target.name} --drafter eagle` again")
     return names[entry["dtype"]], True
-
-
-def measure_head_dtypes(target: Target, head: EagleHead, draft_vocab: int | None, repeats: int = 3,
-                        new_tokens: int = 12) -> dict[torch.dtype, float]:
-    """Median drafting seconds per step of a greedy chain(3) generation from a random 48-token prompt,
-    per head dtype (interleaved, one warm-up round): timed inside decoding, where the target's forward
-    between two drafts has evicted the head's weights from the caches, as it does in use."""
-    from specdec.core.loop import generate
-
-    prompt = torch.randint(0, target.vocab_size, (48,), generator=torch.Generator().manual_seed(0)).tolist()
-    drafters = {dtype: EagleDrafter(head, target=target, draft_vocab=draft_vocab, head_dtype=dtype)
-                for dtype in HEAD_DTYPES}
-    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in HEAD_DTYPES}
-    for rep in range(repeats + 1):
-        for dtype, drafter in drafters.items():
-            steps = generate(target, drafter, prompt, shape="chain(3)", max_new_tokens=new_tokens, stop_on_eos=False,
-                             cache="dynamic").stats.steps[1:]  # the first step also runs the prompt through the head
-            if rep and steps:
-                times[dtype].append(statistics.median(s.draft_time_s for s in steps))
-    return {dtype: statistics.median(ts) for dtype, ts in times.items()}
 
 
 DEFAULT_DRAFT_VOCAB = 4096

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from specdec.core import tree as tree_ops
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
 from specdec.drafters.registry import build, register
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 from specdec.core.acceptance import accept_greedy
 
 EXTRA_NODE_ID = -1

@@ -10,7 +10,7 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
                                   of G along head_dim), stored dequantized
     window(...)+quant(...)        policies compose left to right with '+'
 
-A policy acts on a `specdec.target.cache.KVCache` that holds only committed tokens (its owner drops its
+A policy acts on a `specdec.runtime.cache.KVCache` that holds only committed tokens (its owner drops its
 own draft entries before calling it) in three hooks: `transform` (entries about to be appended:
 quant), `after_prefill` (once, after the prompt is appended: snapkv selects, window evicts) and
 `after_commit` (after each step's entries are appended: window evicts). Every hook is a function of
@@ -21,7 +21,7 @@ Eviction goes through `KVCache.retain` (absolute positions survive in `evicted`)
 is shared by every layer and head: a per-head selection (as SnapKV does) would need a per-head
 cache and is the extension point.
 
-Batches: on a cache of several rows (or one with holes, `specdec.target.cache.RowBook`) every hook
+Batches: on a cache of several rows (or one with holes, `specdec.runtime.cache.RowBook`) every hook
 acts on each row's own real entries, in order, exactly as it would on that row alone, and evicts
 per row with `KVCache.retain_rows` (per-row `evicted`). SnapKV's probe then answers for the rows
 that select at once (`RowsProbe`, one forward for them all). Knows nothing about drafts, acceptance
@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.core.draft import KVLayers
 
 if TYPE_CHECKING:
-    from specdec.target.model import Target
+    from specdec.runtime.model import Target
 
 DEFAULT_QUANT_GROUP = 32
 """Group size of `quant(...)` when none is given (the whole head_dim when it is not a multiple)."""
@@ -65,7 +65,7 @@ class KVPolicy:
     spec = "full"
     evicts = False
     """True when the policy drops stored entries (`KVCache.retain`): its cache cannot be a
-    preallocated one (`specdec.target.static_cache`), which never evicts."""
+    preallocated one (`specdec.runtime.static_cache`), which never evicts."""
 
     def check(self, facts: ModelFacts) -> None:
         """Raise ValueError when this policy cannot run on a model with these facts."""

@@ -1,6 +1,6 @@
 """One draft per batch row from the batch-of-one grower, with one batched model call per depth.
 
-Owns `grow_rows`: every row of a batch grows its own draft with `specdec.core.shapes.grow_tree` (the
+Owns `grow_rows`: every row of a batch grows its own draft with `specdec.core.grow.grow_tree` (the
 very code a batch of one runs, so a row's draft equals the one it would get alone, its randomness
 drawn only from its own generator), while the rows' `score` calls are answered together: when
 every row still growing waits on a score, one `score_rows` call runs all of them in one forward.
@@ -22,7 +22,8 @@ import torch
 
 from specdec.core.draft import Draft
 from specdec.core.sampling import SamplingConfig
-from specdec.core.shapes import Shape, SubVocab, grow_tree
+from specdec.core.grow import SubVocab, grow_tree
+from specdec.core.shapes import Shape
 
 Ask = tuple[list[int], torch.Tensor, list[int]]
 """One row's score call: (node ids, tokens [1, n], parent ids), as `grow_tree`'s ScoreFn receives them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from specdec.drafters.registry import register
 from specdec.drafters.self_draft import SelfDrafter, build_self_draft
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 DEFAULT_QUANT = "torchao_int4"
 """The low-bit copy whose 1-4 token forward was the fastest of those tried on CPUs, with high top-1
@@ -25,7 +25,7 @@ Needs the `torchao` extra."""
 @register("lowbit")
 def build_lowbit(*, target: Target, quant: str = DEFAULT_QUANT, cache: str = "auto") -> SelfDrafter:
     """A drafter running a `quant`-quantized copy of `target` (any `specdec.quant` spec); `cache`
-    is the copy's own cache kind (`specdec.target.forwards.drafter_cache`)."""
+    is the copy's own cache kind (`specdec.runtime.forwards.drafter_cache`)."""
     return build_self_draft(target=target, weights=quant, name="lowbit", cache=cache)
 
 

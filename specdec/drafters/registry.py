@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from specdec.core.draft import Drafter
 
 if TYPE_CHECKING:
-    from specdec.target.model import Target
+    from specdec.runtime.model import Target
 
 
 Factory = Callable[..., Drafter]

@@ -27,7 +27,7 @@ selection runs the last W prompt tokens through the draft layers to get their qu
 (`kv_policy.attention_probe`). Positions come from the cache (`next_position`), so a windowed cache
 needs no position bookkeeping here.
 
-Batches (`specdec.generate_batch`): one cache for every row, with holes (`specdec.target.cache`).
+Batches (`specdec.generate_batch`): one cache for every row, with holes (`specdec.runtime.cache`).
 `commit` drops the draft entries of all rows, appends each row's kept target entries (padding
 becomes holes) and runs the policy per row (`kv_policy`: each row's real entries are what it keeps
 alone); `propose_batch` runs every row's root in one forward, then grows each row's own draft with
@@ -48,11 +48,11 @@ from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.registry import register
 from specdec.drafters.common import BlockSlots, early_exit_copy
 from specdec.drafters.lockstep import Ask, ScoreRows, grow_rows
-from specdec.target.cache import Cache
-from specdec.target.forwards import drafter_cache, drafter_cache_kind
+from specdec.runtime.cache import Cache
+from specdec.runtime.forwards import drafter_cache, drafter_cache_kind
 from specdec.drafters.kv_policy import KVPolicy, attention_probe, attention_probe_rows, model_facts, parse_kv_policy
-from specdec.target.model import Target
-from specdec.core.shapes import grow_tree
+from specdec.runtime.model import Target
+from specdec.core.grow import grow_tree
 
 
 def parse_layers(spec: str | int, total: int) -> int:
@@ -98,7 +98,7 @@ class SelfDrafter:
         self.policy = policy
         self.layers = model.model.config.num_hidden_layers
         self.cache_kind = cache
-        """Its own cache (`specdec.target.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
+        """Its own cache (`specdec.runtime.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
         unless the KV policy evicts."""
         self.batchable = drafter_cache_kind(model, cache, policy.evicts) != "graphs"
         """Batches run on the dynamic or static cache (the CUDA-graph runner serves one row)."""
@@ -215,7 +215,7 @@ def score_rows(model: Target, cache: Cache, blocks: list[BlockSlots]) -> ScoreRo
 def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none", layers: str | int = "all",
                      name: str = "self_draft", cache: str = "auto") -> SelfDrafter:
     """A self-drafter: `kv` (KV policy spec), `weights` (quant spec), `layers` ('all' | 'first(k)'),
-    `cache` (the draft's own cache kind, `specdec.target.forwards.drafter_cache`). Every option is checked
+    `cache` (the draft's own cache kind, `specdec.runtime.forwards.drafter_cache`). Every option is checked
     here, before any generation."""
     policy = parse_kv_policy(kv)
     policy.check(model_facts(target))  # before the (possibly slow) quantized copy

@@ -20,7 +20,7 @@ import specdec
 from specdec.core.draft import Drafter
 from specdec.core.shapes import AutoShape, ShapeSpec
 from specdec.measure.certify_cases import LENGTH, SAMPLE_PROMPT, SAMPLINGS, CaseResult, chi_square_p, exact_law
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 BATCH_PROMPTS = (SAMPLE_PROMPT, SAMPLE_PROMPT[:2], (4, *SAMPLE_PROMPT, 4, 1, 2))
 """Three prompts of different lengths (5, 2 and 8 tokens): the shorter rows carry holes."""

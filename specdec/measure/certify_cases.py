@@ -30,10 +30,10 @@ from scipy.stats import chisquare
 import specdec
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Draft, Drafter, DraftRequest, Step
-from specdec.core.reference import exact_joint_probs, next_token_logits
+from specdec.loop.reference import exact_joint_probs, next_token_logits
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import AutoShape, ChainShape, DynamicShape, ShapeSpec, TreeShape
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 LENGTH = 3
 """Tokens per generation compared with the exact law (the joint of the first LENGTH tokens)."""

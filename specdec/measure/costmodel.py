@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specdec.measure.latency import LatencyCurve
+from specdec.core.curve import LatencyCurve
 
 
 @dataclass(frozen=True)

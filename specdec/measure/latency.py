@@ -1,11 +1,10 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
-Owns `LatencyCurve` (the measurement, as data, with interpolation and JSON round-trip),
-`CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes over all widths that
+Owns `CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes over all widths that
 can be spread over time), `measure_latency` (a timer's passes in a row),
 `cached_latency` (measure once per target x kernel x attention x threads x grid and keep it in the
-machine's tune record, `specdec.machine`) and `tuned_latency` (look a curve up, never measure: what
-`shape="auto"` plans with). The curve is what turns acceptance into speed: the `auto` draft shape and
+machine's tune record, `specdec.machine`). The curve itself is data (`specdec.core.curve.LatencyCurve`);
+`shape="auto"` looks it up, never measuring (`specdec.loop.tuned`). The curve is what turns acceptance into speed: the `auto` draft shape and
 the grid's cost model both read it. Knows nothing about drafters or shapes.
 
 Width w is a tree block of w tokens (all children of the cached prefix): the same attention work
@@ -14,112 +13,16 @@ as any tree of w nodes, so one curve serves chains and trees.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from specdec import machine
-from specdec.target.forwards import CACHES, resolve_cache, verification_width
-from specdec.target.model import Target
-
-SCHEMA = "specdec.measure.latency/1"
-
-
-@dataclass(frozen=True)
-class LatencyCurve:
-    """Median forward seconds of a target per (context length, width)."""
-
-    target: str
-    """The target's label (`name` or `name@quant`)."""
-    device: str
-    dtype: str
-    machine: str
-    """`machine_name()` of the device the times were taken on."""
-    threads: int
-    """torch intra-op threads during the measurement."""
-    widths: tuple[int, ...]
-    """Tokens per forward, ascending, starting at 1."""
-    contexts: tuple[int, ...]
-    """Cached tokens before the forward, ascending."""
-    seconds: tuple[tuple[float, ...], ...]
-    """seconds[c][w]: median time of one forward at contexts[c], widths[w]."""
-    batch: int = 1
-    """Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification)."""
-    holes: bool = False
-    """Timed as rows with holes run (an explicit mask over the real entries: `measure_latency`)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
-        object.__setattr__(self, "contexts", tuple(int(c) for c in self.contexts))
-        object.__setattr__(self, "seconds", tuple(tuple(float(t) for t in row) for row in self.seconds))
-        if not self.widths or list(self.widths) != sorted(set(self.widths)) or self.widths[0] != 1:
-            raise ValueError(f"latency widths must be ascending, distinct and start at 1, got {self.widths}")
-        if not self.contexts or list(self.contexts) != sorted(set(self.contexts)):
-            raise ValueError(f"latency contexts must be ascending and distinct, got {self.contexts}")
-        if len(self.seconds) != len(self.contexts) or any(len(r) != len(self.widths) for r in self.seconds):
-            raise ValueError(f"latency seconds must be [contexts={len(self.contexts)}][widths={len(self.widths)}]")
-
-    def at(self, width: int, context: int | None = None) -> float:
-        """Seconds of one forward of `width` tokens after `context` cached (default: the smallest
-        context measured), linear between measured points and beyond the last two."""
-        row = self._row(context)
-        return _interp(self.widths, row, width)
-
-    def ratio(self, width: int, context: int | None = None) -> float:
-        """Cost of a `width`-token forward in units of a one-token forward."""
-        return self.at(width, context) / self.at(1, context)
-
-    def _row(self, context: int | None) -> list[float]:
-        if context is None or len(self.contexts) == 1:
-            return list(self.seconds[0])
-        return [_interp(self.contexts, [r[w] for r in self.seconds], context) for w in range(len(self.widths))]
-
-    def to_json(self) -> dict:
-        return {"schema": SCHEMA, **asdict(self)}
-
-    @staticmethod
-    def from_json(data: dict, source: str = "<dict>") -> LatencyCurve:
-        """Parse a curve saved by `to_json`; ValueError naming `source` and the missing keys if not one."""
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ValueError(f"{source} is not a latency curve: expected a JSON object with "
-                             f"\"schema\": \"{SCHEMA}\" (write one with specdec.measure.latency.measure_latency)")
-        fields = ("target", "device", "dtype", "machine", "threads", "widths", "contexts", "seconds")
-        missing = [f for f in fields if f not in data]
-        if missing:
-            raise ValueError(f"latency curve {source} lacks {', '.join(missing)}")
-        return LatencyCurve(**{f: data[f] for f in fields}, batch=int(data.get("batch", 1)),
-                            holes=bool(data.get("holes", False)))
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
-
-    @staticmethod
-    def load(path: str | Path) -> LatencyCurve:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"cannot read latency curve {path}: {err}") from None
-        return LatencyCurve.from_json(data, str(path))
-
-
-def _interp(xs: tuple[int, ...] | list[int], ys: list[float], x: float) -> float:
-    if len(xs) == 1:
-        return ys[0]
-    i = 1
-    while i < len(xs) - 1 and xs[i] < x:
-        i += 1
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+from specdec.runtime.forwards import CACHES, resolve_cache, verification_width
+from specdec.core.curve import LatencyCurve
+from specdec.loop.tuned import curve_prefix
+from specdec.runtime.model import Target
 
 
 def _sync(device: torch.device) -> None:
@@ -201,7 +104,7 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
     """Time one forward of each width after each context (median of `repeats` passes taken in a row,
     `CurveTimer`: all widths and contexts in every pass, so drift hits all alike; one warm-up pass
-    first). `cache` names the (cache, forward) pair to time (`specdec.target.forwards.CACHES`;
+    first). `cache` names the (cache, forward) pair to time (`specdec.runtime.forwards.CACHES`;
     `graphs`: the bucketed static forward, captured on CUDA, with the default buckets widened to the
     widest width). `batch` > 1 times `batch` rows at once (the rows' prefixes differ; the forward is
     the batched tree forward `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a
@@ -223,9 +126,8 @@ def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...]
     """A curve's name inside the target's tune record: what else changes its times (the kernel, the
     attention, the threads, the grid, the cache kind, the batch and the holes; machine, target and
     dtype name the record). A batch of one without holes adds nothing to the name."""
-    parts = [cache, target.kernel, target.attention, f"t{torch.get_num_threads()}",
-             "w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
-    return "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
+    parts = ["w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
+    return curve_prefix(target, cache) + "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
 
 
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
@@ -242,28 +144,3 @@ def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32
     curve = measure_latency(target, widths, contexts, repeats, cache=kind, batch=batch, holes=holes)
     machine.update_record(target.label, target.device, target.dtype, curves={key: curve.to_json()})
     return curve
-
-
-DEFAULT_WIDTH_COST = 1 / 24
-"""The untuned curve's cost of each token past the first, in units of a one-token forward."""
-
-
-def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
-    """The latency curve `shape="auto"` plans with, looked up and never measured: the widest curve
-    stored for this target, kernel, attention, threads, cache kind and batch in the machine's tune
-    record (`python -m specdec.tune`, `--batch` for batches), else the untuned default, t(w) = 1 +
-    (batch * w - 1) * DEFAULT_WIDTH_COST one-token forwards (a batch's rows widen the forward like
-    tokens do), whose `machine` field says "not tuned" (the policy's scale factor absorbs the absolute
-    time; only the curve's shape matters)."""
-    kind = resolve_cache(cache, target, batch)
-    prefix = f"{kind}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_w"
-    record = machine.load_record(target.label, target.device, target.dtype) or {}
-    curves = record.get("curves", {})
-    stored = sorted((k for k in curves if k.startswith(prefix) and int(curves[k].get("batch", 1)) == batch),
-                    key=lambda k: (len(curves[k].get("widths") or ()), k))
-    if stored:
-        return LatencyCurve.from_json(curves[stored[-1]], f"tune record curve {stored[-1]}")
-    widths = (1, 2, 4, 8, 16, 32, 64, 128)
-    return LatencyCurve(target=target.label, device=str(target.device), dtype=str(target.dtype).replace("torch.", ""),
-                        machine="not tuned", threads=torch.get_num_threads(), widths=widths, contexts=(0,),
-                        seconds=((tuple(1 + (batch * w - 1) * DEFAULT_WIDTH_COST for w in widths)),), batch=batch)

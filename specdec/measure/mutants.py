@@ -68,7 +68,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "the uniform draw is 0: every draft token the target allows is accepted"),
     Mutant("greedy_at_temperature", _ACCEPTANCE, "verify", "if sampling.greedy:", "if True:",
            "verification takes the target's argmax at T > 0 (accepts the draft only where it is the argmax)"),
-    Mutant("draft_probs_ignore_truncation", "specdec.core.shapes", "_grow_chain",
+    Mutant("draft_probs_ignore_truncation", "specdec.core.grow", "_grow_chain",
            "probs.append(p)", "probs.append((logits.double() / sampling.temperature).softmax(-1).to(p.dtype))",
            "a sampled chain records softmax(logits / T) as its draft probabilities, though it sampled "
            "from the top-k / top-p distribution"),

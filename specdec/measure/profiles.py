@@ -34,8 +34,8 @@ import torch
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Acceptance, Draft, Drafter
 
-from specdec.core.loop import cut_at_eos, generate
-from specdec.target.model import Target
+from specdec.loop.decode import cut_at_eos, generate
+from specdec.runtime.model import Target
 from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
 from specdec.core.acceptance import accept_greedy
 

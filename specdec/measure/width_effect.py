@@ -32,9 +32,9 @@ import torch
 from scipy import stats
 
 import specdec
-from specdec.core import loop
+from specdec.loop import decode as loop
 from specdec.core.draft import Acceptance, Drafter
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 PROMPTS = (
     "What are three simple ways to get better sleep? Keep it short.",
@@ -105,7 +105,7 @@ def token_laws(target: Target, drafter: Drafter | None, prompt_ids: Sequence[int
     n = len(out.token_ids)
     if laws.tokens[:n] != out.token_ids:
         raise RuntimeError("the recorded tokens are not the run's output: the loop no longer calls "
-                           "specdec.core.loop.verify once per step (update specdec/measure/width_effect.py)")
+                           "specdec.loop.decode.verify once per step (update specdec/measure/width_effect.py)")
     return Laws(laws.tokens[:n], laws.logits[:n], laws.widths[:n])
 
 

@@ -19,15 +19,15 @@ from specdec.quant.registry import QuantSpec, QuantSpecError, get
 
 def quantizable_linears(model: nn.Module) -> list[str]:
     """Qualified names of the `nn.Linear` modules a backend quantizes (all but the lm_head).
-    ValueError for a model whose linears are packed for a kernel (`specdec.target.kernels`): they would
+    ValueError for a model whose linears are packed for a kernel (`specdec.runtime.kernels`): they would
     be skipped silently; `quantize_target` and `quantized_copy` unpack them first."""
-    from specdec.target.kernels import OneDNNLinear
+    from specdec.runtime.kernels import OneDNNLinear
 
     packed = [name for name, module in model.named_modules() if isinstance(module, OneDNNLinear)]
     if packed:
         raise ValueError(f"{len(packed)} linears of this model ({packed[0]}, ...) are packed for the onednn kernel; "
                          "quantize through specdec.quant.quantize_target / quantized_copy, or unpack first with "
-                         "specdec.target.kernels.apply_kernel(model, 'torch')")
+                         "specdec.runtime.kernels.apply_kernel(model, 'torch')")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and module is not head]
 

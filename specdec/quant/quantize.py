@@ -8,7 +8,7 @@ dequantized, may be quantized again, e.g. a low-bit self-draft of an rtn target)
 divides every quantized layer (errors in the spec, whatever is installed), and that the backend can
 run on the target's device with the libraries installed here; then applies the backend and checks that it quantized every layer it was given.
 Never substitutes another backend. Backends see plain `nn.Linear`s: a target whose linears are
-packed for another kernel (`specdec.target.kernels`) is unpacked first, and the quantized target gets the
+packed for another kernel (`specdec.runtime.kernels`) is unpacked first, and the quantized target gets the
 kernel that was asked for when the target was loaded (`auto`: measured again for the new spec).
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from specdec.target import kernels
-from specdec.target.model import Target
+from specdec.runtime import kernels
+from specdec.runtime.model import Target
 from specdec.quant.layers import check_group_size, quantizable_linears, weight_bytes
 from specdec.quant.registry import BackendUnavailableError, QuantSpec, QuantSpecError, availability, get, parse_spec
 from specdec.quant.texts import calibration_description

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from specdec.target.cache import KVCache
-from specdec.target.model import Target
+from specdec.runtime.cache import KVCache
+from specdec.runtime.model import Target
 from specdec.quant.texts import EVAL_ID, EVAL_TEXT, text_fingerprint
 
 Q4_1_CONFOUND = (

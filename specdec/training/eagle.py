@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaModel
 
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec.training.shards import AuxStore, Rollouts, ShardError, ShardStore
 from specdec.training.prompts import Prompt, prompt_text
 from specdec.training.prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.static_cache import StaticKVCache
 
 
 def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:

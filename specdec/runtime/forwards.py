@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.target.cache import Cache, KVCache
-from specdec.target.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
-from specdec.target.model import ForwardOut, Target
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.cache import Cache, KVCache
+from specdec.runtime.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
+from specdec.runtime.model import ForwardOut, Target
+from specdec.runtime.static_cache import StaticKVCache
 
 Forward = Callable[[torch.Tensor, Cache, torch.Tensor], ForwardOut]
 """forward(tokens [B, n], cache, parents [M]) -> ForwardOut, appending n entries (`Target.forward`)."""
@@ -28,7 +28,7 @@ CACHES: dict[str, Callable[[Target, int, tuple[int, ...]], tuple[Cache, Forward]
 }
 """(cache, forward) per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
 `static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
-default); `graphs` is `specdec.target.graphs.StaticForward`: a preallocated cache kept with the target,
+default); `graphs` is `specdec.runtime.graphs.StaticForward`: a preallocated cache kept with the target,
 forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere).
 `auto` (the default) is `graphs` on CUDA and `dynamic` elsewhere."""
 

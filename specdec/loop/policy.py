@@ -2,7 +2,7 @@
 
 Owns `ShapePolicy` (what the loop asks before a step and tells after it), `FixedShape` (the same
 concrete shape every step, or none: plain decoding) and the registry `shape_policy` that maps a
-shape config to its policy (`auto` -> `specdec.core.auto_policy.AutoPolicy`), keeping a learning
+shape config to its policy (`auto` -> `specdec.loop.auto_policy.AutoPolicy`), keeping a learning
 policy's estimates with the drafter object across generations. Knows nothing about how drafts are
 grown or verified: a policy only names a concrete shape (or none); the drafter grows it and the
 verifier checks it, so every policy is exact by construction.
@@ -13,13 +13,13 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from specdec.core.auto_policy import AutoPolicy
+from specdec.loop.auto_policy import AutoPolicy
 from specdec.core.draft import Acceptance, Draft
 from specdec.core.shapes import AutoShape, Shape, ShapeSpec
 
 if TYPE_CHECKING:
     from specdec.core.metrics import StepRecord
-    from specdec.target.model import Target
+    from specdec.runtime.model import Target
 
 
 @runtime_checkable
@@ -67,7 +67,7 @@ def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object 
                  cache: str = "dynamic", batch: int = 1) -> ShapePolicy:
     """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
     one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
-    is the loop's cache kind (`specdec.target.forwards.CACHES`): whose forwards a latency curve must time;
+    is the loop's cache kind (`specdec.runtime.forwards.CACHES`): whose forwards a latency curve must time;
     `batch` the rows each verification forwards (a batch plans with the curve at its batch size)."""
     factory = _POLICIES.get(type(spec))
     if factory is None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from specdec.core import tree as tree_ops
-from specdec.target.cache import Cache
+from specdec.runtime.cache import Cache
 
 
 def tree_attention(
@@ -50,7 +50,7 @@ def tree_block(parents: torch.Tensor, n: int, past: int, next_position: int | No
                ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """The geometry `tree_attention` masks by, on the device of `parents` (no host sync there):
     (stored index of the tree block's first entry, positions [n], visible [n, M]: which block
-    entries each new token sees). Also used by `specdec.target.graphs` to fill its static buffers."""
+    entries each new token sees). Also used by `specdec.runtime.graphs` to fill its static buffers."""
     block = parents.numel() - n  # block entries already cached
     block_start = past - block  # stored index of the block's first entry
     if block_start < 0 or block < 0:
@@ -126,8 +126,8 @@ class Target:
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
     kernel: str = "torch"
-    """The kernel its plain linear layers run with (`specdec.target.kernels`: `torch`, `onednn`); set by
-    `specdec.target.kernels.use_kernel` (`load_target(kernel=...)`), never by changing this field."""
+    """The kernel its plain linear layers run with (`specdec.runtime.kernels`: `torch`, `onednn`); set by
+    `specdec.runtime.kernels.use_kernel` (`load_target(kernel=...)`), never by changing this field."""
     aux_layers: tuple[int, ...] = ()
     """Hidden-state indices (k = after decoder layer k) every forward also returns as `ForwardOut.aux`,
     for drafters that read more than the final layer (EAGLE-3 fusion); set with `capture_layers`."""
@@ -159,7 +159,7 @@ class Target:
 
     @property
     def attention(self) -> str:
-        """The transformers attention function its forwards run (`specdec_sdpa` by default: `specdec.target.attention`)."""
+        """The transformers attention function its forwards run (`specdec_sdpa` by default: `specdec.runtime.attention`)."""
         return str(getattr(self.model.config, "_attn_implementation", None) or "default")
 
     @property

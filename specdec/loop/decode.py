@@ -2,7 +2,7 @@
 
 Owns `generate` and `generate_batch` (its batch of one is `generate`), input validation, the target's
 KV cache for one generation (created here, rolled back here, nowhere else) and the per-step records;
-the padding and per-row bookkeeping of a batch is in `specdec.core.rows`. Plain autoregressive decoding (drafter None) is
+the padding and per-row bookkeeping of a batch is in `specdec.loop.rows`. Plain autoregressive decoding (drafter None) is
 the same loop with no draft. Knows nothing about how a drafter builds its draft or how acceptance is
 decided beyond calling `acceptance.verify`; imports no drafter and keeps no drafter state: every drafter
 hears the same `drafter.commit(Step)` after the prefill and after each verification.
@@ -11,7 +11,7 @@ State between steps (design): the target's cache holds every committed token exc
 the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
 is the target's distribution after the root and row i+1 the one after draft node i.
 
-The shape each step drafts comes from a `specdec.core.policy` policy (a fixed shape, or `auto`, which may
+The shape each step drafts comes from a `specdec.loop.policy` policy (a fixed shape, or `auto`, which may
 also choose to draft nothing), and the policy's `trim` picks the part of the proposal to verify
 (`auto` drops the nodes that do not pay; a fixed shape keeps all). A step that asks for no draft
 (the policy chose none, or only one token remains) does not call `drafter.propose`; the drafter
@@ -19,7 +19,7 @@ still hears the step's `commit`. Every step is timed in three parts (target forw
 `propose` + `commit` / everything else, the policy included); on CUDA the loop synchronizes at
 those boundaries so the split is honest (three syncs per step, beside the accepted path's).
 
-The target's cache and the forward that writes it come as a pair (`specdec.target.forwards.CACHES`); the
+The target's cache and the forward that writes it come as a pair (`specdec.runtime.forwards.CACHES`); the
 prefill always runs through `Target.forward`, the steps through the pair's forward.
 """
 
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core import tree as tree_ops
-from specdec.core.policy import FixedShape, ShapePolicy, shape_policy
-from specdec.target.cache import Cache
+from specdec.loop.policy import FixedShape, ShapePolicy, shape_policy
+from specdec.runtime.cache import Cache
 from specdec.core.draft import Draft, Drafter, DraftRequest, Step
-from specdec.target.forwards import CACHES, resolve_cache, verification_width
+from specdec.runtime.forwards import CACHES, resolve_cache, verification_width
 from specdec.core.metrics import BatchStats, GenerationStats, StepRecord
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import ShapeSpec, parse_shape
 from specdec.core.acceptance import verify
-from specdec.core.rows import check_memory, commit_step, left_padded, prefill_rows, verify_block
+from specdec.loop.rows import check_memory, commit_step, left_padded, prefill_rows, verify_block
 
 
 @dataclass
@@ -99,11 +99,11 @@ def generate(
     distributed as the target's sampling distribution (after top-k / top-p). `prompt` is a string
     (chat template applied for chat models unless chat=False), chat messages, or token ids.
     `shape` is a concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`), `auto`
-    (`specdec.core.policy`), or a `ShapePolicy` object (how `specdec.measure.profiles` records drafts).
+    (`specdec.loop.policy`), or a `ShapePolicy` object (how `specdec.measure.profiles` records drafts).
     `eos` is the stop set (None: the target's EOS tokens; ignored with stop_on_eos=False).
     `cache` is `auto` or a key of `CACHES`; `cache_capacity` sizes a preallocated cache (default:
     just enough); `buckets` are the verification widths of `cache="graphs"` (default
-    `specdec.target.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
+    `specdec.runtime.graphs.DEFAULT_BUCKETS`, widened to the shape's largest draft when needed).
     It is `generate_batch` with one prompt.
     """
     return generate_batch(target, drafter, [prompt], shape=shape, max_new_tokens=max_new_tokens,
@@ -138,7 +138,7 @@ def generate_batch(
     """`generate` for several prompts at once, through the same four phases: every step drafts each
     row (`BatchDrafter.propose_batch`), verifies all rows in one padded forward, accepts per row and
     commits per row (`Cache.keep_rows`). Rows accept different numbers of tokens, prompts may differ
-    in length (right-padded prefill; shorter rows get holes, `specdec.target.cache`), and a row that
+    in length (right-padded prefill; shorter rows get holes, `specdec.runtime.cache`), and a row that
     finishes (EOS, its `max_new_tokens`) leaves the batch (`select_rows`) so it costs nothing after.
 
     Row b draws randomness only from its own generator, seeded `seed + b`: its output equals

@@ -1,6 +1,6 @@
 """`shape="auto"`: the estimator that picks the draft shape with the best expected tokens per second.
 
-Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.core.policy`) by structure.
+Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.loop.policy`) by structure.
 Knows nothing about how drafts are grown or verified.
 
 `AutoPolicy`, the estimator. Each step it maximizes expected committed tokens per second over a
@@ -27,7 +27,7 @@ plus "no draft":
   has such a case). The bonus
   shrinks as a cell's trials grow, so the choice converges to the plain estimate.
 - latency(w, c): the target's `LatencyCurve` as `python -m specdec.tune` stored it for this machine
-  (`specdec.measure.latency.tuned_latency`: measured through the loop's own forward; with
+  (`specdec.loop.tuned.tuned_latency`: measured through the loop's own forward; with
   `cache="graphs"` a padded, bucketed one, whose curve steps at the buckets), or with none stored
   the documented untuned default; read as non-decreasing in w (a running maximum: a dip measured
   at one width would make trimming cut nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
@@ -103,7 +103,7 @@ from specdec.core.shapes import AutoShape, ChainShape, Shape, TreeShape
 
 if TYPE_CHECKING:
     from specdec.core.metrics import StepRecord
-    from specdec.target.model import Target
+    from specdec.runtime.model import Target
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -138,7 +138,7 @@ class AutoPolicy:
         if spec.latency is None:
             if target is None:
                 raise ValueError("shape='auto' needs a target (to measure its latency curve) or a given latency curve")
-            from specdec.measure.latency import tuned_latency
+            from specdec.loop.tuned import tuned_latency
 
             self.curve = tuned_latency(target, cache=cache, batch=batch)
         else:

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core import tree as tree_ops
-from specdec.target.model import ForwardOut, Target, tree_block
-from specdec.target.static_cache import StaticKVCache
+from specdec.runtime.model import ForwardOut, Target, tree_block
+from specdec.runtime.static_cache import StaticKVCache
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the

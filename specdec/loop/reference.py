@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 

@@ -1,6 +1,6 @@
 """The batch side of the loop: rows padded into one forward, rolled back per row, sized before any work.
 
-Owns what `specdec.core.loop.generate_batch` does for more than one row and the loop itself need not
+Owns what `specdec.loop.decode.generate_batch` does for more than one row and the loop itself need not
 spell out: the padded prefill of prompts of different lengths (`prefill_rows`), the committed tokens
 as one left-padded tensor (`left_padded`), the verification block of every row's root and draft
 (`verify_block`), the `Step` a drafter hears after a verification (`commit_step`, one row or many),
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from specdec.core.draft import Acceptance, Draft, Step
-from specdec.target.cache import Cache
-from specdec.target.model import ForwardOut, Target
+from specdec.runtime.cache import Cache
+from specdec.runtime.model import ForwardOut, Target
 
 
 def prefill_rows(target: Target, cache: Cache, rows: Sequence[Sequence[int]]) -> Step:

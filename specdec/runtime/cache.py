@@ -13,7 +13,7 @@ accepted path of a tree), both in absolute positions.
 
 Batches (`RowBook`): all rows share one stored length S. A row that stored fewer entries than the
 longest row (a shorter prompt, fewer accepted tokens in a step) has *holes*: slots marked invalid in
-`valid` [B, S] and masked out of every later query (`specdec.target.model`). Each row's absolute next
+`valid` [B, S] and masked out of every later query (`specdec.runtime.model`). Each row's absolute next
 position is its valid entries plus its evictions (`next_positions`, [B]); `keep_rows` is the per-row
 tree rollback and `select_rows` drops finished rows. Without holes `valid` is None and a batch of one
 runs exactly as before (`next_position`, `keep`, `truncate`).

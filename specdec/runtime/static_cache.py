@@ -1,22 +1,22 @@
 """A preallocated (static) KV cache: fixed-capacity buffers written in place, never reallocated.
 
-Owns `StaticKVCache`, which follows the `specdec.target.cache.Cache` protocol (absolute positions,
+Owns `StaticKVCache`, which follows the `specdec.runtime.cache.Cache` protocol (absolute positions,
 `truncate`, `keep`, `tensors`, plus `tail` and `append` like `KVCache`) over per-layer buffers
 [B, kv_heads, capacity, head_dim] allocated on the first write (device and dtype from the model).
 A forward appends n entries per layer by a slice write; `keep` moves the accepted block entries
 into place with one gather per layer; no step allocates or concatenates cache tensors. This is the
 storage a captured (CUDA graph) or compiled forward needs; the capture itself is in
-`specdec.target.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
+`specdec.runtime.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
 stays 0).
 
 Two ways to write, one storage. A forward of any width through `hf` (the prefill, `cache="static"`)
 appends at the stored length by a slice write, and the model reads the filled views. A
-static-shape forward (`specdec.target.graphs`) goes through `slot_writer(slots)` instead: it writes its W
+static-shape forward (`specdec.runtime.graphs`) goes through `slot_writer(slots)` instead: it writes its W
 entries at the cache slots held in a device tensor and hands the model the *whole* buffers (masked
 by the caller), so shapes and addresses never change between steps; the caller then says how many
 of those entries are real with `advance(n)`.
 
-Batches: every buffer keeps its batch dimension, with holes per row as in `specdec.target.cache.RowBook`
+Batches: every buffer keeps its batch dimension, with holes per row as in `specdec.runtime.cache.RowBook`
 (`keep_rows` gathers each row's kept block entries in place). `over` adopts buffers a caller filled
 (the EAGLE training rollouts prefill each prompt alone and lay the rows out left-padded), and
 `select_rows` moves the rows still generating to the front of the same buffers when others finish.
@@ -32,7 +32,7 @@ import weakref
 
 import torch
 
-from specdec.target.cache import RowBook, _or_none, block_offsets
+from specdec.runtime.cache import RowBook, _or_none, block_offsets
 from specdec.core.draft import KVLayers
 
 

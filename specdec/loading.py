@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from specdec.target import attention, kernels
+from specdec.runtime import attention, kernels
 from specdec import machine
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 from specdec.quiet import no_progress_bars
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,7 +60,7 @@ def load_target(
         dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
             checkpoint's own dtype for others.
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
-        kernel: what runs the plain linear layers (`specdec.target.kernels`): `auto` (the kernel
+        kernel: what runs the plain linear layers (`specdec.runtime.kernels`): `auto` (the kernel
             `python -m specdec.tune` stored for this machine x target, else
             `specdec.machine.DEFAULT_KERNEL`), `torch` (the modules as loaded), `onednn` (weights
             prepacked for oneDNN; CPU, fp32/bf16).
@@ -70,7 +70,7 @@ def load_target(
         attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None (default):
             transformers' choice, and where that is `sdpa`, specdec's `specdec_sdpa`, which is
             the same except that a masked forward on CPU reads grouped K/V heads without copying
-            them (`specdec.target.attention`).
+            them (`specdec.runtime.attention`).
     """
     device = check_device(device)
     if kernel not in kernels.CHOICES:

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specdec.target.cache import KVCache
+from specdec.runtime.cache import KVCache
 from specdec import machine
-from specdec.target.model import Target
+from specdec.runtime.model import Target
 
 
 
@@ -74,7 +74,7 @@ class OneDNNLinear(nn.Module):
         reason = why_not("onednn", self.weight.device, self.weight.dtype)
         if reason:
             raise ValueError(f"a linear packed for oneDNN cannot become {self.weight.dtype} on {self.weight.device} "
-                             f"({reason}); unpack first: specdec.target.kernels.apply_kernel(model, 'torch')")
+                             f"({reason}); unpack first: specdec.runtime.kernels.apply_kernel(model, 'torch')")
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
         return self
 
