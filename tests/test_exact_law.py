@@ -3,7 +3,7 @@
 For random small vocabularies, random tree structures and random target / draft distributions
 (generated with `hypothesis`), the law of the tokens one step commits is computed by enumerating
 every draft the drafter can sample and every branch of the random draws of the real verifier
-(`acceptance.verify` runs once per branch, its uniform and multinomial draws scripted and weighed
+(`acceptance.accept` runs once per branch, its uniform and multinomial draws scripted and weighed
 by their probabilities), so a bug in the acceptance walk itself moves the law: every acceptance
 mutant of the certificate (`specdec.measure.mutants`) is shown to.
 Continued by plain target sampling to a fixed length, that law must equal the target's own law of
@@ -108,7 +108,7 @@ class _Replay:
 def step_law(tokens: list[int], parents: list[int], draft_probs: list[torch.Tensor] | None,
              target_rows: list[torch.Tensor]) -> dict[tuple[int, ...], float]:
     """P(the step commits exactly this token sequence) for one fixed draft, by running the real
-    `acceptance.verify` (T = 1 on logits log(target)) once per branch of its random draws.
+    `acceptance.accept` (T = 1 on logits log(target)) once per branch of its random draws.
     target_rows[i + 1] is the target after node i, row 0 after the root."""
     draft = Draft(torch.tensor([tokens]), torch.tensor(parents, dtype=torch.long),
                   None if draft_probs is None else torch.stack(draft_probs)[None])
@@ -120,7 +120,7 @@ def step_law(tokens: list[int], parents: list[int], draft_probs: list[torch.Tens
         while queue:
             replay = _Replay(queue.pop(), queue)
             acceptance.torch = replay
-            decision = acceptance.verify(draft, logits, SamplingConfig(temperature=1.0), None)
+            decision = acceptance.accept(draft, logits, SamplingConfig(temperature=1.0), None)
             acceptance.torch = saved
             law[(*(tokens[i] for i in decision.path), decision.next_token)] += replay.weight
     finally:
@@ -261,12 +261,12 @@ def test_enumerated_drafts_are_a_distribution():
 def test_verify_names_what_is_wrong_with_its_input():
     draft = Draft(torch.tensor([[1]]), torch.tensor([-1]), torch.full((1, 1, 3), 1 / 3))
     sampling, generator = SamplingConfig(temperature=1.0), torch.Generator()
-    with pytest.raises(NotImplementedError, match=r"^verify supports batch size 1 only, got 2$"):
-        acceptance.verify(draft, torch.zeros(2, 3, 4), sampling, generator)
+    with pytest.raises(NotImplementedError, match=r"^accept supports batch size 1 only, got 2$"):
+        acceptance.accept(draft, torch.zeros(2, 3, 4), sampling, generator)
     with pytest.raises(ValueError, match=r"^target_logits has 3 rows, expected N \+ 1 = 2$"):
-        acceptance.verify(draft, torch.zeros(1, 3, 4), sampling, generator)
+        acceptance.accept(draft, torch.zeros(1, 3, 4), sampling, generator)
     with pytest.raises(ValueError, match=r"^draft_probs cover 3 tokens, the target's vocabulary has 4"):
-        acceptance.verify(draft, torch.zeros(1, 2, 4), sampling, generator)
+        acceptance.accept(draft, torch.zeros(1, 2, 4), sampling, generator)
 
 
 def test_acceptance_probability_is_a_probability():

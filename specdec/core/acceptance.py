@@ -29,7 +29,7 @@ from specdec.core.draft import Acceptance, Draft
 from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 
 
-def verify(
+def accept(
     draft: Draft,
     target_logits: torch.Tensor,  # [B, N + 1, V]: row 0 = after the root, row i + 1 = after node i
     sampling: SamplingConfig,
@@ -37,7 +37,7 @@ def verify(
 ) -> Acceptance:
     """Decide the accepted path and the next token for one step (greedy or sampling)."""
     if target_logits.shape[0] != 1:
-        raise NotImplementedError(f"verify supports batch size 1 only, got {target_logits.shape[0]}")
+        raise NotImplementedError(f"accept supports batch size 1 only, got {target_logits.shape[0]}")
     if target_logits.shape[1] != draft.num_nodes + 1:
         raise ValueError(f"target_logits has {target_logits.shape[1]} rows, expected N + 1 = {draft.num_nodes + 1}")
     if draft.draft_probs is not None and draft.draft_probs.shape[-1] != target_logits.shape[-1]:
@@ -81,7 +81,7 @@ def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> tor
 
 
 def accept_sampling(draft: Draft, target_probs: torch.Tensor, generator: torch.Generator) -> Acceptance:
-    """Recursive rejection sampling down the tree. target_probs [N + 1, V] rows as in `verify`."""
+    """Recursive rejection sampling down the tree. target_probs [N + 1, V] rows as in `accept`."""
     tokens = draft.tokens[0].tolist()
     kids = tree_ops.children(draft.parents)
     device = target_probs.device

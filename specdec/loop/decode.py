@@ -4,7 +4,7 @@ Owns `generate` and `generate_batch` (its batch of one is `generate`), input val
 KV cache for one generation (created here, rolled back here, nowhere else) and the per-step records;
 the padding and per-row bookkeeping of a batch is in `specdec.loop.rows`. Plain autoregressive decoding (drafter None) is
 the same loop with no draft. Knows nothing about how a drafter builds its draft or how acceptance is
-decided beyond calling `acceptance.verify`; imports no drafter and keeps no drafter state: every drafter
+decided beyond calling `acceptance.accept`; imports no drafter and keeps no drafter state: every drafter
 hears the same `drafter.commit(Step)` after the prefill and after each verification.
 
 State between steps (design): the target's cache holds every committed token except the last one,
@@ -40,7 +40,7 @@ from specdec.core.metrics import BatchStats, GenerationStats, StepRecord
 from specdec.runtime.model import Target
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import ShapeSpec, parse_shape
-from specdec.core.acceptance import verify
+from specdec.core.acceptance import accept
 from specdec.loop.rows import check_memory, commit_step, left_padded, prefill_rows, verify_block
 
 
@@ -214,7 +214,7 @@ def generate_batch(
         t2 = time.perf_counter()
 
         # 3. Accept, per row on its own logits and its own random stream.
-        acceptances = [verify(d, out.logits[b:b + 1, : d.num_nodes + 1], sampling, generators[i])
+        acceptances = [accept(d, out.logits[b:b + 1, : d.num_nodes + 1], sampling, generators[i])
                        for b, (d, i) in enumerate(zip(drafts, active))]
 
         # 4. Commit: keep each row's root and accepted path in the cache, append the new tokens, and

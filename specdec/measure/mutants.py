@@ -3,7 +3,7 @@
 Owns `MUTANTS` (each one small textual edit of one real function, `Mutant`) and `mutated`, which
 applies an edit for the duration of a `with` block by compiling the edited source of the function
 and swapping its code object in place (`function.__code__`). Every reference to the function sees
-the mutant (the loop's `from ... import verify`, the growers' dispatch table), nothing is copied
+the mutant (the loop's `from ... import accept`, the growers' dispatch table), nothing is copied
 or re-implemented, and the edit is undone on exit. When the real source no longer contains the text
 a mutant edits, `mutated` raises `MutantDoesNotApply` naming it (a certificate then fails: its
 power would otherwise be claimed for code it never ran).
@@ -66,7 +66,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "u = torch.rand((), generator=generator, device=device)",
            "u = 0.0 * torch.rand((), generator=generator, device=device)",
            "the uniform draw is 0: every draft token the target allows is accepted"),
-    Mutant("greedy_at_temperature", _ACCEPTANCE, "verify", "if sampling.greedy:", "if True:",
+    Mutant("greedy_at_temperature", _ACCEPTANCE, "accept", "if sampling.greedy:", "if True:",
            "verification takes the target's argmax at T > 0 (accepts the draft only where it is the argmax)"),
     Mutant("draft_probs_ignore_truncation", "specdec.core.grow", "_grow_chain",
            "probs.append(p)", "probs.append((logits.double() / sampling.temperature).softmax(-1).to(p.dtype))",

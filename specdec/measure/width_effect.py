@@ -6,7 +6,7 @@ of width 1 + N (root + draft nodes) over a cache written by such forwards; the p
 in width-1 forwards. In fp32/fp64 the two laws agree to rounding; in bf16/fp16 or a low-bit kernel
 they differ, so the drafted run samples from a (slightly) different law than the plain loop.
 
-- `token_laws`: one real run of `specdec.generate`, with the loop's `verify` wrapped (in memory,
+- `token_laws`: one real run of `specdec.generate`, with the loop's `accept` wrapped (in memory,
   for the call only) so that it records the logits row each committed token was decided on and the
   width of its forward; with `force=` tokens, a plain run is teacher-forced onto another run's text
   (its own width-1 forwards and cache, the sampled token replaced by the forced one);
@@ -67,9 +67,9 @@ class Laws:
 
 @contextmanager
 def _recording(laws: Laws, force: Sequence[int] | None) -> Iterator[None]:
-    """Wrap the loop's `verify`: record each committed token's logits row; with `force`, a plain
+    """Wrap the loop's `accept`: record each committed token's logits row; with `force`, a plain
     step's next token becomes force[k] (teacher forcing)."""
-    real = loop.verify
+    real = loop.accept
 
     def recording_verify(draft, target_logits, sampling, generator):
         a = real(draft, target_logits, sampling, generator)
@@ -85,11 +85,11 @@ def _recording(laws: Laws, force: Sequence[int] | None) -> Iterator[None]:
             laws.widths.append(draft.num_nodes + 1)
         return a
 
-    loop.verify = recording_verify
+    loop.accept = recording_verify
     try:
         yield
     finally:
-        loop.verify = real
+        loop.accept = real
 
 
 def token_laws(target: Target, drafter: Drafter | None, prompt_ids: Sequence[int], *, shape: str = "chain(4)",
@@ -105,7 +105,7 @@ def token_laws(target: Target, drafter: Drafter | None, prompt_ids: Sequence[int
     n = len(out.token_ids)
     if laws.tokens[:n] != out.token_ids:
         raise RuntimeError("the recorded tokens are not the run's output: the loop no longer calls "
-                           "specdec.loop.decode.verify once per step (update specdec/measure/width_effect.py)")
+                           "specdec.loop.decode.accept once per step (update specdec/measure/width_effect.py)")
     return Laws(laws.tokens[:n], laws.logits[:n], laws.widths[:n])
 
 
