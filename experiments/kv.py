@@ -117,46 +117,33 @@ def long_prompts(target, count: int, context: int, kinds: tuple[str, ...] = ("re
 
 
 def reference(target, prompt: list[int], new_tokens: int) -> dict:
-    """The target's greedy path of `new_tokens` tokens after `prompt` (the cache kept exact), its
-    next-token log-probabilities [N, V] along the path, and its exact K/V of the path's rows."""
-    from specdec.loop.decode import prefill
-    from specdec.runtime.cache import KVCache
+    """The target's greedy path of `new_tokens` tokens after `prompt` (its full cache)."""
+    from specdec import generate
 
-    cache = KVCache()
-    start = prefill(target, cache, prompt)
-    token, path, logprobs = prompt[-1], [], []
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            logits = target.forward(torch.tensor([[token]]), cache).logits[0, -1].double()
-            logprobs.append(logits.log_softmax(-1))
-            token = int(logits.argmax())
-            path.append(token)
-    exact = [(k.clone(), v.clone()) for k, v in cache.tail(new_tokens)]
-    cache.truncate(len(prompt) - 1)
-    return {"start": start, "path": path, "logprobs": torch.stack(logprobs), "exact": exact}
+    return {"path": generate(target, None, prompt, max_new_tokens=new_tokens, stop_on_eos=False, chat=False).token_ids}
 
 
 def token_stats(target, drafter, prompt: list[int], ref: dict) -> dict[str, list[float]]:
     """Per token of the path: greedy acceptance (0/1), TV and KL(target || draft) of the drafter's
-    next-token distribution, its cache synced with the target's exact K/V after every token."""
-    from specdec.core.draft import Acceptance, Draft, Step
+    next-token law against the target's on its full cache. Teacher-forced through the loop's events:
+    every step the drafter drafts one token at T = 1 (its whole law is the draft's `draft_probs`), no
+    draft is verified, and the path's next token is committed (the drafter hears every step)."""
+    from specdec.loop.decode import DecodeConfig, decode
+    from specdec.loop.policy import ProposeOnly
+    from specdec.core.shapes import ChainShape
 
-    drafter.reset()
-    drafter.commit(ref["start"])
-    tokens, out = [*prompt], {"accept": [], "tv": [], "kl": []}
-    with torch.no_grad():
-        for t, token in enumerate(ref["path"]):
-            logits = drafter.model.forward(torch.tensor([[tokens[-1]]]), drafter.cache).logits[0, -1].double()
-            p, q = ref["logprobs"][t], logits.log_softmax(-1)
-            out["accept"].append(float(int(p.argmax()) == int(q.argmax())))
-            out["tv"].append(float(0.5 * (p.exp() - q.exp()).abs().sum()))
-            out["kl"].append(float((p.exp() * (p - q)).sum()))
-            tokens.append(token)
-            row = [(k[..., t:t + 1, :], v[..., t:t + 1, :]) for k, v in ref["exact"]]
-            drafter.commit(Step(token_ids=torch.tensor([tokens]), num_new=[1], draft=Draft.empty(),
-                                acceptances=[Acceptance(path=[], next_token=token, bonus=False)],
-                                positions=torch.tensor([[len(tokens) - 2]]),
-                                target_hidden=torch.empty(1, 1, target.hidden_size), _kv=lambda row=row: row))
+    path = ref["path"] + ref["path"][-1:]  # one step more, so the path's last token is drafted too
+    config = DecodeConfig(shape=ProposeOnly(ChainShape(1)), max_new_tokens=len(path), temperature=1.0,
+                          stop_on_eos=False, force=[path], cache="dynamic", chat=False)
+    out = {"accept": [], "tv": [], "kl": []}
+    for event in decode(target, drafter, [prompt], config):
+        if event.proposals[0].draft_probs is None:  # the last step: no token left to draft
+            continue
+        p = event.logits[0, 0].double().log_softmax(-1)
+        q = event.proposals[0].draft_probs[0, 0].double().clamp_min(1e-300).log()
+        out["accept"].append(float(int(p.argmax()) == int(q.argmax())))
+        out["tv"].append(float(0.5 * (p.exp() - q.exp()).abs().sum()))
+        out["kl"].append(float((p.exp() * (p - q)).sum()))
     return out
 
 
@@ -328,7 +315,7 @@ def report_parts(results: str | os.PathLike, records_root: str | os.PathLike | N
                           f"{ratio:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if within else 'no'} | {spt[1]:.3f} "
                           f"[{spt[2]:.3f}, {spt[3]:.3f}] | {cell.tv.mean():.4f} | {cell.kl.mean():.4f} | "
                           f"{mal} |")
-        md += ["", f"Lowest retention within, greedy / sampled: " + "; ".join(
+        md += ["", "Lowest retention within, greedy / sampled: " + "; ".join(
             f"{p} {_pct(greedy['lowest'][p])} / {_pct(sampled['lowest'][p])}" for p in greedy["lowest"])
             + f". A/A control: **{greedy['control']}**.", ""]
         summary = {"greedy": greedy["lowest"], "sampled": sampled["lowest"], "control": greedy["control"],

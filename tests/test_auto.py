@@ -15,10 +15,10 @@ from specdec.core.curve import LatencyCurve
 from specdec.loop.reference import reference_generate
 from specdec.runtime.cache import KVCache
 from specdec.core.draft import Acceptance, Draft, DraftRequest
+from specdec.core.events import PhaseTimes, StepEvent
 
-from specdec.core.metrics import StepRecord
 from specdec.core.sampling import SamplingConfig
-from specdec.core.shapes import AutoShape, parse_shape
+from specdec.core.shapes import AutoShape, ChainShape, TreeShape, parse_shape
 from specdec.core.acceptance import acceptance_probability, residual_probs
 
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 9, 3, 5]
@@ -161,16 +161,28 @@ def scored(confidences, parents, probs=None) -> Draft:
     return Draft(torch.arange(10, 10 + len(parents))[None], torch.tensor(parents), probs, scores=scores)
 
 
+def event(shape, proposal: Draft, acceptance: Acceptance, keep=None, *, forward: float = 1.0, propose: float = 0.0,
+          commit: float = 0.0, context: int = 256) -> StepEvent:
+    """The event of one step of batch row 0 that ends with `context` tokens committed."""
+    draft = proposal if keep is None else proposal.subtree(keep)
+    new = len(acceptance.path) + 1
+    return StepEvent(index=0, rows=[0], shape=shape, proposals=[proposal], drafts=[draft], kept=[keep],
+                     acceptances=[acceptance], paths=[acceptance.path], committed=[[0] * new], done=[False],
+                     logits=torch.zeros(1, 1, 1), contexts=[context - new], width=1 + draft.num_nodes,
+                     times=PhaseTimes(choose=0.0, propose=propose, forward=forward, accept=0.0, commit=commit),
+                     start_s=0.0)
+
+
 def test_trim_keeps_the_ancestor_closed_subtree_with_the_best_value():
     """Calibration starts at the drafter's own confidence (bin centres 0.95 and 0.15), so the expected
     acceptances along the paths are P = [0.95, 0.95^2, 0.95^2 * 0.15, 0.15]; under SLOPED,
     (1 + sum of the k best P) / (1 + 0.3 k) peaks at k = 2: nodes 0 and 1."""
     draft = scored([0.95, 0.95, 0.15, 0.15], [-1, 0, 1, -1])
-    kept = AutoPolicy(AutoShape(latency=SLOPED)).trim(draft, 256)
+    kept = draft.subtree(AutoPolicy(AutoShape(latency=SLOPED)).keep(draft, 256))
     assert kept.node_ids.tolist() == [0, 1] and kept.tokens.tolist() == [[10, 11]]
-    assert AutoPolicy(AutoShape(latency=FLAT)).trim(draft, 256) is draft  # width is free: verify all
-    assert AutoPolicy(AutoShape(latency=STEEP)).trim(draft, 256).num_nodes == 0  # nothing pays
-    assert AutoPolicy(AutoShape(trim=0, latency=STEEP)).trim(draft, 256) is draft  # trimming off
+    assert AutoPolicy(AutoShape(latency=FLAT)).keep(draft, 256) is None  # width is free: verify all
+    assert AutoPolicy(AutoShape(latency=STEEP)).keep(draft, 256).numel() == 0  # nothing pays
+    assert AutoPolicy(AutoShape(trim=0, latency=STEEP)).keep(draft, 256) is None  # trimming off
     assert str(parse_shape("auto(trim=0)")) == "auto(max_depth=8,max_width=4,max_nodes=32,trim=0)"
     with pytest.raises(ValueError, match="trim"):
         parse_shape("auto(trim=2)")
@@ -199,20 +211,17 @@ def test_sampled_drafts_are_never_trimmed_because_that_would_bias_the_output():
     assert torch.allclose(law(lambda x: False), p, atol=1e-12)
     assert not torch.allclose(law(lambda x: bool(q[x] > q.median())), p, atol=1e-3)
     sampled = scored([0.5, 0.5], [-1, 0], probs=torch.full((1, 2, 6), 1 / 6))
-    assert AutoPolicy(AutoShape(latency=STEEP)).trim(sampled, 256) is sampled
+    assert AutoPolicy(AutoShape(latency=STEEP)).keep(sampled, 256) is None
 
 
 def test_trimmed_children_of_the_last_accepted_node_still_calibrate():
     """Two root children trimmed away; the step ends on a bonus token equal to the second child's:
     both count as trials of their cells, the second as a success."""
     policy = AutoPolicy(AutoShape(latency=STEEP))
-    policy._chosen = (2,)  # as if choose() had picked tree(2)
     draft = scored([0.35, 0.65], [-1, -1])
-    kept = policy.trim(draft, 256)
-    assert kept.num_nodes == 0
-    record = StepRecord(drafted=0, draft_depth=0, accepted=0, bonus=True, draft_time_s=0.0, target_time_s=1.0,
-                        other_time_s=0.0, shape="tree(2)", proposed=2)
-    policy.observe(kept, Acceptance(path=[], next_token=11, bonus=True), record, 256)
+    keep = policy.keep(draft, 256)
+    assert keep.numel() == 0
+    policy.observe(event(TreeShape((2,)), draft, Acceptance(path=[], next_token=11, bonus=True), keep), 0)
     assert policy.calib_trials[0, 3] == 1 and policy.calib_successes[0, 3] == 0  # confidence 0.35: bin 3
     assert policy.calib_trials[0, 6] == 1 and policy.calib_successes[0, 6] == 1  # 0.65: bin 6, token 11
     assert policy.kept[0, :2].tolist() == [0, 0] and policy.asked[0, :2].tolist() == [1, 1]  # ranks 0, 1: dropped
@@ -261,10 +270,9 @@ def test_trimming_survival_is_counted_per_sibling_rank():
     acceptance uses rank 0's survival only."""
     policy = AutoPolicy(AutoShape(latency=STEEP))
     policy.trims = True
-    policy._proposed = scored([0.9, 0.2, 0.8, 0.7], [-1, -1, 0, 1])
-    policy._keep = np.array([0, 2])
+    proposal = scored([0.9, 0.2, 0.8, 0.7], [-1, -1, 0, 1])
     for _ in range(8):
-        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 2])), (2, 1), [0])  # a accepted
+        policy._count_survivors(proposal, np.array([0, 2]), (2, 1), [0])  # a accepted
     assert policy.asked[:2, :2].tolist() == [[8, 8], [8, 0]]
     assert policy.kept[:2, :2].tolist() == [[8, 0], [8, 0]]
     assert policy.asked_path[:2, :2].tolist() == [[8, 8], [8, 0]]  # the root and a: both on the path
@@ -285,10 +293,9 @@ def test_acceptance_reads_the_survival_of_accepted_parents_children():
     policy = AutoPolicy(AutoShape(latency=STEEP))
     policy.trims = True
     policy.trials[:2, 0], policy.successes[:2, 0] = 1000, 800  # s[1, 0] = s[2, 0] ~ 0.8
-    policy._proposed = scored([0.9, 0.1, 0.1, 0.9, 0.9, 0.9], [-1, -1, -1, 0, 1, 2])
-    policy._keep = np.array([0, 1, 2, 3])
+    proposal = scored([0.9, 0.1, 0.1, 0.9, 0.9, 0.9], [-1, -1, -1, 0, 1, 2])
     for _ in range(60):
-        policy._count_survivors(policy._proposed.subtree(torch.tensor([0, 1, 2, 3])), (3, 1), [0, 3])
+        policy._count_survivors(proposal, np.array([0, 1, 2, 3]), (3, 1), [0, 3])
     v, u = policy.survival(), policy.survival(on_path=True)
     assert v[1, 0] == pytest.approx((60 + 4) / (180 + 4))  # prior: 4 of 4 kept
     assert u[1, 0] == pytest.approx((60 + 4 * v[1, 0]) / (60 + 4)) and u[1, 0] > 0.95  # prior: v, weight 4
@@ -321,14 +328,12 @@ def _simulate(policy: AutoPolicy, accept, steps: int, seed: int = 0) -> list[str
         chosen.append(str(shape))
         depth = 0 if shape is None else len(getattr(shape, "widths", ())) or shape.k
         draft = Draft(torch.arange(10, 10 + depth)[None], torch.arange(-1, depth - 1))
-        draft = policy.trim(draft, 256)
+        keep = policy.keep(draft, 256)
         path = []
         while len(path) < depth and rng.random() < accept(len(path) + 1):
             path.append(len(path))
-        record = StepRecord(drafted=depth, draft_depth=depth, accepted=len(path), bonus=True,
-                            draft_time_s=0.001 * depth, target_time_s=policy.curve.at(1 + depth, 256),
-                            other_time_s=0.0, shape="" if shape is None else str(shape), proposed=depth)
-        policy.observe(draft, Acceptance(path=path, next_token=0, bonus=True), record, 256)
+        policy.observe(event(shape, draft, Acceptance(path=path, next_token=0, bonus=True), keep,
+                             forward=policy.curve.at(1 + depth, 256), propose=0.001 * depth), 0)
     return chosen
 
 
@@ -364,10 +369,9 @@ def test_commit_time_is_charged_to_every_option_and_not_per_depth():
     policy = AutoPolicy(AutoShape(max_depth=4, max_width=1, max_nodes=4, latency=CPU_LIKE))
     draft = Draft(torch.tensor([[10]]), torch.tensor([-1]))
     for _ in range(3):
-        policy._chosen, _ = (1,), policy.trim(draft, 256)
-        record = StepRecord(drafted=1, draft_depth=1, accepted=1, bonus=True, draft_time_s=0.006,
-                            target_time_s=1.4, other_time_s=0.0, shape="chain(1)", proposed=1, commit_time_s=0.005)
-        policy.observe(draft, Acceptance(path=[0], next_token=0, bonus=True), record, 256)
+        keep = policy.keep(draft, 256)
+        policy.observe(event(ChainShape(1), draft, Acceptance(path=[0], next_token=0, bonus=True), keep,
+                             forward=1.4, propose=0.001, commit=0.005), 0)
     assert policy._draft_seconds(4) == pytest.approx(0.004)
     assert policy.commit_cost == pytest.approx(0.005 * (1 - 0.7 ** 3))  # EMA from 0, weight 0.3
     _, none = policy.values(256)

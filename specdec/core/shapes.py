@@ -2,7 +2,7 @@
 
 Owns the shape configs (`ChainShape`, `TreeShape`, `DynamicShape`, `AutoShape`) and parsing of shape
 strings such as `chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`, `auto`. Every
-concrete shape answers `depth`, `widths` and `max_nodes`. Knows nothing about drafts or models: how a
+concrete shape answers `depth`, `widths` (children per node at each depth, at most) and `max_nodes`. Knows nothing about drafts or models: how a
 shape is grown from a drafter's logits is `specdec.core.grow`; `auto` is a policy of the loop
 (`specdec.loop.policy`), which picks one of the concrete shapes (or none) per step.
 """
@@ -29,6 +29,15 @@ class ChainShape:
     def max_nodes(self) -> int:
         return self.k
 
+    @property
+    def depth(self) -> int:
+        return self.k
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Children per node at each depth."""
+        return (1,) * self.k
+
     def __str__(self) -> str:
         return f"chain({self.k})"
 
@@ -44,6 +53,10 @@ class TreeShape:
         object.__setattr__(self, "widths", tuple(self.widths))
         if not self.widths or any(not isinstance(w, int) or w < 1 for w in self.widths):
             raise ValueError(f"tree(widths) needs at least one width and every width >= 1, got {self.widths}")
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
 
     @property
     def max_nodes(self) -> int:
@@ -77,6 +90,11 @@ class DynamicShape:
     @property
     def max_nodes(self) -> int:
         return self.budget
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The most children a node at each depth can get (top_k per expanded node)."""
+        return (self.top_k,) * self.depth
 
     def __str__(self) -> str:
         return f"dynamic(top_k={self.top_k},depth={self.depth},budget={self.budget})"

@@ -131,7 +131,7 @@ class SelfDrafter:
 
     def _score(self, node_ids: list[int], tokens: torch.Tensor, parent_ids: list[int]) -> torch.Tensor:
         parents = self.block.add(node_ids, parent_ids)
-        return self._forward(tokens, self.cache, parents).logits.float()  # [B, n, V]
+        return _wide(self._forward(tokens, self.cache, parents).logits)  # [B, n, V]
 
     def propose(self, request: DraftRequest) -> Draft:
         if self.committed != request.token_ids.shape[1] - 1:
@@ -142,7 +142,7 @@ class SelfDrafter:
         root = request.token_ids[:, -1:]  # [B, 1]
         out = self._forward(root, self.cache)
         self.block = BlockSlots()
-        return grow_tree(request.shape, out.logits[:, -1].float(), self._score,
+        return grow_tree(request.shape, _wide(out.logits[:, -1]), self._score,
                          request.sampling, request.generator, request.max_depth)
 
 
@@ -173,7 +173,7 @@ class SelfDrafter:
                                "leave by select_rows()")
         if request.max_depth < 1:
             return [Draft.empty(device=request.token_ids.device) for _ in range(rows)]
-        root = self.model.forward(request.token_ids[:, -1:], self.cache).logits[:, -1].float()  # [B, V]
+        root = _wide(self.model.forward(request.token_ids[:, -1:], self.cache).logits[:, -1])  # [B, V]
         self.blocks = [BlockSlots() for _ in range(rows)]
         asked = [request.row(b) for b in range(rows)]  # each row's own generator and depth limit
         return grow_rows(request.shape, [root[b:b + 1] for b in range(rows)],
@@ -206,7 +206,7 @@ def score_rows(model: Target, cache: Cache, blocks: list[BlockSlots]) -> ScoreRo
             block.parents.extend([-1] * (n - count))
         parents = torch.tensor([block.parents for block in blocks], dtype=torch.long)  # [B, M]
         logits = model.forward(tokens, cache, parents, valid=None if bool(valid.all()) else valid).logits
-        return {b: logits[b:b + 1, : ask[1].shape[1]].float() for b, ask in asks.items()}  # [1, n_b, V]
+        return {b: _wide(logits[b:b + 1, : ask[1].shape[1]]) for b, ask in asks.items()}  # [1, n_b, V]
 
     return score
 
@@ -225,3 +225,8 @@ def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none",
 
 build_self_draft.test_options = {"kv": "window(sink=2,recent=5)+quant(bits=4)", "weights": "rtn8_pc",
                                  "layers": "first(1)"}
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in float32, or wider where the model computes wider (an fp64 world stays fp64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -40,7 +40,7 @@ plus "no draft":
   depth, a drafter with a costly commit (one that runs a model over the accepted tokens) would make
   deep shapes look dearer than they are and "no draft" cheaper.
 - other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
-Trimming (`trim=1`, the default). A drafter that scores its nodes (`Draft.scores`, a cumulative
+Trimming (`trim=1`, the default: the policy's `keep`). A drafter that scores its nodes (`Draft.scores`, a cumulative
 log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
 is asked for the chosen shape, and then only part of the draft is verified. Only point-mass drafts
 are trimmed (greedy drafts, trees, n-gram lookup): their tokens are fixed by the context, so which
@@ -99,10 +99,10 @@ import torch
 
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Acceptance, Draft
+from specdec.core.events import StepEvent
 from specdec.core.shapes import AutoShape, ChainShape, Shape, TreeShape
 
 if TYPE_CHECKING:
-    from specdec.core.metrics import StepRecord
     from specdec.runtime.model import Target
 
 
@@ -177,11 +177,6 @@ class AutoPolicy:
         self.asked_path = np.zeros((depth, spec.max_width))  # [D, W] the same, of accepted parents (and the root)
         self.kept_path = np.zeros((depth, spec.max_width))
         self.trims = False  # True once a drafter has handed in scored drafts
-        self._proposed_depth = 0
-        self._proposed: Draft | None = None  # this step's draft before trimming
-        self._features: tuple[np.ndarray, np.ndarray] | None = None  # its (confidence, depth) per node
-        self._keep: np.ndarray | None = None  # the proposal's nodes that were verified (None = all)
-        self._chosen: tuple[int, ...] = ()  # widths of the shape chosen for this step
         self._deepest: int | None = None  # the cheap path's candidate (see choose)
         self._latency_rows: dict[int, np.ndarray] = {}
 
@@ -286,31 +281,30 @@ class AutoPolicy:
             if self.idle_steps < self.probe_interval:
                 return None
             self.probing = True
-            self._chosen = (1,)
             return ChainShape(1)
         widths = self.widths[best]
-        self._chosen = widths
         return ChainShape(len(widths)) if max(widths) == 1 else TreeShape(widths)
 
-    def trim(self, draft: Draft, context: int) -> Draft:
-        """The part of `draft` worth verifying (module docstring, "Trimming"); `draft` itself when
-        trimming is off or the drafter gave no scores."""
-        self._proposed, self._features, self._keep = draft, None, None
-        if not draft.num_nodes:
-            self._proposed_depth = 0
-            return draft
-        parents, depth = draft.parents.tolist(), tree_ops.depths(draft.parents).numpy()
-        self._proposed_depth = int(depth.max())
-        if not self.spec.trim or draft.scores is None or draft.draft_probs is not None:
-            return draft  # sampled drafts are never trimmed: see the module docstring
-        self.trims = True
-        scores = draft.scores.tolist()
+    def _features(self, draft: Draft) -> tuple[np.ndarray, np.ndarray] | None:
+        """(own confidence, depth) per node of a draft trimming may cut: scored and point-mass (module
+        docstring, "Trimming"); None for any other draft, or with trimming off."""
+        if not self.spec.trim or not draft.num_nodes or draft.scores is None or draft.draft_probs is not None:
+            return None
+        parents, scores = draft.parents.tolist(), draft.scores.tolist()
         own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
-        self._features = conf, depth = np.minimum(np.exp(own), 1.0), depth  # [N], [N]
+        return np.minimum(np.exp(own), 1.0), tree_ops.depths(draft.parents).numpy()
+
+    def keep(self, draft: Draft, context: int) -> torch.Tensor | None:
+        """The nodes of `draft` worth verifying (module docstring, "Trimming"); None (all of them) when
+        trimming is off or the drafter gave no scores."""
+        features = self._features(draft)
+        if features is None:
+            return None
+        self.trims = True
         if self.probing or self.batch > 1:
-            return draft  # a probe is verified whole (it exists to give the estimates data), and so is a
+            return None  # a probe is verified whole (it exists to give the estimates data), and so is a
             # batch's draft: one row's extra nodes cost the batch nothing unless that row is the widest
-        path = self.calibrated(conf, depth).tolist()
+        path, parents = self.calibrated(*features).tolist(), draft.parents.tolist()
         for i, parent in enumerate(parents):
             if parent >= 0:
                 path[i] *= path[parent]
@@ -318,53 +312,47 @@ class AutoPolicy:
         gain = 1.0 + np.concatenate([[0.0], np.cumsum([path[i] for i in order])])  # [N + 1]
         value = gain / (self.scale * self._latency_row(context, len(path)) + self.other)
         k = int(value.argmax())
-        if k == len(path):
-            return draft
-        self._keep = np.array(sorted(order[:k]), dtype=np.int64)
-        return draft.subtree(torch.from_numpy(self._keep))
+        return None if k == len(path) else torch.tensor(sorted(order[:k]), dtype=torch.long)
 
-    def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
-        predicted = self.curve.at(record.drafted + 1, context)
+    def observe(self, event: StepEvent, row: int) -> None:
+        proposal, draft, acceptance, times = event.proposals[row], event.drafts[row], event.acceptances[row], event.times
+        keep = None if event.kept[row] is None else event.kept[row].numpy()
+        predicted = self.curve.at(draft.num_nodes + 1, event.contexts[row] + len(event.committed[row]))
         if predicted > 0:
-            ratio = record.target_time_s / predicted
-            self.scale += self.TARGET_WEIGHT * (ratio - self.scale)
-        self.other += self.OTHER_WEIGHT * (record.other_time_s - self.other)
-        self.commit_cost += self.DRAFT_WEIGHT * (record.commit_time_s - self.commit_cost)
-        if not record.shape:  # nothing was asked of the drafter
+            self.scale += self.TARGET_WEIGHT * (times.forward / predicted - self.scale)
+        self.other += self.OTHER_WEIGHT * (times.choose + times.accept - self.other)
+        self.commit_cost += self.DRAFT_WEIGHT * (times.commit - self.commit_cost)
+        if event.shape is None:  # nothing was asked of the drafter
             return
         self.idle_steps = 0
         if self.probing:
             self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
         self.drafted_steps += 1
         if self.trims:
-            self._count_survivors(draft, self._chosen, acceptance.path)
-            if self._features is not None and draft.num_nodes:
-                self._calibrate(draft, acceptance)
-            if self._features is not None and self._keep is not None and acceptance.bonus:
-                self._calibrate_trimmed(draft, acceptance)
-        if self.drafted_steps > 1 and self._proposed_depth:
-            d, t = self._proposed_depth, record.draft_time_s - record.commit_time_s
+            features = self._features(proposal)
+            self._count_survivors(proposal, keep, event.shape.widths, acceptance.path)
+            if features is not None and draft.num_nodes:
+                self._calibrate(draft, acceptance, features, keep)
+            if features is not None and keep is not None and acceptance.bonus:
+                self._calibrate_trimmed(proposal, keep, acceptance, features)
+        if self.drafted_steps > 1 and proposal.depth:
+            d, t = proposal.depth, times.propose
             self.draft_cost[d] = _ema(self.draft_cost.get(d), t, self.DRAFT_WEIGHT)
-            self.recent_draft_cost = _ema(self.recent_draft_cost, record.draft_time_s, self.DRAFT_WEIGHT)
+            self.recent_draft_cost = _ema(self.recent_draft_cost, times.propose + times.commit, self.DRAFT_WEIGHT)
             self.cost_per_depth = _ema(self.cost_per_depth, t / d, self.DRAFT_WEIGHT)
         self._count_siblings(draft, acceptance)
 
-    def _verified_features(self) -> tuple[np.ndarray, np.ndarray]:
-        """(confidence, depth) of the verified nodes, from what `trim` computed for the proposal."""
-        conf, depth = self._features
-        return (conf, depth) if self._keep is None else (conf[self._keep], depth[self._keep])
-
-    def _count_survivors(self, draft: Draft, widths: tuple[int, ...], path: list[int]) -> None:
+    def _count_survivors(self, proposal: Draft, keep: np.ndarray | None, widths: tuple[int, ...],
+                         path: list[int]) -> None:
         """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
         widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
-        the root and the accepted nodes (`path`, indices into the verified `draft`) add the same
+        the root and the accepted nodes (`path`, indices into the verified draft) add the same
         trials to u. Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a
         and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept, dropped) of v and u;
         a's rank 0 -> (kept) of v and u; b was not verified."""
-        proposal = self._proposed if self._proposed is not None else draft
         count = proposal.num_nodes
-        verified = np.ones(count, dtype=bool) if self._keep is None else np.isin(np.arange(count), self._keep)
-        accepted = {-1, *(path if self._keep is None else self._keep[list(path)].tolist())}  # proposal indices
+        verified = np.ones(count, dtype=bool) if keep is None else np.isin(np.arange(count), keep)
+        accepted = {-1, *(path if keep is None else keep[list(path)].tolist())}  # proposal indices
         kids = tree_ops.children(proposal.parents)  # kids[-1]: the root's
         depth = np.append(tree_ops.depths(proposal.parents).numpy(), 0)  # depth[-1] = 0: the root
         for node in [-1, *np.flatnonzero(verified).tolist()]:
@@ -384,9 +372,10 @@ class AutoPolicy:
         """Calibration cells (depth bucket, confidence bin) of nodes."""
         return np.minimum(depth, 3) - 1, np.minimum((conf * self.BINS).astype(np.int64), self.BINS - 1)
 
-    def _calibrate(self, draft: Draft, acceptance: Acceptance) -> None:
+    def _calibrate(self, draft: Draft, acceptance: Acceptance, features: tuple[np.ndarray, np.ndarray],
+                   keep: np.ndarray | None) -> None:
         """Each verified node whose parent was accepted (or is the root): one trial of its cell."""
-        conf, depth = self._verified_features()
+        conf, depth = features if keep is None else (features[0][keep], features[1][keep])
         accepted = np.zeros(draft.num_nodes, dtype=bool)
         accepted[acceptance.path] = True
         parents = draft.parents.numpy()
@@ -395,17 +384,17 @@ class AutoPolicy:
         np.add.at(self.calib_trials, cell, 1.0)
         np.add.at(self.calib_successes, cell, accepted[tried].astype(np.float64))
 
-    def _calibrate_trimmed(self, verified: Draft, acceptance: Acceptance) -> None:
+    def _calibrate_trimmed(self, proposed: Draft, keep: np.ndarray, acceptance: Acceptance,
+                           features: tuple[np.ndarray, np.ndarray]) -> None:
         """Trimmed children of the last accepted node (or of the root): when the step ended on a
         bonus token, the target drew it from its own distribution after that node, so "child ==
         next token" is a fair trial of the child (exact at T = 0), though it was never verified."""
-        last = int(self._keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
-        proposed = self._proposed
+        last = int(keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
         kids = np.flatnonzero(proposed.parents.numpy() == last)
-        kids = kids[~np.isin(kids, self._keep)]
+        kids = kids[~np.isin(kids, keep)]
         if not len(kids):
             return
-        conf, depth = self._features
+        conf, depth = features
         cell = self._cells(conf[kids], depth[kids])
         np.add.at(self.calib_trials, cell, 1.0)
         np.add.at(self.calib_successes, cell, (proposed.tokens[0, kids].cpu().numpy() == acceptance.next_token).astype(np.float64))

@@ -1,7 +1,7 @@
 """Per-step draft shape policies: what the loop asks before a step, and which policy a shape means.
 
-Owns `ShapePolicy` (what the loop asks before a step and tells after it), `FixedShape` (the same
-concrete shape every step, or none: plain decoding) and the registry `shape_policy` that maps a
+Owns `ShapePolicy` (what the loop asks before a step and shows it after: the step's event), `FixedShape` (the same
+concrete shape every step, or none: plain decoding), `ProposeOnly` (draft every step, verify nothing) and the registry `shape_policy` that maps a
 shape config to its policy (`auto` -> `specdec.loop.auto_policy.AutoPolicy`), keeping a learning
 policy's estimates with the drafter object across generations. Knows nothing about how drafts are
 grown or verified: a policy only names a concrete shape (or none); the drafter grows it and the
@@ -13,19 +13,21 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from specdec.loop.auto_policy import AutoPolicy
-from specdec.core.draft import Acceptance, Draft
+import torch
+
+from specdec.core.draft import Draft
+from specdec.core.events import StepEvent
 from specdec.core.shapes import AutoShape, Shape, ShapeSpec
+from specdec.loop.auto_policy import AutoPolicy
 
 if TYPE_CHECKING:
-    from specdec.core.metrics import StepRecord
     from specdec.runtime.model import Target
 
 
 @runtime_checkable
 class ShapePolicy(Protocol):
-    """Picks the shape each step drafts; the loop calls `choose` before a step, `trim` on the
-    drafter's proposal, and `observe` after the verification."""
+    """Picks the shape each step drafts; the loop calls `choose` before a step, `keep` on each row's
+    proposal, and `observe` with the step's event for each of its rows."""
 
     max_nodes: int
     """The most draft nodes a step may verify (sizes the loop's cache)."""
@@ -33,11 +35,11 @@ class ShapePolicy(Protocol):
     def choose(self, context: int) -> Shape | None:
         """The concrete shape to draft next (None = draft nothing), `context` tokens committed."""
 
-    def trim(self, draft: Draft, context: int) -> Draft:
-        """The part of the proposed draft to verify (ancestor-closed; the draft itself = all of it)."""
+    def keep(self, draft: Draft, context: int) -> torch.Tensor | None:
+        """The node indices of the proposed draft to verify (ascending, ancestor-closed; None = all)."""
 
-    def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
-        """Take in one verified step (its draft, the verifier's decision and its timings)."""
+    def observe(self, event: StepEvent, row: int) -> None:
+        """Take in batch row `row` of one verified step."""
 
 
 class FixedShape:
@@ -50,10 +52,30 @@ class FixedShape:
     def choose(self, context: int) -> Shape | None:
         return self.shape
 
-    def trim(self, draft: Draft, context: int) -> Draft:
-        return draft
+    def keep(self, draft: Draft, context: int) -> torch.Tensor | None:
+        return None
 
-    def observe(self, draft: Draft, acceptance: Acceptance, record: StepRecord, context: int) -> None:
+    def observe(self, event: StepEvent, row: int) -> None:
+        pass
+
+
+class ProposeOnly:
+    """Asks for `shape` every step and verifies none of the proposal, so each step commits one token
+    (the target's own, or a forced one): how a tool records a drafter's proposal at every position of
+    a path (`specdec.measure.profiles`, the KV experiment)."""
+
+    max_nodes = 0
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+
+    def choose(self, context: int) -> Shape:
+        return self.shape
+
+    def keep(self, draft: Draft, context: int) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.long)
+
+    def observe(self, event: StepEvent, row: int) -> None:
         pass
 
 

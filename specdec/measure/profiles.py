@@ -15,8 +15,9 @@ Greedy acceptance against a known continuation: the target's greedy tokens g are
 at depth d of the draft made at position p is accepted iff the tokens on its path equal g[p:p+d].
 Equivalently `verifier.accept_greedy` with the "argmax" g[p + depth(i)] after node i.
 
-The drafter is driven by the one loop (`specdec.generate`) under a policy that records each
-proposal and verifies none of it (each step commits the target's greedy token), so a drafter
+The drafter is driven by the one loop (`specdec.loop.decode.decode`) under a policy that verifies
+no proposal (each step commits the target's greedy token); the proposals are read from the loop's
+events, so a drafter
 whose draft depends only on the committed tokens (every drafter here at T = 0, EAGLE with its
 default refresh) proposes what it would in a real run at that position, up to float rounding
 (near-ties). Replays assume, as `grow_tree` and `ngram` do, that a narrower shape's draft is the
@@ -32,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core import tree as tree_ops
-from specdec.core.draft import Acceptance, Draft, Drafter
-
-from specdec.loop.decode import cut_at_eos, generate
+from specdec.core.draft import Draft, Drafter
+from specdec.loop.decode import DecodeConfig, cut_at_eos, decode, encode_prompts
+from specdec.loop.policy import ProposeOnly
 from specdec.runtime.model import Target
 from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
 from specdec.core.acceptance import accept_greedy
@@ -218,26 +219,6 @@ def _derivable(recorded: Shape, wanted: Shape, draft: Draft | None) -> torch.Ten
          "smaller budgets from a dynamic tree with the same top_k and depth)")
 
 
-class _Recorder:
-    """The `ShapePolicy` a profile runs the loop with: asks for `shape` every step, records the
-    proposal and verifies none of it, so each step commits exactly the target's greedy token."""
-
-    max_nodes = 0
-
-    def __init__(self, shape: Shape) -> None:
-        self.shape, self.drafts = shape, []
-
-    def choose(self, context: int) -> Shape:
-        return self.shape
-
-    def trim(self, draft: Draft, context: int) -> Draft:
-        self.drafts.append(_to_cpu(draft))
-        return Draft.empty(device=draft.tokens.device)
-
-    def observe(self, draft: Draft, acceptance: Acceptance, record: object, context: int) -> None:
-        pass
-
-
 @torch.inference_mode()
 def profile(
     target: Target,
@@ -252,16 +233,18 @@ def profile(
 ) -> AcceptanceProfile:
     """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (not stopping at EOS,
     so steps that cross it can be replayed) and record `drafter`'s draft in `shape` at every
-    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does. Runs the
-    one loop (`specdec.generate`) with a policy that records each proposal and verifies none of it."""
+    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does. Reads the
+    one loop's events (`specdec.loop.decode.decode`) under a policy that verifies no proposal."""
     _greedy_only(temperature, "recorded")
     shape = parse_shape(shape)
-    recorder = _Recorder(shape)
-    out = generate(target, drafter, prompt, shape=recorder, max_new_tokens=max_new_tokens, chat=chat,
-                   stop_on_eos=False, cache="dynamic")
-    return AcceptanceProfile(target=target.label, drafter=drafter.name, shape=shape, prompt_ids=out.prompt_ids,
-                             greedy=out.token_ids, drafts=recorder.drafts,
-                             eos=target.eos_token_ids if stop_on_eos else set())
+    rows = encode_prompts(target, [prompt], chat)
+    config = DecodeConfig(shape=ProposeOnly(shape), max_new_tokens=max_new_tokens, stop_on_eos=False, cache="dynamic")
+    drafts, greedy = [], []
+    for event in decode(target, drafter, rows, config):
+        drafts.append(_to_cpu(event.proposals[0]))
+        greedy.extend(event.committed[0])
+    return AcceptanceProfile(target=target.label, drafter=drafter.name, shape=shape, prompt_ids=rows[0],
+                             greedy=greedy, drafts=drafts, eos=target.eos_token_ids if stop_on_eos else set())
 
 
 def _to_cpu(draft: Draft) -> Draft:

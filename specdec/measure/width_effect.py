@@ -6,10 +6,9 @@ of width 1 + N (root + draft nodes) over a cache written by such forwards; the p
 in width-1 forwards. In fp32/fp64 the two laws agree to rounding; in bf16/fp16 or a low-bit kernel
 they differ, so the drafted run samples from a (slightly) different law than the plain loop.
 
-- `token_laws`: one real run of `specdec.generate`, with the loop's `accept` wrapped (in memory,
-  for the call only) so that it records the logits row each committed token was decided on and the
-  width of its forward; with `force=` tokens, a plain run is teacher-forced onto another run's text
-  (its own width-1 forwards and cache, the sampled token replaced by the forced one);
+- `token_laws`: one real decode, read through its events: the logits row each committed token was
+  decided on and the width of its forward; with `force=` tokens, the run is teacher-forced onto
+  another run's text (its own forwards and cache, the sampled tokens replaced by the forced ones);
 - `prompt_width_effect`: a drafted run at temperature T, then the plain loop teacher-forced on its
   text; per position the total variation distance between softmax(logits / T) of the two, the shift
   of the plain top-2 logit gap and whether the argmax differs;
@@ -24,16 +23,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from scipy import stats
 
-import specdec
-from specdec.loop import decode as loop
-from specdec.core.draft import Acceptance, Drafter
+from specdec.core.draft import Drafter
+from specdec.loop.decode import DecodeConfig, decode
 from specdec.runtime.model import Target
 
 PROMPTS = (
@@ -65,48 +62,21 @@ class Laws:
     widths: list[int] = field(default_factory=list)
 
 
-@contextmanager
-def _recording(laws: Laws, force: Sequence[int] | None) -> Iterator[None]:
-    """Wrap the loop's `accept`: record each committed token's logits row; with `force`, a plain
-    step's next token becomes force[k] (teacher forcing)."""
-    real = loop.accept
-
-    def recording_verify(draft, target_logits, sampling, generator):
-        a = real(draft, target_logits, sampling, generator)
-        if force is not None:
-            if draft.num_nodes:
-                raise ValueError("teacher forcing runs the plain loop (no drafter)")
-            a = Acceptance(path=[], next_token=int(force[len(laws.tokens)]), bonus=True)
-        rows = [0] + [j + 1 for j in a.path]
-        draft_tokens = draft.tokens[0].tolist()
-        for row, token in zip(rows, [draft_tokens[j] for j in a.path] + [a.next_token]):
-            laws.tokens.append(token)
-            laws.logits.append(target_logits[0, row].detach().double().cpu())
-            laws.widths.append(draft.num_nodes + 1)
-        return a
-
-    loop.accept = recording_verify
-    try:
-        yield
-    finally:
-        loop.accept = real
-
-
 def token_laws(target: Target, drafter: Drafter | None, prompt_ids: Sequence[int], *, shape: str = "chain(4)",
                temperature: float = 1.0, max_new_tokens: int = 32, seed: int = 0,
                force: Sequence[int] | None = None) -> Laws:
-    """Run `specdec.generate` once and return each committed token with the logits it was decided on.
-    `force` (plain loop only): the tokens to commit instead of the sampled ones."""
+    """Decode once and return each committed token with the logits row it was decided on (read from the
+    loop's events) and its forward's width. `force`: the tokens to commit instead (teacher forcing)."""
     laws = Laws()
-    with _recording(laws, force):
-        out = specdec.generate(target, drafter, list(prompt_ids), shape=shape,
-                               max_new_tokens=len(force) if force is not None else max_new_tokens,
-                               temperature=temperature, seed=seed, stop_on_eos=False)
-    n = len(out.token_ids)
-    if laws.tokens[:n] != out.token_ids:
-        raise RuntimeError("the recorded tokens are not the run's output: the loop no longer calls "
-                           "specdec.loop.decode.accept once per step (update specdec/measure/width_effect.py)")
-    return Laws(laws.tokens[:n], laws.logits[:n], laws.widths[:n])
+    config = DecodeConfig(shape=shape, max_new_tokens=len(force) if force is not None else max_new_tokens,
+                          temperature=temperature, seed=seed, stop_on_eos=False,
+                          force=None if force is None else [list(force)])
+    for event in decode(target, drafter, [list(prompt_ids)], config):
+        for row, token in zip([0] + [j + 1 for j in event.paths[0]], event.committed[0]):
+            laws.tokens.append(token)
+            laws.logits.append(event.logits[0, row].detach().double().cpu())
+            laws.widths.append(event.width)
+    return laws
 
 
 def total_variation(a: torch.Tensor, b: torch.Tensor, temperature: float) -> float:

@@ -197,11 +197,17 @@ class Target:
         one), a list of chat messages ({"role", "content"} dicts), or a list of token ids as is."""
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.flatten().tolist()
+        accepted = "a string, chat messages ({'role', 'content'} dicts) or a list of token ids"
+        if not isinstance(prompt, (str, list, tuple)):
+            raise TypeError(f"prompt must be {accepted}, got {type(prompt).__name__} {prompt!r:.40}")
+        kinds = {type(t).__name__ for t in prompt} if not isinstance(prompt, str) else set()
+        if len(kinds) > 1 or kinds - {"int", "dict"}:
+            raise TypeError(f"prompt must be {accepted}: a list mixes or holds {', '.join(sorted(kinds))}")
         if len(prompt) == 0:
             raise ValueError("the prompt is empty: give a non-empty string, chat messages or token ids")
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
-        elif isinstance(prompt, str) or isinstance(prompt, (list, tuple)):
+        else:
             if self.tokenizer is None:
                 raise ValueError(f"target {self.name!r} has no tokenizer: give the prompt as a list of token ids")
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -214,8 +220,6 @@ class Target:
                 ids = self.tokenizer.encode(prompt)
             else:
                 raise ValueError("a list of chat messages needs a tokenizer with a chat template (chat=True)")
-        else:
-            raise TypeError(f"prompt must be a string, chat messages or a list of token ids, got {type(prompt)}")
         if not ids:
             raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
