@@ -5,7 +5,7 @@ greedy or sampled continuations of many prompts per forward, left-padded with an
 KV-cached, recording its final hidden states), `TrainBatch`/`make_batch` (right-padded training
 batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed back for depths
 2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
-per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
+per depth) and
 `acceptance_per_depth` (validation; `teacher_forced` runs it for saved heads on fresh rollouts). Knows nothing about files or drafting: prompt sources live in
 specdec/training/prompts.py, rollout sets in specdec/training/tokens.py, features recomputed from them
 in specdec/training/features.py, and specdec/training/run.py drives a run.
@@ -248,13 +248,12 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 
 
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
-                 ce_weight: float, depth_decay: float = 1.0, truncate: bool = False, generated_only: bool = False
+                 ce_weight: float, depth_decay: float = 1.0, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
     true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
     `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
-    number of depth-1 positions, so depths are weighted by how often they are reached. truncate: a
-    position counts at depth s only if the head's top token was right at depths 1..s-1 (Spec-AUF).
+    number of depth-1 positions, so depths are weighted by how often they are reached.
     generated_only: pair j counts at depth s only if the token its prediction is scored against,
     t_{j+s+1} (the lm_head argmax of h_{j+s}), is the target's continuation, as validation and
     drafting count (prompt tokens are never drafted)."""
@@ -263,12 +262,10 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
         targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
                    for s, (true, valid) in enumerate(targets, start=1)]
     count = targets[0][1].sum().clamp(min=1)
-    reached = targets[0][1]  # [B, n]
     total = predicted[0].new_zeros(())
     stats: dict[str, float] = {}
     for s, (pred, (true, valid)) in enumerate(zip(predicted, targets), start=1):
-        use = valid & reached if truncate else valid
-        p, h = pred[use].float(), true[use]  # [M, H]
+        p, h = pred[valid].float(), true[valid]  # [M, H]
         regression = F.smooth_l1_loss(p, h, reduction="none").mean(-1)  # [M]
         with torch.no_grad():
             teacher_logits = F.linear(h, vocab_weight)  # [M, N]
@@ -276,10 +273,8 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
         ce = -(teacher_logits.softmax(-1) * log_student).sum(-1)  # [M]
         total = total + depth_decay ** (s - 1) * (regression + ce_weight * ce).sum() / count
         with torch.no_grad():
-            right = torch.zeros_like(valid)
-            right[use] = log_student.argmax(-1) == teacher_logits.argmax(-1)
-            reached = reached & right
-            stats[f"top1@{s}"] = float(right[valid].float().mean()) if valid.any() else 0.0
+            right = log_student.argmax(-1) == teacher_logits.argmax(-1)  # [M]
+            stats[f"top1@{s}"] = float(right.float().mean()) if valid.any() else 0.0
     return total, stats
 
 
