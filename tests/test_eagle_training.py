@@ -148,6 +148,18 @@ def test_natural_sources_are_written_chats_and_a_bad_line_is_named(tmp_path):
         sources.load([bad])
 
 
+def test_without_the_repository_s_prompt_folder_the_natural_sources_say_what_is_missing(tmp_path, monkeypatch):
+    """The prompts are data of the source checkout (data/prompts/), not of the package: an install
+    without that folder gets an error naming it and how to get it, not an empty source."""
+    from specdec.training import prompts as sources
+
+    monkeypatch.setattr(sources, "PROMPTS_DIR", tmp_path / "absent")
+    with pytest.raises(FileNotFoundError, match="absent, which does not exist.*pip install -e"):
+        SOURCES["natural-life"](5, 0)
+    with pytest.raises(ValueError, match=r"absent is absent: no natural-\* sources"):
+        collect({"natural-nowhere": 5})
+
+
 def test_an_overlapping_validation_set_is_an_error():
     val = [user("please explain how the tides of the ocean follow the moon every single day")]
     train = [user("write a short poem about a cat sleeping in the warm afternoon sun")]

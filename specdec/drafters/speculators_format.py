@@ -377,13 +377,13 @@ def export_speculators(head_dir: str | Path, target, out: str | Path, dtype: tor
         head.config = replace(head.config, target_name=verifier)
     out = save_speculators(head, out, dtype=dtype, embedding=target.base.get_input_embeddings().weight)
     again = load_speculators(out)  # the written directory reads back as the same head (up to the dtype)
-    report = {"out": str(out), "dtype": str(dtype).removeprefix("torch."), "draft_vocab": int(again.draft_vocab.numel()),
-              "aux_layers": list(again.config.aux_layers), "verifier": again.config.target_name}
+    report = {"out": str(out), "dtype": str(dtype).removeprefix("torch."), "verifier": again.config.target_name,
+              "draft_vocab": int(again.draft_vocab.numel()), "aux_layers": list(again.config.aux_layers)}
     return {**report, **package_check(out)} if check else report
 
 
 def package_check(directory: str | Path) -> dict:
-    """{package_class, tensors}: `directory` parsed by the `speculators` package, its tensors the file's (else ValueError)."""
+    """{package_class, tensors}: `directory` parsed by the `speculators` package (ValueError: other tensors)."""
     from safetensors import safe_open
     from speculators import SpeculatorModel, SpeculatorModelConfig
 

@@ -60,7 +60,8 @@ def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:
     suites = sorted(EVAL_SUITES.glob("*.jsonl"))
     if not suites:
         raise FileNotFoundError(f"no evaluation suites under {EVAL_SUITES}")
-    turns = [t for f in suites for line in f.read_text().splitlines() if line.strip() for t in json.loads(line)["turns"]]
+    turns = [t for f in suites for line in f.read_text().splitlines() if line.strip()
+             for t in json.loads(line)["turns"]]
     prompts = source_prompts(sources, seed)
     check_disjoint([p for _, p in prompts], [({"content": t},) for t in turns], what="evaluation suites")
     return prompts
@@ -136,7 +137,8 @@ def run_parser() -> argparse.ArgumentParser:
     defaults = RunConfig()
     for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
                  "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight"):
-        ap.add_argument("--" + name.replace("_", "-"), type=type(getattr(defaults, name)), default=getattr(defaults, name))
+        default = getattr(defaults, name)
+        ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     return ap
 
 
@@ -150,7 +152,8 @@ def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleH
     if expected.aux_layers and not head.config.aux_layers:
         head = widen(head, expected.aux_layers)
     head.config.check_same_geometry(expected, args.init_head)
-    head.draft_vocab = torch.cat([vocab, head.draft_vocab[~torch.isin(head.draft_vocab, vocab)]])[: args.draft_vocab_size]
+    rest = head.draft_vocab[~torch.isin(head.draft_vocab, vocab)]
+    head.draft_vocab = torch.cat([vocab, rest])[: args.draft_vocab_size]
     return head
 
 
@@ -166,7 +169,8 @@ def open_run(args, target, sets: list[TokenSet], seqs, checkpoint: Path, keep: P
         raise SystemExit(f"{checkpoint} exists: pass --resume to continue that run, or another --out to start one")
     if args.fork:
         if args.resume or checkpoint.exists():
-            raise SystemExit(f"--fork starts a new run: give it an --out without a run.pt (not {checkpoint}), no --resume")
+            raise SystemExit(f"--fork starts a new run: give it an --out without a run.pt (not {checkpoint}), "
+                             "no --resume")
         run = Run.resume(args.fork, target, cfg, checksum, expected, shards, grow=args.grow, fork=True)
         run.best = None  # the fork's best is its own
         return run

@@ -123,7 +123,7 @@ def eagle3_acceptance(head: Eagle3Head, embed, batches: list[TrainBatch], depth:
                             lambda pred: head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)])
 
 
-COMMAND = """Train an EAGLE-3 head (the speculators architecture) on token-shard rollouts; save the best as a speculators directory.
+COMMAND = """Train an EAGLE-3 head (the speculators architecture) on token-shard rollouts; save the best in that format.
 
     nice -n 19 python -m specdec.training eagle3 --sets data/eagle/smollm2-135m/greedy-192 --aux-layers 3 15 \\
         --out outputs/eagle3-head --minutes 35

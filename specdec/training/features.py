@@ -71,7 +71,8 @@ def overlapping(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet])
     texts = {}
     for s in sets:
         sources = sorted({src for info in s.shards for src in info.sources})
-        texts.update((prompt_id(p), prompt_text(p)) for _, p in source_prompts(sources, s.manifest["prompts"].get("seed", 0)))
+        seed = s.manifest["prompts"].get("seed", 0)
+        texts.update((prompt_id(p), prompt_text(p)) for _, p in source_prompts(sources, seed))
     lost = sorted({q.prompt_id for q in seqs} - set(texts))
     if lost:
         raise SystemExit(f"{len(lost)} prompt ids of {[str(s.root) for s in sets]} (e.g. {lost[0]}) are not in their "

@@ -107,14 +107,14 @@ def main(argv: list[str] | None = None) -> dict:
         args.sets, args.out, args.curve = [str(work / "set")], str(work / "run"), str(work / "curve.jsonl")
         args.keep, args.feature_cache = str(work / "run-state.pt"), str(work / "features")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("train_gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
+        raise SystemExit("gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
                          "--smoke for the CPU test; on a CPU, `python -m specdec.training run` continues the same run")
     resume = Path(args.keep).exists() or (Path(args.out) / "run.pt").exists()
     if resume and args.init_head:
-        raise SystemExit(f"train_gpu: --init-head starts a new run, but {args.keep} or {args.out}/run.pt holds one: "
+        raise SystemExit(f"gpu: --init-head starts a new run, but {args.keep} or {args.out}/run.pt holds one: "
                          "give the new run its own --out, --curve and --keep")
     if not (resume or args.init_head or args.smoke):
-        raise SystemExit(f"train_gpu: no run state at {args.keep} or {args.out}/run.pt to continue: carry it "
+        raise SystemExit(f"gpu: no run state at {args.keep} or {args.out}/run.pt to continue: carry it "
                          "(scripts/device_train.sh), or start a new run with --init-head")
     summary: dict = {"device": device_label(args.device)}
     try:
