@@ -13,7 +13,7 @@ drafter x shape x quant. Statistics are pooled, not averaged over prompts:
 Intervals are 95% percentile bootstraps over questions (a question's turns are resampled together).
 Knows nothing about how rows were measured; reads them through `experiments.store.load_rows`.
 
-    python scripts/leaderboard.py RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
+    python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -319,3 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown)
     print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

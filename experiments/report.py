@@ -1,6 +1,6 @@
 """The findings report: does quantization compound with speculative decoding, or fight it, here?
 
-    python scripts/report.py RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
+    python -m experiments.report RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
 
 Owns the reading of a results store into cells (rows + the latency curves each cell stored), the
 verdict lines (rules in `experiments.verdict`: the paired interaction per drafter x shape x kernel,
@@ -386,3 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {report.path} and its PNGs", file=sys.stderr)
     print(json.dumps(report.summary))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

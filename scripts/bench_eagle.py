@@ -17,7 +17,7 @@ load drift hits all of them alike. Prints a human card, then one JSON line.
 
 `--teacher-forced D` scores instead each head's greedy chain(D) acceptance per depth on the target's
 own greedy continuations of the prompts (computed once, batched), exactly as training's validation
-does (specdec/training/eagle.py `acceptance_per_depth`): what a greedy chain(D) draft
+does (specdec/training/eagle.py `teacher_forced`): what a greedy chain(D) draft
 would get from every position of those sequences (a real run drafts only from the positions its
 steps reach, so its MAL differs a little), seconds per head rather than minutes, and no timings.
 """
@@ -34,6 +34,7 @@ import torch
 import specdec
 from specdec.measure import records
 from specdec.machine import machine_name
+from specdec.training.eagle import teacher_forced
 from specdec.tune import ensure_tuned
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
@@ -87,39 +88,7 @@ def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_token
                          "tokens_per_s": tokens[a, b] / seconds[a, b]} for a, b in configs}
 
 
-def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max_new_tokens: int, depth: int,
-                   vocab: int | None) -> dict:
-    """Greedy chain acceptance per depth (acc@s, chain MAL) of every head on the target's greedy
-    continuations of `prompts`, teacher-forced: one batched rollout, one prefill per sequence for
-    the aux layers of fused heads, then eagle_training.acceptance_per_depth per head."""
-    from specdec.drafters.eagle import HEADS_DIR
-    from specdec.drafters.eagle_head import EagleHead
-    from specdec.training.eagle import acceptance_per_depth, make_batch, rollout_batch
-
-    loaded = {label: EagleHead.load(path or HEADS_DIR / f"{target.name}.safetensors").float().eval()
-              for label, path in heads.items()}
-    layers = sorted({k for h in loaded.values() for k in h.config.aux_layers})
-    data = rollout_batch(target, prompts, max_new_tokens=max_new_tokens, temperature=0.0)
-    states = []  # per sequence: {layer: [n, H]}, only the layers some head fuses
-    with torch.inference_mode():
-        for seq in data.sequences if layers else []:
-            hidden = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
-            states.append({k: hidden[k][0].float().cpu() for k in layers})
-    embed = target.base.get_input_embeddings()
-    lm_weight = target.lm_head.weight.detach().float()
-    out = {}
-    for label, head in loaded.items():
-        own = head.config.aux_layers
-        data.aux = [torch.cat([s[k] for k in own], -1) for s in states] if own else []
-        batches = [make_batch(data, list(range(b, min(len(data.sequences), b + 8))), 10**6)
-                   for b in range(0, len(data.sequences), 8)]
-        ids = head.draft_vocab[:vocab] if vocab else torch.arange(target.vocab_size)
-        out[label] = acceptance_per_depth(head, embed, lm_weight[ids.to(lm_weight.device)], ids.to(lm_weight.device),
-                                          batches, depth)
-    return out
-
-
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--heads", nargs="+", default=["shipped=shipped"],
@@ -141,44 +110,47 @@ def main() -> None:
                              "(e.g. sdpa specdec_sdpa; default: the target's own)")
     parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
                         help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
-    args = parser.parse_args()
-    ensure_tuned(args.target, args.threads)
-    target = specdec.load_target(args.target, threads=args.threads or "auto")
-    prompts = load_prompts(args.suite, args.prompts, args.stride)
-    machine = machine_name(target.device)
-    if args.rollout_batches:
-        started = time.perf_counter()
-        rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens,
-                              args.rollout_attentions or [target.attention])
-        print(f"Rollout bench: target {target.name}, {len(prompts)} prompts from {args.suite}, greedy, "
-              f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
-              f"{time.perf_counter() - started:.0f} s")
-        first = next(iter(rows))
-        base = rows[first]["tokens_per_s"]
-        for name, row in rows.items():
-            print(f"{row['attention']:13s} batch {row['batch']:4d}: {row['generated_tokens']:6d} tokens in "
-                  f"{row['seconds']:7.1f} s = {row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x {first})")
-        records.emit("eagle-rollouts", {"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
-                          "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-                          "machine": machine, "results": rows}, device=str(target.device))
-        return
+    return parser
 
-    if args.teacher_forced:
-        started = time.perf_counter()
-        vocab = None if args.vocabs[0] == "full" else int(args.vocabs[0])
-        rows = teacher_forced(target, parse_heads(args.heads), prompts, args.max_new_tokens, args.teacher_forced, vocab)
-        print(f"Teacher-forced acceptance: target {target.name}, {len(prompts)} prompts from {args.suite} "
-              f"(stride {args.stride}), greedy rollouts of {args.max_new_tokens} tokens, draft vocab "
-              f"{vocab or target.vocab_size}, {time.perf_counter() - started:.0f} s")
-        for label, row in rows.items():
-            accs = " ".join(f"{row[f'acc@{s}']:.3f}" for s in range(1, args.teacher_forced + 1))
-            print(f"{label:20s} acc@1..{args.teacher_forced} {accs}  chain({args.teacher_forced}) MAL "
-                  f"{row['chain_mal']:.3f}  ({row['positions']} positions)")
-        records.emit("eagle-teacher-forced", {"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
-                          "source": str(args.suite), "stride": args.stride, "max_new_tokens": args.max_new_tokens,
-                          "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}, device=str(target.device))
-        return
 
+def rollout_card(args, target, prompts: list[str], machine: str) -> None:
+    """--rollout-batches: training-rollout tokens/s per attention and batch size, printed and recorded."""
+    started = time.perf_counter()
+    rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens,
+                          args.rollout_attentions or [target.attention])
+    print(f"Rollout bench: target {target.name}, {len(prompts)} prompts from {args.suite}, greedy, "
+          f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
+          f"{time.perf_counter() - started:.0f} s")
+    first = next(iter(rows))
+    base = rows[first]["tokens_per_s"]
+    for name, row in rows.items():
+        print(f"{row['attention']:13s} batch {row['batch']:4d}: {row['generated_tokens']:6d} tokens in "
+              f"{row['seconds']:7.1f} s = {row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x {first})")
+    records.emit("eagle-rollouts", {"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                      "machine": machine, "results": rows}, device=str(target.device))
+
+
+def teacher_forced_card(args, target, prompts: list[str], machine: str) -> None:
+    """--teacher-forced D: greedy chain(D) acceptance per depth of every head, printed and recorded."""
+    started = time.perf_counter()
+    vocab = None if args.vocabs[0] == "full" else int(args.vocabs[0])
+    rows = teacher_forced(target, parse_heads(args.heads), prompts, args.max_new_tokens, args.teacher_forced, vocab)
+    print(f"Teacher-forced acceptance: target {target.name}, {len(prompts)} prompts from {args.suite} "
+          f"(stride {args.stride}), greedy rollouts of {args.max_new_tokens} tokens, draft vocab "
+          f"{vocab or target.vocab_size}, {time.perf_counter() - started:.0f} s")
+    for label, row in rows.items():
+        accs = " ".join(f"{row[f'acc@{s}']:.3f}" for s in range(1, args.teacher_forced + 1))
+        print(f"{label:20s} acc@1..{args.teacher_forced} {accs}  chain({args.teacher_forced}) MAL "
+              f"{row['chain_mal']:.3f}  ({row['positions']} positions)")
+    records.emit("eagle-teacher-forced", {"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
+                      "source": str(args.suite), "stride": args.stride, "max_new_tokens": args.max_new_tokens,
+                      "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}, device=str(target.device))
+
+
+def measure(args, target, prompts: list[str]) -> dict[str, specdec.GenerationStats]:
+    """Pooled stats per method (plain, then head x vocabulary x shape), prompt by prompt back to back;
+    AssertionError where a greedy method's output differs from plain's."""
     methods: dict[str, tuple[object, str]] = {"plain": (None, "chain(1)")}
     for label, head in parse_heads(args.heads).items():
         for vocab in (None if v == "full" else int(v) for v in args.vocabs):
@@ -188,7 +160,6 @@ def main() -> None:
 
     specdec.generate(target, None, prompts[0], max_new_tokens=4)  # warm-up
     stats: dict[str, list[specdec.GenerationStats]] = {name: [] for name in methods}
-    started = time.perf_counter()
     for i, prompt in enumerate(prompts):
         plain_tokens = None
         for name, (drafter, shape) in methods.items():
@@ -199,7 +170,19 @@ def main() -> None:
             elif args.temperature == 0 and out.token_ids != plain_tokens:
                 raise AssertionError(f"{name} diverged from the plain greedy output on {prompt[:60]!r}")
             stats[name].append(out.stats)
-    merged = {name: specdec.GenerationStats.merge(s) for name, s in stats.items()}
+    return {name: specdec.GenerationStats.merge(s) for name, s in stats.items()}
+
+
+def main() -> None:
+    args = parser().parse_args()
+    ensure_tuned(args.target, args.threads)
+    target = specdec.load_target(args.target, threads=args.threads or "auto")
+    prompts = load_prompts(args.suite, args.prompts, args.stride)
+    machine = machine_name(target.device)
+    if args.rollout_batches or args.teacher_forced:
+        return (rollout_card if args.rollout_batches else teacher_forced_card)(args, target, prompts, machine)
+    started = time.perf_counter()
+    merged = measure(args, target, prompts)
     plain_speed = merged["plain"].decode_tokens_per_s
 
     print(f"EAGLE bench: target {target.name}, {len(prompts)} prompts from {args.suite} (stride {args.stride}), "

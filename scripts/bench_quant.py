@@ -60,22 +60,8 @@ def _row(spec: str, result: dict, widths: list[int]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="smollm2-135m", help="a specdec.load_target name or path")
-    parser.add_argument("--specs", default=",".join(DEFAULT_SPECS), help="comma-separated quantization specs")
-    parser.add_argument("--widths", type=_ints, default=quant.ReportConfig.widths, help="tokens per forward: 1,2,4")
-    parser.add_argument("--contexts", type=_ints, default=quant.ReportConfig.contexts, help="cached context lengths")
-    parser.add_argument("--repeats", type=int, default=quant.ReportConfig.repeats, help="timed forwards per cell")
-    parser.add_argument("--eval-tokens", type=int, default=quant.ReportConfig.eval_tokens)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    args = parser.parse_args(argv)
-
-    torch.set_num_threads(args.threads)
-    config = quant.ReportConfig(widths=args.widths, contexts=args.contexts, repeats=args.repeats,
-                                eval_tokens=args.eval_tokens)
-    reference = specdec.load_target(args.target)
-    specs = [s for s in args.specs.split(",") if s]
+def run_specs(reference, specs: list[str], config) -> dict[str, dict]:
+    """{spec: {status ok + report | unavailable | invalid, reason}}: each backend's quant_report."""
     results: dict[str, dict] = {}
     start = time.time()
     for spec in specs:
@@ -92,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         del quantized
         gc.collect()
         print(f"# {spec}: done ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
+    return results
 
+
+def card(args, specs: list[str], results: dict[str, dict], config) -> None:
+    """The human card: how to read it, confounds, one table row per spec, the unquantized times."""
     header = ["spec", "bits/qweight", "bits/param", "top-1", "KL"] + [
         f"@{w} c{c}" for c in config.contexts for w in config.widths]
     print(f"Quantization backends on {args.target} ({platform.machine()}, {args.threads} thread(s), "
@@ -110,10 +100,29 @@ def main(argv: list[str] | None = None) -> int:
         print(_row(spec, results[spec], list(config.widths)))
     ms = next((r["report"]["latency"]["reference_ms"] for r in results.values()
                if r["status"] == "ok" and "latency" in r["report"]), None)
-    if ms:
-        for context, row in zip(config.contexts, ms):
-            print(f"Unquantized forward ms after {context} cached tokens (last spec's run): "
-                  + ", ".join(f"@{w} {t:.1f}" for w, t in zip(config.widths, row)))
+    for context, row in zip(config.contexts, ms or []):
+        print(f"Unquantized forward ms after {context} cached tokens (last spec's run): "
+              + ", ".join(f"@{w} {t:.1f}" for w, t in zip(config.widths, row)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m", help="a specdec.load_target name or path")
+    parser.add_argument("--specs", default=",".join(DEFAULT_SPECS), help="comma-separated quantization specs")
+    parser.add_argument("--widths", type=_ints, default=quant.ReportConfig.widths, help="tokens per forward: 1,2,4")
+    parser.add_argument("--contexts", type=_ints, default=quant.ReportConfig.contexts, help="cached context lengths")
+    parser.add_argument("--repeats", type=int, default=quant.ReportConfig.repeats, help="timed forwards per cell")
+    parser.add_argument("--eval-tokens", type=int, default=quant.ReportConfig.eval_tokens)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    config = quant.ReportConfig(widths=args.widths, contexts=args.contexts, repeats=args.repeats,
+                                eval_tokens=args.eval_tokens)
+    specs = [s for s in args.specs.split(",") if s]
+    reference = specdec.load_target(args.target)
+    start = time.time()
+    results = run_specs(reference, specs, config)
+    card(args, specs, results, config)
     records.emit("quant", {
         "target": args.target, "threads": args.threads, "config": {**vars(args), "widths": list(args.widths),
                                                                   "contexts": list(args.contexts)},
@@ -121,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     })
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

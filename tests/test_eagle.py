@@ -17,7 +17,7 @@ from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead, widen
-from specdec.training.eagle import training_prompts
+from specdec.training.templates_v1 import training_prompts
 from specdec.loop.decode import prefill
 from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig

@@ -15,7 +15,7 @@ from specdec.drafters.eagle import random_head
 from specdec.drafters.eagle_head import HeadConfig, widen
 from specdec.training.eagle import depth_losses, make_batch, rollout_batch, unroll
 from specdec.training.run import Run, RunConfig, advance, lr_factor, trim_curve, validation_prompts
-from specdec.training.shards import ShardError
+from specdec.training.tokens import ShardError
 
 CFG = RunConfig(lr=1e-3, warmup_steps=2, anneal_start=5, max_steps=8, batch_size=2, max_len=24, ttt_depth=3,
                 ce_vocab=64, eval_vocab=64, val_depth=3, feature_noise=0.1)
@@ -151,47 +151,37 @@ def test_validation_prompts_are_chosen_by_id_whatever_the_order_or_growth():
         validation_prompts(ids, [0.7] * 20 + [0.0] * 20, 24)
 
 
-def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monkeypatch):
-    """scripts/eagle_rollouts.py then scripts/train_eagle_run.py on tiny-llama: the run starts with a
+def test_the_commands_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monkeypatch):
+    """`python -m specdec.training rollout` then `run` on tiny-llama: the run starts with a
     step-0 point, resumes only when asked, continues its curve, and refuses a grown shard set."""
-    import importlib.util
-    from pathlib import Path
-
-    def script(name):
-        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
+    from specdec.training import cli
     from specdec.training.prompts import SOURCES, user
 
     # the tiny tokenizer has no chat template, so single-turn prompts only
     texts = [f"please tell me about the quick brown fox number {i}" if i % 4 == 0 else f"zq{i} xv{i * 7} kw"
              for i in range(60)]  # every 4th shares an 8-word run with the others of its kind
     monkeypatch.setitem(SOURCES, "test-single", lambda n, seed: [user(t) for t in texts][:n])
-    rollouts, trainer = script("eagle_rollouts"), script("train_eagle_run")
     data = str(tmp_path / "set")
     roll = ["--target", "tiny-llama", "--sources", "test-single", "--out", data, "--shard-prompts", "16",
             "--batch-size", "8", "--max-new-tokens", "8", "--max-shards", "2"]
-    assert rollouts.main(roll)["prompts_done"] == 32
+    assert cli.rollout(roll)["prompts_done"] == 32
     train = ["--target", "tiny-llama", "--sets", data, "--out", str(tmp_path / "run"), "--curve",
              str(tmp_path / "curve.jsonl"), "--feature-cache", str(tmp_path / "features"), "--num-validation", "24",
              "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2", "--warmup-steps", "1",
              "--anneal-start", "4", "--max-steps", "6", "--keep", str(tmp_path / "kept.pt")]
-    first = trainer.main(train + ["--steps", "3"])
+    first = cli.run(train + ["--steps", "3"])
     assert first["step"] == 3 and first["val_sequences"] == 24
     assert first["dropped_near_val"] > 0 and first["train_sequences"] + first["dropped_near_val"] == 8
     with pytest.raises(SystemExit, match="run.pt exists: pass --resume"):
-        trainer.main(train)
+        cli.run(train)
     assert Run.saved_step(tmp_path / "kept.pt") == 3  # the compact copy, written when the session ended
     (tmp_path / "run" / "run.pt").unlink()  # another machine: only the repository's copy is there
-    assert trainer.main(train + ["--steps", "5", "--resume"])["step"] == 6
+    assert cli.run(train + ["--steps", "5", "--resume"])["step"] == 6
     assert [json.loads(ln)["step"] for ln in (tmp_path / "curve.jsonl").read_text().splitlines()] == [0, 2, 4, 6]
-    rollouts.main(roll[:-1] + ["1"])  # the set grows by a shard
+    cli.rollout(roll[:-1] + ["1"])  # the set grows by a shard
     with pytest.raises(ShardError, match=r"run.pt trained on shard set .* changed underneath"):
-        trainer.main(train + ["--resume"])
-    grown = trainer.main(train + ["--resume", "--grow"])  # at max_steps already: accepted, nothing to train
+        cli.run(train + ["--resume"])
+    grown = cli.run(train + ["--resume", "--grow"])  # at max_steps already: accepted, nothing to train
     assert grown["step"] == 6 and grown["train_sequences"] + grown["dropped_near_val"] == 8 + 16
 
     # an A/B arm: a new run from the saved state with another loss, its own --out and curve, no kept state
@@ -200,10 +190,10 @@ def test_the_scripts_roll_out_train_cut_and_resume_on_a_token_set(tmp_path, monk
             "32", "--ttt-depth", "2", "--warmup-steps", "1", "--anneal-start", "4", "--max-steps", "10", "--grow"]
     # (the resume below names its --keep: the default is the repository's state)
     with pytest.raises(ValueError, match="only anneal_start and max_steps may change"):
-        trainer.main(fork + ["--out", str(tmp_path / "run"), "--resume", "--ce-weight", "1.0", "--keep", ""])
+        cli.run(fork + ["--out", str(tmp_path / "run"), "--resume", "--ce-weight", "1.0", "--keep", ""])
     with pytest.raises(SystemExit, match="--fork starts a new run"):
-        trainer.main(fork + ["--out", str(tmp_path / "run"), "--fork", str(tmp_path / "run" / "run.pt")])
-    arm = trainer.main(fork + ["--out", str(tmp_path / "arm"), "--fork", str(tmp_path / "run" / "run.pt"),
+        cli.run(fork + ["--out", str(tmp_path / "run"), "--fork", str(tmp_path / "run" / "run.pt")])
+    arm = cli.run(fork + ["--out", str(tmp_path / "arm"), "--fork", str(tmp_path / "run" / "run.pt"),
                                "--ce-weight", "1.0", "--steps", "2"])
     assert arm["step"] == 8 and not (tmp_path / "arm" / "kept.pt").exists()
     state = torch.load(tmp_path / "arm" / "run.pt", weights_only=False, map_location="cpu")
@@ -295,13 +285,7 @@ def test_a_padded_batch_recomputes_each_sequence_s_own_features():
 
 
 def test_the_run_page_counts_compute_per_device_and_cuts_sessions_at_long_gaps():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "eagle_run_page.py"
-    spec = importlib.util.spec_from_file_location("eagle_run_page", path)
-    page = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(page)
+    from specdec.training import page
     point = lambda step, t, device: {"step": step, "time": f"2026-12-04T{t}+0000", "device": device}  # noqa: E731
     curve = [point(0, "10:00:00", "cpu"), point(100, "10:30:00", "cpu"), point(200, "13:00:00", "cpu"),
              point(300, "13:10:00", "cpu"), point(1000, "13:11:00", "gpu"), point(2000, "13:12:40", "gpu")]
@@ -310,13 +294,9 @@ def test_the_run_page_counts_compute_per_device_and_cuts_sessions_at_long_gaps()
 
 
 def test_the_run_page_shows_each_run_after_the_first_as_its_own_section():
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "eagle_run_page.py"
-    spec = importlib.util.spec_from_file_location("eagle_run_page", path)
-    page = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(page)
+    from specdec.training import page
     assert [page.run_name(Path(p)) for p in ("data/eagle/curve.jsonl", "data/eagle/curve-run2.jsonl")] == ["run 1", "run2"]
     point = lambda step, mal: {"step": step, "time": f"2026-12-04T10:0{step}:00+0000", "device": "cpu", "lr": 1e-4,  # noqa: E731
                                "val": {"chain_mal": mal, "acc@1": 0.5}}

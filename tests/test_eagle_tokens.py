@@ -15,7 +15,7 @@ import specdec
 from specdec.training.eagle import make_batch, rollout_batch
 from specdec.training.features import recompute, token_rollouts, token_sequences
 from specdec.training.prompts import user
-from specdec.training.shards import ShardError
+from specdec.training.tokens import ShardError
 from specdec.training.tokens import (LOCK, MANIFEST, TokenSet, fill_token_set, prompt_id, rollout_settings,
                                      set_checksum, target_identity)
 

@@ -105,7 +105,7 @@ def test_outputs_and_cli(store, tmp_path):
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["acceptance_T0.7s0_m_suite-abcdef_32.png", "acceptance_T0s0_m_suite-abcdef_32.png",
                     "heatmap_T0.7s0_m_suite-abcdef_32.png", "heatmap_T0s0_m_suite-abcdef_32.png"]
-    cli = subprocess.run([sys.executable, "scripts/leaderboard.py", str(store), "--bootstrap", "50"],
+    cli = subprocess.run([sys.executable, "-m", "experiments.leaderboard", str(store), "--bootstrap", "50"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith("# specdec leaderboard")

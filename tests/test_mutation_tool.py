@@ -1,19 +1,13 @@
-"""scripts/mutation_test.py patches a mutant in memory: the functions whose code an edit changes are
+"""specdec.measure.mutation (scripts/mutation_test.py's patching) patches a mutant in memory: the functions whose code an edit changes are
 found and swapped (every importer sees them), an edit outside any function body rebinds the
 top-level object everywhere it was imported, and nothing else is touched."""
 
-import importlib.util
 import inspect
-from pathlib import Path
 
 import torch
 
 from specdec.core import sampling, tree
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutation_test.py"
-spec = importlib.util.spec_from_file_location("mutation_test", SCRIPT)
-mutation_test = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mutation_test)
+from specdec.measure import mutation as mutation_test
 
 
 def test_an_edit_in_a_function_swaps_that_function_only():
@@ -36,8 +30,8 @@ def test_an_edit_in_a_function_swaps_that_function_only():
 def test_a_default_outside_a_function_rebinds_the_class_where_it_was_imported():
     source = inspect.getsource(sampling)
     line = next(i + 1 for i, text in enumerate(source.split("\n")) if "top_k: int = 0" in text)
-    assert not any(a <= line <= b for a, b in mutation_test._function_bodies(source))
-    assert mutation_test._top_level_names(source, line) == ["SamplingConfig"]
+    assert not any(a <= line <= b for a, b in mutation_test.function_bodies(source))
+    assert mutation_test.top_level_names(source, line) == ["SamplingConfig"]
     edited = source.replace("top_k: int = 0", "top_k: int = 1")
     _, namespace = mutation_test.swaps(sampling, edited)
     real = sampling.SamplingConfig

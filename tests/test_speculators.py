@@ -15,7 +15,8 @@ from specdec.loop.decode import prefill
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import parse_shape
 from specdec.drafters import DraftRequest, build
-from specdec.drafters.speculators_format import Eagle3Config, Eagle3Head, load_speculators, save_speculators
+from specdec.drafters.speculators_format import (Eagle3Config, Eagle3Head, export_speculators, load_speculators,
+                                                 save_speculators)
 from specdec.runtime.cache import KVCache
 
 VOCAB, HIDDEN, LAYERS, AUX = 96, 32, 4, (1, 2, 3)
@@ -289,40 +290,23 @@ def test_specdec_heads_are_not_written_as_eagle3(tmp_path, tiny):
     assert not (tmp_path / "x").exists()
 
 
-# ---- scripts/export_speculators.py ----------------------------------------------------------------
-def export_script():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "export_speculators.py"
-    spec = importlib.util.spec_from_file_location("export_speculators", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["export_speculators"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_export_refuses_a_specdec_head_naming_why(tmp_path, capsys):
+# ---- export_speculators -------------------------------------------------------------------------------
+def test_export_refuses_a_specdec_head_naming_why(tmp_path, tiny):
     from specdec.drafters.eagle import HEADS_DIR
 
-    code = export_script().main([str(HEADS_DIR / "smollm2-135m.safetensors"), "--target", "smollm2-135m",
-                                 "--out", str(tmp_path / "out")])
-    assert code == 2 and "another architecture than EAGLE-3" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="another architecture than EAGLE-3"):
+        export_speculators(HEADS_DIR / "smollm2-135m.safetensors", tiny, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_export_writes_a_directory_the_package_parses(tmp_path, capsys):
+def test_export_writes_a_directory_the_package_parses(tmp_path):
     pytest.importorskip("speculators.models.eagle3", reason="the speculators package is not installed")
     target = specdec.load_target("tiny-llama")
     config = Eagle3Config(layer_config=layer_config(vocab=target.vocab_size), aux_layers=(0, 1), draft_vocab_size=50,
                           target_name="tiny-llama")
     head = Eagle3Head(config, draft_vocab=draft_ids(50, target.vocab_size))
     save_speculators(head, tmp_path / "in", dtype=torch.float32, embedding=target.base.get_input_embeddings().weight)
-    code = export_script().main([str(tmp_path / "in"), "--target", "tiny-llama", "--out", str(tmp_path / "out"),
-                                 "--verifier", "org/tiny-llama", "--check"])
-    assert code == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = export_speculators(tmp_path / "in", target, tmp_path / "out", verifier="org/tiny-llama", check=True)
     assert report["package_class"] == "Eagle3DraftModel" and report["draft_vocab"] == 50
     assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"][
         "name_or_path"] == "org/tiny-llama"

@@ -1,7 +1,8 @@
-"""Training an EAGLE-3 head (specdec/training/eagle3.py, scripts/train_eagle3.py): the loss falls and
+"""Training an EAGLE-3 head (specdec/training/eagle3.py, `python -m specdec.training eagle3`): the loss falls and
 greedy acceptance rises above the untrained head's; the loss is scored against the target's own
 distribution (a head trained against shuffled teacher columns does worse); the saved speculators
-directory loads back and drafts exactly what the in-memory head drafts. Tiny fp32 models, a few steps."""
+directory loads back and drafts exactly what the in-memory head drafts; its speculators export round-trips
+(same tensors, steps and MAL, outputs equal to the plain loop's). Tiny fp32 models, a few steps."""
 
 import pytest
 import torch
@@ -140,66 +141,77 @@ def test_the_saved_directory_drafts_what_the_head_in_memory_drafts(tiny, batches
     assert accepted > 0  # the drafts compared are ones the target accepts, not only rejected noise
 
 
-def test_the_script_trains_and_saves_a_directory_the_eagle_drafter_loads(tmp_path, monkeypatch):
-    """scripts/train_eagle3.py on a tiny-llama token set: a step-0 point, then one per --val-every,
-    the best head saved as a speculators directory with its curve."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
+@pytest.fixture(scope="module")
+def command_head(tmp_path_factory):
+    """`python -m specdec.training eagle3` on a tiny-llama token set: (its summary, its folder)."""
+    from specdec.training import eagle3
     from specdec.training.prompts import SOURCES, user
     from specdec.training.tokens import TokenSet, fill_token_set, rollout_settings, target_identity
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "train_eagle3.py"
-    spec = importlib.util.spec_from_file_location("train_eagle3", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    tmp_path = tmp_path_factory.mktemp("eagle3")
     texts = [f"zq{i} xv{i * 7} kw{i % 5}" for i in range(20)]
-    monkeypatch.setitem(SOURCES, "test-eagle3", lambda n, seed: [user(t) for t in texts][:n])
-    target = specdec.load_target("tiny-llama")
-    tset = TokenSet(tmp_path / "set", target_identity(target), rollout_settings(temperature=0.0, seed=0, max_new_tokens=8))
-    fill_token_set(target, tset, [("test-eagle3", user(t)) for t in texts], shard_prompts=10, batch_size=10,
-                   log=lambda s: None)
-    summary = script.main(["--target", "tiny-llama", "--sets", str(tmp_path / "set"), "--feature-cache",
-                           str(tmp_path / "features"), "--aux-layers", "0", "1", "--draft-vocab-size", "40",
-                           "--out", str(tmp_path / "head"), "--max-steps", "4", "--val-every", "2", "--batch-size", "4",
-                           "--max-len", "32", "--depth", "2", "--num-validation", "4", "--warmup-steps", "1"])
+    SOURCES["test-eagle3"] = lambda n, seed: [user(t) for t in texts][:n]
+    try:
+        target = specdec.load_target("tiny-llama")
+        tset = TokenSet(tmp_path / "set", target_identity(target),
+                        rollout_settings(temperature=0.0, seed=0, max_new_tokens=8))
+        fill_token_set(target, tset, [("test-eagle3", user(t)) for t in texts], shard_prompts=10, batch_size=10,
+                       log=lambda s: None)
+        summary = eagle3.main(["--target", "tiny-llama", "--sets", str(tmp_path / "set"), "--feature-cache",
+                               str(tmp_path / "features"), "--aux-layers", "0", "1", "--draft-vocab-size", "40",
+                               "--out", str(tmp_path / "head"), "--max-steps", "4", "--val-every", "2",
+                               "--batch-size", "4", "--max-len", "32", "--depth", "2", "--num-validation", "4",
+                               "--warmup-steps", "1"])
+    finally:
+        del SOURCES["test-eagle3"]
+    return summary, tmp_path
+
+
+def test_the_command_trains_and_saves_a_directory_the_eagle_drafter_loads(command_head):
+    """A step-0 point, then one per --val-every, the best head saved as a speculators directory with its curve."""
+    import json
+
+    from specdec.training.eagle3 import budget_lr_factor
+
+    summary, tmp_path = command_head
     assert summary["steps"] == 4 and summary["val_sequences"] == 4 and summary["train_sequences"] == 16
     curve = json.loads((tmp_path / "head" / "curve.json").read_text())["curve"]
     assert [p["step"] for p in curve] == [0, 2, 4]
     head = load_speculators(tmp_path / "head")
     assert head.config.aux_layers == (0, 1) and head.draft_vocab.numel() == 40
-    build("eagle", target=target, head=tmp_path / "head")
-    assert script.lr_factor(0, 0.0, 10.0, 2, 0.1) == 0.5 and script.lr_factor(5, 5.0, 10.0, 2, 0.1) == pytest.approx(0.55)
-    roundtrip_check(tmp_path)
+    build("eagle", target=specdec.load_target("tiny-llama"), head=tmp_path / "head")
+    assert budget_lr_factor(0, 0.0, 10.0, 2, 0.1) == 0.5 and budget_lr_factor(5, 5.0, 10.0, 2, 0.1) == pytest.approx(0.55)
 
 
-def roundtrip_check(tmp_path):
-    """scripts/export_speculators.py (fp32, bf16) then scripts/eagle3_roundtrip.py on the script's head:
-    the fp32 export has the trained head's tensors, steps and MAL, every output equals the plain loop's."""
-    import importlib.util
-    import json
-    from pathlib import Path
+@pytest.mark.slow
+def test_the_speculators_export_round_trips(command_head):
+    """The trained head exported in fp32 and bf16 (export_speculators): the fp32 export has the trained
+    head's tensors, steps and MAL; every output of every directory equals the plain loop's; the package
+    (when installed) parses both exports."""
+    from safetensors.torch import load_file
 
+    from specdec.core.metrics import GenerationStats
+    from specdec.drafters.speculators_format import export_speculators, package_check
+
+    _, tmp_path = command_head
+    target = specdec.load_target("tiny-llama")
+    dirs = {"trained": tmp_path / "head"}
+    for dtype in (torch.float32, torch.bfloat16):
+        report = export_speculators(tmp_path / "head", target, tmp_path / str(dtype), dtype=dtype)
+        assert report["draft_vocab"] == 40 and report["aux_layers"] == [0, 1]
+        dirs[str(dtype)] = tmp_path / str(dtype)
+    x, y = (load_file(str(dirs[k] / "model.safetensors")) for k in ("trained", "torch.float32"))
+    assert x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]) for k in x)
+    prompts = [f"tell me about kw{i} zq{i * 3}" for i in range(2)]
+    plain = [specdec.generate(target, None, p, max_new_tokens=12).token_ids for p in prompts]
+    mal, steps = {}, {}
+    for label, directory in dirs.items():
+        drafter = build("eagle", target=target, head=directory, head_dtype=torch.float32)
+        outs = [specdec.generate(target, drafter, p, shape="chain(3)", max_new_tokens=12) for p in prompts]
+        assert [o.token_ids for o in outs] == plain, label
+        mal[label] = GenerationStats.merge([o.stats for o in outs]).mean_acceptance_length
+        steps[label] = [[s.accepted for s in o.stats.steps] for o in outs]
+    assert mal["trained"] == mal["torch.float32"] and steps["trained"] == steps["torch.float32"]
     pytest.importorskip("speculators.models.eagle3", reason="the speculators package is not installed")
-
-    def script(name):
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    export, roundtrip = script("export_speculators"), script("eagle3_roundtrip")
-    for dtype in ("float32", "bfloat16"):
-        assert export.main([str(tmp_path / "head"), "--target", "tiny-llama", "--out", str(tmp_path / dtype),
-                            "--dtype", dtype]) == 0
-    suite = tmp_path / "suite.jsonl"
-    suite.write_text("".join(json.dumps({"turns": [f"tell me about kw{i} zq{i * 3}"]}) + "\n" for i in range(3)))
-    result = roundtrip.main(["--target", "tiny-llama", "--trained", str(tmp_path / "head"), "--exported",
-                             str(tmp_path / "float32"), "--bf16", str(tmp_path / "bfloat16"), "--suite", str(suite),
-                             "--sets", "--prompts", "2", "--max-new-tokens", "12", "--shapes", "chain(3)", "--no-record"])
-    assert result["fp32_export_same_tensors"] and result["fp32_export_same_steps"]
-    assert result["mal"]["trained"] == result["mal"]["exported_fp32"]
-    assert all(run["chain(3)"]["equals_plain"] for run in result["mal"].values())
-    assert result["package_check"]["exported_bf16"]["package_class"] == "Eagle3DraftModel"
-    assert result["training"]["steps"] == 4
+    for label in ("torch.float32", "torch.bfloat16"):
+        assert package_check(dirs[label])["package_class"] == "Eagle3DraftModel"

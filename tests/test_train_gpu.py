@@ -1,12 +1,9 @@
-"""scripts/train_gpu.py on the CPU (--smoke, tiny-llama): one call grows the token set and trains the run,
+"""`python -m specdec.training gpu` (specdec/training/gpu.py) on the CPU (--smoke, tiny-llama): one call grows the token set and trains the run,
 a second call grows the set again and continues the same run on the grown set (never a new one), the
 compact state and the curve carrying it across; a run that has ended is followed by a new run from its head,
 never restarted in place; the CUDA default without CUDA, and a call with no run to continue, are clear errors."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +11,13 @@ import torch
 from specdec.training.run import Run
 from specdec.training.tokens import TokenSet
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def train_gpu():
-    spec = importlib.util.spec_from_file_location("train_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
+    from specdec.training import gpu
+
+    return gpu
 
 
 @pytest.fixture

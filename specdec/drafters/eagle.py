@@ -337,7 +337,8 @@ def shipped_head_path(target: Target) -> Path:
         shipped = sorted(p.stem for p in HEADS_DIR.glob("*.safetensors"))
         raise FileNotFoundError(
             f"no EAGLE head ships for target {target.name!r} (shipped: {', '.join(shipped) or 'none'}); "
-            "train one with scripts/train_eagle.py and pass head=PATH, or head='random' for an untrained head"
+            "train one with `python -m specdec.training` (specdec/training/LOG.md) and pass head=PATH, "
+            "or head='random' for an untrained head"
         )
     return path
 

@@ -108,7 +108,7 @@ class HeadConfig:
         if problems:
             raise ValueError(
                 f"EAGLE head trained for {self.target_name!r} does not fit target {target.name!r}: "
-                + "; ".join(problems) + ". Train a head for this target with scripts/train_eagle.py."
+                + "; ".join(problems) + ". Train a head for this target with `python -m specdec.training`."
             )
 
     def check_same_geometry(self, other: HeadConfig, source: str | Path) -> None:

@@ -2,10 +2,12 @@
 
 Owns `Eagle3Head` (the EAGLE-3 architecture as the `speculators` package defines it, speculators_model_type
 "eagle3"), `Eagle3Config` (what a head was built for), `load_speculators` (a checkpoint directory ->
-head, every field checked) and `save_speculators` (head -> a directory the package loads). Knows nothing
-about drafting (specdec/drafters/eagle.py runs any head) and does not import the `speculators` package:
-the directory is JSON + safetensors, read and written here; the package (`pip install specdec[speculators]`)
-is needed only to load the directory there (tests/test_speculators.py does both ways).
+head, every field checked) and `save_speculators` (head -> a directory the package loads), `export_speculators` (a
+trained head rewritten for a verifier in a dtype, read back) and `package_check` (the package's parse of
+a directory). Knows nothing about drafting (specdec/drafters/eagle.py runs any head) and imports the
+`speculators` package only in `package_check`: the directory is JSON + safetensors, read and written
+here; the package (`pip install specdec[speculators]`) is needed only to load the directory there
+(tests/test_speculators.py does both ways).
 
 The architecture (speculators 0.9.0, `Eagle3DraftModel`), per pair i = (target features at i, token t_{i+1}):
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -356,3 +358,43 @@ def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype
     raw.pop("auto_map", None)  # the package resolves the class from speculators_model_type, not remote code
     (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return directory
+
+
+def export_speculators(head_dir: str | Path, target, out: str | Path, dtype: torch.dtype = torch.bfloat16,
+                       verifier: str | None = None, check: bool = False) -> dict:
+    """Write the EAGLE-3 head of the speculators directory `head_dir` (checked against `target`) to `out` in
+    `dtype` with the target's embedding and `verifier` (a name_or_path) if given, read back, and with `check`
+    parsed by the package (`package_check`). ValueError naming why for a specdec head (another architecture)
+    or another target's head. Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ package_check's)."""
+    if not is_speculators_dir(head_dir):
+        raise ValueError(f"{head_dir} is not a speculators EAGLE-3 directory. A specdec head (fc over [embedding, "
+                         "final feature] + a plain decoder layer, scored by the target's lm_head) is another "
+                         "architecture than EAGLE-3 (the embedding never enters the residual stream, the head owns "
+                         "its lm_head): the format cannot hold it, and converting means training an EAGLE-3 head")
+    head = load_speculators(head_dir)
+    head.config.check_target(target)
+    if verifier:
+        head.config = replace(head.config, target_name=verifier)
+    out = save_speculators(head, out, dtype=dtype, embedding=target.base.get_input_embeddings().weight)
+    again = load_speculators(out)  # the written directory reads back as the same head (up to the dtype)
+    report = {"out": str(out), "dtype": str(dtype).removeprefix("torch."), "verifier": again.config.target_name,
+              "draft_vocab": int(again.draft_vocab.numel()), "aux_layers": list(again.config.aux_layers)}
+    return {**report, **package_check(out)} if check else report
+
+
+def package_check(directory: str | Path) -> dict:
+    """{package_class, tensors}: `directory` parsed by the `speculators` package (ValueError: other tensors)."""
+    from safetensors import safe_open
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+
+    directory = Path(directory)
+    config = SpeculatorModelConfig.from_pretrained(str(directory))
+    model_class = SpeculatorModel.registered_model_class_from_config(config)
+    expected = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
+                if not k.startswith(("verifier_", "input_norm"))}
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    if stored != {k: v for k, v in expected.items() if k in stored} or set(expected) - set(stored):
+        raise ValueError(f"speculators builds tensors {sorted(set(expected) ^ set(stored))} or other shapes than "
+                         f"{directory / 'model.safetensors'} holds")
+    return {"package_class": model_class.__name__, "tensors": len(stored)}

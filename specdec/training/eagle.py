@@ -1,15 +1,14 @@
-"""Self-distillation for the EAGLE head: batched target rollouts, the multi-depth loss, validation.
+"""Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `rollout_batch` (the target's own greedy or sampled continuations of many prompts per forward,
-left-padded with an attention mask, KV-cached, recording its final hidden states: the data),
-`self_instruct` (prompts the target writes itself), `TrainBatch`/`make_batch` (right-padded training
+Owns `Rollouts` (sequences and the target's features in memory), `rollout_batch` (the target's own
+greedy or sampled continuations of many prompts per forward, left-padded with an attention mask,
+KV-cached, recording its final hidden states), `TrainBatch`/`make_batch` (right-padded training
 batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed back for depths
 2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
-per depth, optionally truncated after the first depth the head gets wrong, as Spec-AUF does) and
-`acceptance_per_depth` (validation), and `fill_aux` (EAGLE-3's low/mid-layer features of recorded
-shards, by a prefill of each sequence; new shards get them from the rollout itself). Knows nothing
-about Hydra, files or drafting: prompt sources live in specdec/training/prompts/, shards in
-specdec/training/shards.py and scripts/train_eagle.py drives it all.
+per depth) and
+`acceptance_per_depth` (validation; `teacher_forced` runs it for saved heads on fresh rollouts). Knows nothing about files or drafting: prompt sources live in
+specdec/training/prompts.py, rollout sets in specdec/training/tokens.py, features recomputed from them
+in specdec/training/features.py, and specdec/training/run.py drives a run.
 
 Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
 pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
@@ -24,17 +23,44 @@ below equals chain drafting's greedy acceptance on the same sequences.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaModel
 
+from specdec.drafters.eagle import HEADS_DIR
+from specdec.drafters.eagle_head import EagleHead
 from specdec.runtime.cache import KVCache
-from specdec.training.shards import AuxStore, Rollouts, ShardError, ShardStore
-from specdec.training.prompts import Prompt, prompt_text
-from specdec.training.prompts.templates_v1 import training_prompts  # noqa: F401  (kept import path)
 from specdec.runtime.static_cache import StaticKVCache
+from specdec.training.prompts import Prompt
+
+
+@dataclass
+class Rollouts:
+    """The target's own sequences and final hidden states (the head's training data)."""
+
+    sequences: list[torch.Tensor]
+    """Each [L] long: chat-formatted prompt + the target's continuation."""
+    hidden: list[torch.Tensor]
+    """Each [L, H]: the target's final hidden state at every position of its sequence."""
+    prompt_index: list[int] = field(default_factory=list)
+    """Index of each sequence's prompt in the prompt list."""
+    prompt_len: list[int] = field(default_factory=list)
+    """Prompt tokens at the start of each sequence."""
+    temperature: list[float] = field(default_factory=list)
+    """Temperature of each continuation (0 = greedy)."""
+    aux: list[torch.Tensor] = field(default_factory=list)
+    """Each [L, kH] (bf16): the target's hidden states of k aux layers per position; [] = none read."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.numel() for s in self.sequences)
+
+    @staticmethod
+    def concat(parts: list[Rollouts]) -> Rollouts:
+        return Rollouts(*(sum((getattr(p, f) for p in parts), []) for f in
+                          ("sequences", "hidden", "prompt_index", "prompt_len", "temperature", "aux")))
 
 
 def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
@@ -44,14 +70,37 @@ def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
     return target.encode_prompt(prompt)
 
 
+CACHE_KW = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+"""The name transformers' models take their KV cache by (`cache` from 5.24, `past_key_values` before)."""
+
+
 def aux_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
-    """The hidden states of `layers` (HF `hidden_states` indices) side by side, [..., kH] bf16 on the CPU:
-    what an AuxStore records, whether from a rollout's forwards or a prefill."""
+    """The hidden states of `layers` (HF `hidden_states` indices) side by side, [..., kH] bf16 on the CPU."""
     return torch.cat([hidden_states[k] for k in layers], -1).to(torch.bfloat16).cpu()
 
 
-CACHE_KW = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
-"""The name transformers' models take their KV cache by (`cache` from 5.24, `past_key_values` before)."""
+def _prefill_rows(target, encoded: list[list[int]], extra: int, aux_layers: tuple[int, ...]
+                  ) -> tuple[StaticKVCache, list[torch.Tensor], list[torch.Tensor]]:
+    """Each prompt prefilled alone into one left-padded preallocated cache of width + `extra` columns;
+    returns the cache, each prompt's final hidden states [len, H] and its `aux_layers` states [len, kH]."""
+    b, width = len(encoded), max(map(len, encoded))
+    prompt_h, prompt_aux = [], []
+    keys, values = [], []  # per layer [b, kv_heads, width + extra, D], rows left-padded with zeros
+    for row, e in enumerate(encoded):
+        alone = KVCache()
+        out = target.base(input_ids=torch.tensor([e], device=target.device), **{CACHE_KW: alone.hf}, use_cache=True,
+                          output_hidden_states=bool(aux_layers))
+        prompt_h.append(out.last_hidden_state[0])
+        if aux_layers:
+            prompt_aux.append(aux_features(out.hidden_states, aux_layers)[0])
+        for layer, (k, v) in enumerate(alone.tensors()):
+            if row == 0:  # zeros in the padding: masked, but 0 x NaN garbage would still be NaN
+                shape = (b, k.shape[1], width + extra, k.shape[-1])
+                keys.append(k.new_zeros(shape))
+                values.append(v.new_zeros(shape))
+            keys[layer][row, ..., width - len(e):width, :] = k[0]
+            values[layer][row, ..., width - len(e):width, :] = v[0]
+    return StaticKVCache.over(keys, values, width), prompt_h, prompt_aux
 
 
 @torch.inference_mode()
@@ -63,8 +112,8 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     never computed (the last) is dropped. A row that ends leaves the batch (its cache rows are
     dropped), so long answers do not make short ones pay for padding steps.
     Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty).
-    With `aux_layers`, `aux` holds the hidden states of those layers at every kept position (bf16, the
-    same states fill_aux's prefill computes, up to rounding), taken from the rollout's own forwards.
+    With `aux_layers`, `aux` holds the hidden states of those layers at every kept position (bf16),
+    taken from the rollout's own forwards (what features.recompute's prefill must reproduce).
 
     Why prefill one prompt at a time: a padded [64, 222]-token prefill spends more time in its
     elementwise ops over [64, 222, 1536] activations than in its matrix products on a CPU, and pads
@@ -74,30 +123,12 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
     b, width = len(encoded), max(map(len, encoded))
-    want_aux = bool(aux_layers)
     # Worked example: lengths 3 and 5, width 5 -> mask rows [0 0 1 1 1] and [1 1 1 1 1], positions
     # [0 0 0 1 2] and [0 1 2 3 4]: every real token gets the position it has unpadded.
     mask = (torch.arange(width, device=device)[None]
             >= torch.tensor([width - len(e) for e in encoded], device=device)[:, None]).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
-    prompt_h, prompt_aux = [], []  # per row [len, H], [len, kH]
-    keys, values = [], []  # per layer [b, kv_heads, width + max_new_tokens, D], rows left-padded with zeros
-    for row, e in enumerate(encoded):
-        alone = KVCache()
-        out = target.base(input_ids=torch.tensor([e], device=device), **{CACHE_KW: alone.hf}, use_cache=True,
-                          output_hidden_states=want_aux)
-        prompt_h.append(out.last_hidden_state[0])
-        if want_aux:
-            prompt_aux.append(aux_features(out.hidden_states, aux_layers)[0])
-        for layer, (k, v) in enumerate(alone.tensors()):
-            if row == 0:  # zeros in the padding: masked, but 0 x NaN garbage would still be NaN
-                shape = (b, k.shape[1], width + max_new_tokens, k.shape[-1])
-                keys.append(k.new_zeros(shape))
-                values.append(v.new_zeros(shape))
-            keys[layer][row, ..., width - len(e):width, :] = k[0]
-            values[layer][row, ..., width - len(e):width, :] = v[0]
-    cache = StaticKVCache.over(keys, values, width)
-    del keys, values
+    cache, prompt_h, prompt_aux = _prefill_rows(target, encoded, max_new_tokens, aux_layers)
     live = torch.arange(b)  # original row of each batch entry still generating
     last_h, last = torch.stack([x[-1] for x in prompt_h]), positions[:, -1]  # [live, H], [live]
     tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
@@ -124,13 +155,12 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
         out = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                          **{CACHE_KW: cache.hf}, use_cache=True, output_hidden_states=want_aux)
+                          **{CACHE_KW: cache.hf}, use_cache=True, output_hidden_states=bool(aux_layers))
         last_h = out.last_hidden_state[:, -1]  # [live, H]
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
-        if want_aux:
-            for row, vec in zip(live.tolist(), aux_features(out.hidden_states, aux_layers)[:, -1]):
-                aux[row].append(vec)
+        for row, vec in zip(live.tolist(), aux_features(out.hidden_states, aux_layers)[:, -1] if aux_layers else []):
+            aux[row].append(vec)
     result = Rollouts([], [])
     for row, e in enumerate(encoded):
         keep = len(hidden[row])  # generated tokens whose hidden state exists (EOS and the last one have none)
@@ -139,112 +169,9 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         result.hidden.append(torch.cat([prompt_h[row].float().cpu(), gen_h]))
         result.prompt_len.append(len(e))
         result.temperature.append(float(temperature))
-        if want_aux:
-            gen_a = torch.stack(aux[row]) if keep else prompt_aux[row][:0]
-            result.aux.append(torch.cat([prompt_aux[row], gen_a]))
+        if aux_layers:
+            result.aux.append(torch.cat([prompt_aux[row], torch.stack(aux[row]) if keep else prompt_aux[row][:0]]))
     return result
-
-
-def fill_shards(target, store: ShardStore, prompts: list[Prompt | str | list[int]], *, shard_prompts: int,
-                batch_size: int, max_new_tokens: int, sampled_fraction: float = 0.0, temperature: float = 0.7,
-                seed: int = 0, hidden_dtype: torch.dtype = torch.bfloat16, deadline: float = float("inf"),
-                max_shards: int | None = None, worker: tuple[int, int] = (0, 1), skip: set[int] = frozenset(),
-                aux_store: AuxStore | None = None, desc: str = "rollouts") -> None:
-    """Write every shard of `prompts` that `store` lacks, in index order, until time.perf_counter()
-    passes `deadline` or `max_shards` were written. Shard i holds prompts [i * shard_prompts,
-    (i + 1) * shard_prompts); it is sampled (at `temperature`) when sampled_fraction > 0 and
-    i % round(1 / sampled_fraction) is the last residue, else greedy; its sampling seed depends on
-    (seed, i) only, so a shard's content does not depend on which run wrote it. `worker=(k, n)` writes
-    only shards i with i % n == k (n processes share the prompt list, each with its own store);
-    `skip` lists shards another store already holds. With `aux_store` (over `store`), each new shard's
-    aux features are recorded from the rollout's own forwards right after the shard (fill_aux then
-    has nothing left to do for it; a shard whose aux write was interrupted is left to fill_aux)."""
-    import time
-
-    from tqdm import tqdm
-
-    every = round(1 / sampled_fraction) if sampled_fraction > 0 else 0
-    num_shards = -(-len(prompts) // shard_prompts)
-    texts = [prompt_text(p) if isinstance(p, tuple) else str(p) for p in prompts]
-    for i in store.done():
-        if i >= num_shards:
-            raise ShardError(f"{store.root} records shard {i} but the prompt list has only {num_shards} shards")
-        store.check_prompts(i, texts[i * shard_prompts:(i + 1) * shard_prompts])
-    k, n = worker
-    if not 0 <= k < n:
-        raise ValueError(f"worker must be (k, n) with 0 <= k < n, got {worker}")
-    todo = [i for i in range(num_shards) if i % n == k and i not in store.done() and i not in skip][:max_shards]
-    bar = tqdm(todo, desc=desc, unit="shard")
-    tokens, started = 0, time.perf_counter()
-    for i in bar:
-        if time.perf_counter() > deadline:
-            print(f"{desc}: deadline reached with {len(store.done())}/{num_shards} shards recorded; rerun to continue",
-                  flush=True)
-            break
-        rows = range(i * shard_prompts, min(len(prompts), (i + 1) * shard_prompts))
-        shard_temperature = temperature if every and i % every == every - 1 else 0.0
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + i)
-        parts = []
-        for start in range(rows.start, rows.stop, batch_size):
-            batch_rows = list(range(start, min(rows.stop, start + batch_size)))
-            part = rollout_batch(target, [prompts[r] for r in batch_rows], max_new_tokens=max_new_tokens,
-                                 temperature=shard_temperature, generator=generator,
-                                 aux_layers=aux_store.layers if aux_store is not None else ())
-            part.prompt_index = batch_rows
-            parts.append(part)
-            tokens += sum(s.numel() - n for s, n in zip(part.sequences, part.prompt_len))
-            bar.set_postfix(gen_tok_per_s=f"{tokens / (time.perf_counter() - started):.0f}")
-        shard = Rollouts.concat(parts)
-        store.write(i, shard, [texts[r] for r in rows], hidden_dtype)
-        if aux_store is not None:
-            aux_store.write(i, torch.cat(shard.aux))
-
-
-@torch.inference_mode()
-def fill_aux(target, aux_store: AuxStore, *, worker: tuple[int, int] = (0, 1), desc: str = "aux features") -> int:
-    """Compute and record, for every shard of `aux_store.store` that lacks them, the target's hidden
-    states at `aux_store.layers` for every token (one causal prefill per sequence: the same states the
-    rollout's KV-cached steps computed, up to rounding). `worker=(k, n)`: only shards i % n == k.
-    Returns how many shards it filled."""
-    from tqdm import tqdm
-
-    k, n = worker
-    store = aux_store.store
-    todo = [i for i in sorted(store.done()) if i % n == k and i not in aux_store.done()]
-    for i in tqdm(todo, desc=desc, unit="shard"):
-        rollouts = store.read(i)
-        rows = []
-        for seq in rollouts.sequences:
-            states = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
-            rows.append(aux_features(states, aux_store.layers)[0])
-        aux_store.write(i, torch.cat(rows))
-    return len(todo)
-
-
-def self_instruct(target, topics: list[str], n: int, *, seed: int = 0, batch_size: int = 16,
-                  max_new_tokens: int = 40) -> list[Prompt]:
-    """Up to `n` distinct questions the target writes when asked to pose one on each seed topic
-    (sampled at temperature 0.9; the first line ending in '?' is kept)."""
-    import random
-
-    rng = random.Random(f"self-instruct-{seed}")
-    asks = ["Write one question a curious person might ask an AI assistant about {t}. Reply with the question only.",
-            "Suggest a question about {t} that someone could ask a chatbot. Only write the question.",
-            "Write a request a user might send to an assistant that involves {t}. Reply with the request only."]
-    generator = torch.Generator().manual_seed(seed)
-    out, seen = [], set()
-    for _ in range(max(1, 3 * n // batch_size + 1)):
-        if len(out) >= n:
-            break
-        asked = [rng.choice(asks).format(t=rng.choice(topics)) for _ in range(batch_size)]
-        batch = rollout_batch(target, asked, max_new_tokens=max_new_tokens, temperature=0.9, generator=generator)
-        for seq, plen in zip(batch.sequences, batch.prompt_len):
-            text = target.decode(seq[plen:].tolist()).strip()
-            line = next((ln.strip().strip('"') for ln in text.splitlines() if ln.strip().endswith("?")), "")
-            if 4 <= len(line.split()) <= 40 and line not in seen and len(out) < n:
-                seen.add(line)
-                out.append(({"role": "user", "content": line},))
-    return out
 
 
 @dataclass
@@ -321,13 +248,12 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 
 
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
-                 ce_weight: float, depth_decay: float = 1.0, truncate: bool = False, generated_only: bool = False
+                 ce_weight: float, depth_decay: float = 1.0, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
     true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
     `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
-    number of depth-1 positions, so depths are weighted by how often they are reached. truncate: a
-    position counts at depth s only if the head's top token was right at depths 1..s-1 (Spec-AUF).
+    number of depth-1 positions, so depths are weighted by how often they are reached.
     generated_only: pair j counts at depth s only if the token its prediction is scored against,
     t_{j+s+1} (the lm_head argmax of h_{j+s}), is the target's continuation, as validation and
     drafting count (prompt tokens are never drafted)."""
@@ -336,12 +262,10 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
         targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
                    for s, (true, valid) in enumerate(targets, start=1)]
     count = targets[0][1].sum().clamp(min=1)
-    reached = targets[0][1]  # [B, n]
     total = predicted[0].new_zeros(())
     stats: dict[str, float] = {}
     for s, (pred, (true, valid)) in enumerate(zip(predicted, targets), start=1):
-        use = valid & reached if truncate else valid
-        p, h = pred[use].float(), true[use]  # [M, H]
+        p, h = pred[valid].float(), true[valid]  # [M, H]
         regression = F.smooth_l1_loss(p, h, reduction="none").mean(-1)  # [M]
         with torch.no_grad():
             teacher_logits = F.linear(h, vocab_weight)  # [M, N]
@@ -349,10 +273,8 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
         ce = -(teacher_logits.softmax(-1) * log_student).sum(-1)  # [M]
         total = total + depth_decay ** (s - 1) * (regression + ce_weight * ce).sum() / count
         with torch.no_grad():
-            right = torch.zeros_like(valid)
-            right[use] = log_student.argmax(-1) == teacher_logits.argmax(-1)
-            reached = reached & right
-            stats[f"top1@{s}"] = float(right[valid].float().mean()) if valid.any() else 0.0
+            right = log_student.argmax(-1) == teacher_logits.argmax(-1)  # [M]
+            stats[f"top1@{s}"] = float(right.float().mean()) if valid.any() else 0.0
     return total, stats
 
 
@@ -388,3 +310,33 @@ def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_t
     stats["chain_mal"] = float(1 + reach[1:].sum() / reach[0]) if reach[0] > 0 else 1.0
     stats["positions"] = int(reach[0])
     return stats
+
+
+def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max_new_tokens: int, depth: int,
+                   vocab: int | None) -> dict:
+    """Greedy chain acceptance per depth (acc@s, chain MAL) of every head ({label: path, None = the
+    target's shipped head}) on the target's greedy continuations of `prompts`, teacher-forced: one
+    batched rollout, one prefill per sequence for the aux layers of fused heads, then
+    `acceptance_per_depth` per head, over the first `vocab` tokens of its draft vocabulary (None = all)."""
+
+    loaded = {label: EagleHead.load(path or HEADS_DIR / f"{target.name}.safetensors").float().eval()
+              for label, path in heads.items()}
+    layers = sorted({k for h in loaded.values() for k in h.config.aux_layers})
+    data = rollout_batch(target, prompts, max_new_tokens=max_new_tokens, temperature=0.0)
+    states = []  # per sequence: {layer: [n, H]}, only the layers some head fuses
+    with torch.inference_mode():
+        for seq in data.sequences if layers else []:
+            hidden = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
+            states.append({k: hidden[k][0].float().cpu() for k in layers})
+    embed = target.base.get_input_embeddings()
+    lm_weight = target.lm_head.weight.detach().float()
+    out = {}
+    for label, head in loaded.items():
+        own = head.config.aux_layers
+        data.aux = [torch.cat([s[k] for k in own], -1) for s in states] if own else []
+        batches = [make_batch(data, list(range(b, min(len(data.sequences), b + 8))), 10**6)
+                   for b in range(0, len(data.sequences), 8)]
+        ids = head.draft_vocab[:vocab] if vocab else torch.arange(target.vocab_size)
+        out[label] = acceptance_per_depth(head, embed, lm_weight[ids.to(lm_weight.device)], ids.to(lm_weight.device),
+                                          batches, depth)
+    return out

@@ -23,8 +23,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from specdec.training.shards import Rollouts, ShardError
-from specdec.training.tokens import MANIFEST, TokenSet, target_identity
+import specdec
+from specdec.training.eagle import Rollouts
+from specdec.training.prompts import prompt_text, shared_ngrams, user
+from specdec.training.tokens import MANIFEST, ShardError, TokenSet, prompt_id, source_prompts, target_identity
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,41 @@ def token_sequences(sets: list[TokenSet]) -> list[TokenSequence]:
             for tokens, n, pid, src in zip(s.read(info), info.prompt_len, info.prompt_ids, info.sources):
                 out.append(TokenSequence(tokens, n, pid, src, s.rollout["temperature"]))
     return out
+
+
+def frozen_target(name: str, device: str, threads: int):
+    """`name` loaded with the plain torch kernels on `device`, its weights frozen, torch at `threads` threads."""
+    torch.set_num_threads(threads)
+    target = specdec.load_target(name, device=device, kernel="torch", threads=threads)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    return target
+
+
+def overlapping(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) -> set[str]:
+    """Ids of training prompts that share an 8-word run with a validation prompt in `held` (dropped from
+    training), the texts found again from the sets' prompt sources; SystemExit naming the set when a
+    prompt id is not among them (its source changed)."""
+    texts = {}
+    for s in sets:
+        sources = sorted({src for info in s.shards for src in info.sources})
+        seed = s.manifest["prompts"].get("seed", 0)
+        texts.update((prompt_id(p), prompt_text(p)) for _, p in source_prompts(sources, seed))
+    lost = sorted({q.prompt_id for q in seqs} - set(texts))
+    if lost:
+        raise SystemExit(f"{len(lost)} prompt ids of {[str(s.root) for s in sets]} (e.g. {lost[0]}) are not in their "
+                         "sources now: the prompt sources changed, the overlap with validation cannot be checked")
+    train = sorted({q.prompt_id for q in seqs} - held)
+    close = set(shared_ngrams([user(texts[i]) for i in train], [texts[i] for i in sorted(held)]))
+    return {i for i in train if texts[i] in close}
+
+
+def split_rows(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) -> tuple[list[int], list[int], set[str]]:
+    """(training rows, validation rows, dropped prompt ids): validation = the greedy sequences of the
+    `held` prompts; training = every other sequence whose prompt shares no 8-word run with them."""
+    near = overlapping(seqs, held, sets)
+    train = [i for i, s in enumerate(seqs) if s.prompt_id not in held and s.prompt_id not in near]
+    return train, [i for i, s in enumerate(seqs) if s.prompt_id in held and s.temperature == 0], near
 
 
 @torch.no_grad()  # not inference_mode: the features become training inputs

@@ -33,8 +33,8 @@ import torch
 
 from specdec.drafters.eagle_head import EagleHead, HeadConfig
 from specdec.machine import device_label
-from specdec.training.eagle import acceptance_per_depth, depth_losses, make_batch, unroll
-from specdec.training.shards import Rollouts, ShardError
+from specdec.training.eagle import Rollouts, acceptance_per_depth, depth_losses, make_batch, unroll
+from specdec.training.tokens import ShardError
 
 CHECKPOINT_FORMAT = "specdec-eagle-run-v1"
 SCHEDULE_FIELDS = ("anneal_start", "max_steps")

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from specdec.training.prompts import Prompt
-from specdec.training.shards import ShardError, _write_atomic, file_sha256
 
 FORMAT = "specdec-eagle-token-shards"
 FORMAT_VERSION = 1
@@ -43,6 +42,26 @@ MANIFEST = "manifest.json"
 LOCK = "write.lock"
 TOKEN_DTYPE = np.dtype("<u2")  # vocabularies up to 65,536 tokens
 
+
+class ShardError(ValueError):
+    """A shard or manifest is missing, truncated, corrupt or from another configuration."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_atomic(path: Path, write) -> None:
+    """`write(tmp)` to a temporary name beside `path`, synced, then renamed over `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 @dataclass(frozen=True)
 class TokenShard:

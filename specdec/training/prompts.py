@@ -1,30 +1,32 @@
-"""Training prompt sources for the EAGLE head, the train/validation split and the disjointness check.
+"""Training prompt sources for the EAGLE head and the n-gram disjointness check.
 
 Owns the prompt-source registry (`SOURCES`: name -> function(n, seed) -> prompts), `Prompt` (a chat
 as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (prompts from
-several sources, deduplicated, in a fixed order), `split` (train / validation, checked disjoint) and
-`shared_ngrams` (the n-gram overlap test used against the evaluation suites and between splits).
-Knows nothing about targets, tokenizers or rollouts: `self_instruct` (prompts the target writes) is a
-separate function in specdec/training/eagle.py because it needs the target.
+several sources, deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint` (the n-gram
+overlap test used against the evaluation suites and between training and validation prompts).
+Knows nothing about targets, tokenizers or rollouts.
 
-Sources (each module docstring says where its text comes from):
-- `chat`: written for this project: topics x task types (questions, instructions, coding, math,
-  rewriting, extraction, multi-turn) x styles and lengths, filled under a seed (chat.py).
-- `stdlib`: passages from the docstrings of Python's standard library (PSF licence; ships with the
-  interpreter) wrapped in rewriting / extraction / summarising / explaining tasks (stdlib.py).
+Sources:
 - `natural-<name>`: chat prompts written for this project one by one, as people type them, one
-  source per file natural_<name>.jsonl (natural.py).
-- `templates-v1`: the templates the first shipped head was trained on (kept for reproducibility).
+  source per file `data/prompts/natural_<name>.jsonl` (that folder's README says who wrote what).
+  The files are data, not code: they live in the repository's data/ folder, found from this
+  package's source checkout (an editable install); elsewhere `prompts_dir` says what is missing.
+- `templates-v1`: the templates the first shipped head was trained on (specdec/training/templates_v1.py).
 
 The evaluation suites (experiments/prompts/*.jsonl) are never read here; tests/test_eagle_training.py
-checks every source against all of them, and scripts/train_eagle.py re-checks the prompts it uses.
+checks every source against all of them, and `python -m specdec.training rollout` re-checks the
+prompts it rolls out.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from specdec.training import templates_v1
 
 Prompt = tuple[dict, ...]
 """A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn."""
@@ -32,14 +34,17 @@ Prompt = tuple[dict, ...]
 SOURCES: dict[str, Callable[[int, int], list[Prompt]]] = {}
 """Prompt sources by name: fn(n, seed) -> up to n distinct prompts (deterministic)."""
 
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
+"""Where the natural-* files live: data/prompts/ of the source checkout this package was imported from."""
 
-def register(name: str):
-    def wrap(fn):
-        if name in SOURCES:
-            raise ValueError(f"prompt source {name!r} is registered twice")
-        SOURCES[name] = fn
-        return fn
-    return wrap
+
+def prompts_dir() -> Path:
+    """PROMPTS_DIR, or FileNotFoundError saying why it is absent (an install without the repository)."""
+    if not PROMPTS_DIR.is_dir():
+        raise FileNotFoundError(f"the training prompts are read from {PROMPTS_DIR}, which does not exist: they ship "
+                                "with the repository (data/prompts/), not inside the package; install specdec "
+                                "from a source checkout (pip install -e .) to use the natural-* prompt sources")
+    return PROMPTS_DIR
 
 
 def user(text: str) -> Prompt:
@@ -52,13 +57,50 @@ def prompt_text(prompt: Prompt) -> str:
     return "\n".join(m["content"] for m in prompt)
 
 
+def load(files: list[Path]) -> list[Prompt]:
+    """Every prompt of `files` (lines of {"turns": [user, assistant, user, ...]}), in file order, each
+    turn stripped, duplicates (by text) dropped. ValueError naming the file and line for a line that is
+    not a chat with an odd number of turns."""
+    out, seen = [], set()
+    roles = ("user", "assistant")
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            turns = json.loads(line).get("turns")
+            if not isinstance(turns, list) or len(turns) % 2 != 1 or not all(isinstance(t, str) and t.strip()
+                                                                              for t in turns):
+                raise ValueError(f"{path}:{number}: 'turns' must be an odd number of non-empty strings "
+                                 "(user first and last)")
+            prompt = tuple({"role": roles[i % 2], "content": t.strip()} for i, t in enumerate(turns))
+            if prompt_text(prompt) not in seen:
+                seen.add(prompt_text(prompt))
+                out.append(prompt)
+    return out
+
+
+def _natural(name: str):
+    def prompts(n: int, seed: int = 0) -> list[Prompt]:
+        """Up to `n` of the prompts of data/prompts/natural_<name>.jsonl, in an order shuffled under `seed`."""
+        pool = load([prompts_dir() / f"natural_{name}.jsonl"])
+        random.Random(f"natural-{name}-{seed}").shuffle(pool)
+        return pool[:n]
+    return prompts
+
+
+for _path in sorted(PROMPTS_DIR.glob("natural_*.jsonl")):
+    SOURCES[f"natural-{_path.stem.removeprefix('natural_')}"] = _natural(_path.stem.removeprefix("natural_"))
+SOURCES["templates-v1"] = lambda n, seed=0: [user(p) for p in templates_v1.training_prompts(n, seed)]
+
+
 def collect(counts: dict[str, int], seed: int = 0) -> list[Prompt]:
     """Prompts from several sources ({source name: how many}), deduplicated by text, interleaved
     deterministically (so that any prefix mixes every source). ValueError on an unknown source or
     when the result is empty."""
     unknown = sorted(set(counts) - set(SOURCES))
     if unknown:
-        raise ValueError(f"unknown prompt source(s) {unknown}; known: {sorted(SOURCES)}")
+        missing = "" if PROMPTS_DIR.is_dir() else f" ({PROMPTS_DIR} is absent: no natural-* sources)"
+        raise ValueError(f"unknown prompt source(s) {unknown}; known: {sorted(SOURCES)}{missing}")
     made = {name: SOURCES[name](n, seed) for name, n in counts.items() if n > 0}
     empty = [name for name, got in made.items() if not got]
     if empty:
@@ -104,25 +146,6 @@ def shared_ngrams(prompts: Iterable[Prompt], others: Iterable[str], n: int = 8) 
     return [prompt_text(p) for p in prompts if hit(prompt_text(p))]
 
 
-def split(prompts: list[Prompt], num_validation: int, seed: int = 0, n: int = 8) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, validation): `num_validation` prompts drawn under `seed`, then every training prompt
-    sharing an n-word run with a validation prompt dropped (so the two are disjoint by the same test
-    as the evaluation suites). Raises ValueError if nothing is left to train on."""
-    if not 0 < num_validation < len(prompts):
-        raise ValueError(f"num_validation={num_validation} must lie in 1..{len(prompts) - 1} "
-                         f"for {len(prompts)} prompts")
-    order = random.Random(seed).sample(range(len(prompts)), num_validation)
-    chosen = set(order)
-    validation = [prompts[i] for i in sorted(chosen)]
-    close = set(shared_ngrams([prompts[i] for i in range(len(prompts)) if i not in chosen],
-                              [prompt_text(p) for p in validation], n))
-    train = [p for i, p in enumerate(prompts) if i not in chosen and prompt_text(p) not in close]
-    if not train:
-        raise ValueError("every training prompt overlaps the validation split; give more or more varied prompts")
-    check_disjoint(train, validation, n)
-    return train, validation
-
-
 def check_disjoint(train: list[Prompt], validation: list[Prompt], n: int = 8, what: str = "validation split") -> None:
     """ValueError naming up to three overlapping prompts if any training prompt shares an n-word run
     with the `what` texts."""
@@ -130,6 +153,3 @@ def check_disjoint(train: list[Prompt], validation: list[Prompt], n: int = 8, wh
     if overlap:
         raise ValueError(f"{len(overlap)} training prompt(s) share a {n}-word run with the {what}, e.g. "
                          f"{[o[:80] for o in overlap[:3]]}")
-
-
-from specdec.training.prompts import chat, natural, stdlib, templates_v1  # noqa: E402,F401  (registers the sources)

@@ -1,16 +1,15 @@
-"""The `templates-v1` prompt source: the instruction templates the first shipped head was trained on.
+"""The instruction templates the first shipped head was trained on (the `templates-v1` prompt source).
 
 Kept unchanged so that runs 1-2 of specdec/training/LOG.md stay reproducible and the
 shipped head's training set stays checkable: `training_prompts(n, seed)` fills a fixed set of
 instruction templates (`_TEMPLATES`, written for this module) with subjects from this module's own
-topic lists under a fixed seed; nothing is read from the evaluation suites.
+topic lists under a fixed seed; nothing is read from the evaluation suites. Plain strings:
+specdec.training.prompts registers them as one-turn chats (this module imports nothing of the package).
 """
 
 from __future__ import annotations
 
 import random
-
-from specdec.training.prompts import Prompt, register, user
 
 _TOPICS = [
     "photosynthesis", "black holes", "the French Revolution", "compound interest", "vaccines",
@@ -92,8 +91,3 @@ def training_prompts(n: int, seed: int = 0) -> list[str]:
             raise ValueError(f"cannot make {n} distinct training prompts from the templates")
     return prompts
 
-
-@register("templates-v1")
-def templates_v1_prompts(n: int, seed: int = 0) -> list[Prompt]:
-    """`training_prompts(n, seed)` as one-turn chats."""
-    return [user(p) for p in training_prompts(n, seed)]

@@ -1,11 +1,12 @@
-"""One call on a lent CUDA machine continues the one EAGLE run: rollouts appended to the run's token-shard
-sets, then the run resumed on the grown sets, inside a wall-time budget.
+"""The `gpu` command of `python -m specdec.training`: one call on a lent CUDA machine continues the one EAGLE
+run: rollouts appended to the run's token-shard sets, then the run resumed on the grown sets, inside a
+wall-time budget.
 
-    python scripts/train_gpu.py --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
-    python scripts/train_gpu.py --smoke --work W --sources S    # CPU: tiny target (the tests')
+    python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
+    python -m specdec.training gpu --smoke --work W --sources S    # CPU: tiny target (the tests')
 
-Nothing here rolls out or trains by itself: it calls scripts/eagle_rollouts.py and
-scripts/train_eagle_run.py (their `main`) on the same shards (data/eagle/<target>/...), the same compact run
+Nothing here rolls out or trains by itself: it calls the `rollout` and `run` commands
+(specdec/training/cli.py) on the same shards (data/eagle/<target>/...), the same compact run
 state (--keep, data/eagle/run-state.pt) and the same curve (data/eagle/curve.jsonl) a CPU session uses, so a
 lent GPU continues that run rather than starting another; a run that has ended is followed by a new one
 (`--init-head` its best head, with its own --out, --curve and --keep), never restarted in place, and a
@@ -22,13 +23,16 @@ still runs on the shards there are. Prints one JSON summary line (both stages' s
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import torch
+
+from specdec.machine import device_label
+from specdec.training import cli
+
 SET = "data/eagle/smollm2-135m/greedy-192"
 AUX_LAYERS = ("3", "15")  # the run's; a resume with others is refused by the run itself
 MARGIN_MINUTES = 0.4
@@ -36,14 +40,6 @@ MARGIN_MINUTES = 0.4
 SMOKE_TRAIN = ["--num-validation", "4", "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2",
                "--warmup-steps", "1", "--ce-vocab", "64", "--eval-vocab", "64", "--draft-vocab-size", "64"]
 """Training settings of the smoke run (tiny-llama, a CPU, seconds)."""
-
-
-def script(name: str):
-    """scripts/<name>.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def rollout_argv(args, minutes: float) -> list[str]:
@@ -76,13 +72,13 @@ def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec.training gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=8.0, help="wall-time budget of the whole call")
     ap.add_argument("--rollout-share", type=float, default=0.3, help="stage 1 starts no batch after this share")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--sets", nargs="+", default=[SET], help="the run's rollout sets; stage 1 grows the first")
-    ap.add_argument("--sources", nargs="*", default=[], help="stage 1's prompt sources (default: eagle_rollouts')")
+    ap.add_argument("--sources", nargs="*", default=[], help="stage 1's prompt sources (default: rollout's)")
     ap.add_argument("--gen-batch", type=int, default=256)
     ap.add_argument("--shard-prompts", type=int, default=256)
     ap.add_argument("--out", default="outputs/eagle-run")
@@ -110,31 +106,26 @@ def main(argv: list[str] | None = None) -> dict:
         args.device, args.target, args.threads, args.gen_batch, args.shard_prompts = "cpu", "tiny-llama", 1, 8, 16
         args.sets, args.out, args.curve = [str(work / "set")], str(work / "run"), str(work / "curve.jsonl")
         args.keep, args.feature_cache = str(work / "run-state.pt"), str(work / "features")
-    import torch
-
-    from specdec.machine import device_label
-
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("train_gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
-                         "--smoke for the CPU test; on a CPU, scripts/train_eagle_run.py continues the same run")
+        raise SystemExit("gpu: no CUDA device here: run it on a CUDA machine (scripts/device_train.sh), or "
+                         "--smoke for the CPU test; on a CPU, `python -m specdec.training run` continues the same run")
     resume = Path(args.keep).exists() or (Path(args.out) / "run.pt").exists()
     if resume and args.init_head:
-        raise SystemExit(f"train_gpu: --init-head starts a new run, but {args.keep} or {args.out}/run.pt holds one: "
+        raise SystemExit(f"gpu: --init-head starts a new run, but {args.keep} or {args.out}/run.pt holds one: "
                          "give the new run its own --out, --curve and --keep")
     if not (resume or args.init_head or args.smoke):
-        raise SystemExit(f"train_gpu: no run state at {args.keep} or {args.out}/run.pt to continue: carry it "
+        raise SystemExit(f"gpu: no run state at {args.keep} or {args.out}/run.pt to continue: carry it "
                          "(scripts/device_train.sh), or start a new run with --init-head")
     summary: dict = {"device": device_label(args.device)}
     try:
-        summary["rollouts"] = script("eagle_rollouts").main(rollout_argv(args, args.rollout_share * args.minutes))
+        summary["rollouts"] = cli.rollout(rollout_argv(args, args.rollout_share * args.minutes))
     except Exception as err:  # noqa: BLE001 - the run still trains on the shards there are
         traceback.print_exc()
         summary["rollouts"] = {"error": f"{type(err).__name__}: {err}"}
     left = args.minutes - (time.time() - started) / 60 - MARGIN_MINUTES
-    trainer = script("train_eagle_run")
     if args.probe_steps > 0:
         probe_args = argparse.Namespace(**{**vars(args), "steps": args.probe_steps})
-        summary["probe"] = probe = trainer.main(train_argv(probe_args, max(left, 0.05), resume))
+        summary["probe"] = probe = cli.run(train_argv(probe_args, max(left, 0.05), resume))
         if probe["steps_done"] < args.probe_steps:  # the budget ended inside the probe
             summary["minutes"] = round((time.time() - started) / 60, 2)
             print(json.dumps(summary), flush=True)
@@ -142,11 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.max_steps, args.anneal_start = fitted_schedule(probe, args, started)
         summary["schedule"] = {"anneal_start": args.anneal_start, "max_steps": args.max_steps}
         resume, left = True, args.minutes - (time.time() - started) / 60 - MARGIN_MINUTES
-    summary["train"] = trainer.main(train_argv(args, max(left, 0.05), resume))
+    summary["train"] = cli.run(train_argv(args, max(left, 0.05), resume))
     summary["minutes"] = round((time.time() - started) / 60, 2)
     print(json.dumps(summary), flush=True)
     return summary
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,180 @@
+"""Decoding speed of specdec's loop against Hugging Face `generate`: the configurations and the race
+behind scripts/bench_decode.py (its docstring says what is measured and how to read the card).
+
+Owns `parse` (the bench's options, every bad one a SystemExit naming it before anything loads),
+`load_prompts`, `hf_generate` (HF greedy by the plain loop's rule), `configurations` (HF generate, HF
+prompt lookup, our plain loop, each drafter x shape), `race` (every configuration back to back per
+prompt: tokens, seconds, outputs equal to plain's, the first token where they part, loop stats) and
+`rows` (one result row per configuration). Knows nothing about tuning, printing or records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import specdec
+from specdec.core.metrics import GenerationStats
+from specdec.core.shapes import parse_shape
+from specdec.drafters import build
+from specdec.drafters.registry import parse_specs
+from specdec.loading import check_device
+from specdec.runtime import kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT_SETS = {"chat_heldout": ROOT / "experiments" / "prompts" / "chat_heldout.jsonl"}
+
+
+def parse(argv: list[str] | None, description: str = "") -> argparse.Namespace:
+    """The options, checked: `shapes` ({spec: ShapeSpec}) and `drafter_specs` ([(name, options)]) parsed,
+    the device and the drafter names known (SystemExit naming the option otherwise)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
+    parser.add_argument("--kernel", default="auto", choices=kernels.CHOICES,
+                        help="linear kernel of the target (specdec.runtime.kernels); HF runs on the same model")
+    parser.add_argument("--drafters", default="eagle,ngram",
+                        help="comma-separated registered drafters, each optionally NAME[k=v,...] with its options")
+    parser.add_argument("--shapes", default="chain(4);dynamic(8,6,32);auto", help="semicolon-separated shapes")
+    parser.add_argument("--prompts", default="chat_heldout")
+    parser.add_argument("--num-prompts", type=int, default=6)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--hf-lookup", type=int, default=10, help="HF prompt_lookup_num_tokens")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--cache", default="auto", help="auto or a key of specdec.runtime.forwards.CACHES")
+    parser.add_argument("--latency", default="", help="comma-separated widths: print the latency curve first")
+    args = parser.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as err:
+        raise SystemExit(f"error: --device: {err}") from None
+    try:
+        args.shapes = {s.strip(): parse_shape(s) for s in args.shapes.split(";") if s.strip()}
+    except ValueError as err:
+        raise SystemExit(f"error: --shapes: {err}") from None
+    try:
+        args.drafter_specs = parse_specs(args.drafters)
+    except ValueError as err:
+        raise SystemExit(f"error: --drafters: {err}") from None
+    unknown = [name for name, _ in args.drafter_specs if name not in specdec.drafters.names()]
+    if unknown:
+        raise SystemExit(f"error: unknown drafters {unknown}; registered: {', '.join(specdec.drafters.names())}")
+    return args
+
+
+def load_prompts(spec: str, count: int) -> list[str]:
+    """First turns of the prompts named by `spec` (see the module docstring), at most `count`."""
+    path, _, categories = spec.partition(":")
+    file = PROMPT_SETS.get(path, Path(path))
+    if not file.exists():
+        raise SystemExit(f"error: prompt set {path!r} is neither {', '.join(PROMPT_SETS)} nor an existing file")
+    wanted = {c for c in categories.split(",") if c}
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    prompts = [r["turns"][0] for r in rows if not wanted or r.get("category") in wanted]
+    if not prompts:
+        raise SystemExit(f"error: no prompts in {file} with categories {sorted(wanted)}")
+    return prompts[:count]
+
+
+def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **options) -> list[int]:
+    """HF `generate` greedy: exactly `new_tokens` argmax tokens, EOS neither stopping nor suppressed,
+    i.e. the rule of `specdec.generate(..., stop_on_eos=False)`. (`min_new_tokens` would mask EOS out
+    of the logits, so HF would take the runner-up wherever EOS is the argmax and the outputs would
+    part there; `eos_token_id=None` turns off the stop instead.) `options` go to `generate` as is."""
+    x = torch.tensor([ids], device=target.device)  # [1, L]
+    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                eos_token_id=None, **options)
+    tokens = out[0, x.shape[1]:].tolist()
+    if len(tokens) != new_tokens:
+        raise RuntimeError(f"HF generate returned {len(tokens)} tokens, expected {new_tokens}")
+    return tokens
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (the shorter one's length when one is a
+    prefix of the other), None when they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def configurations(target, args, cache: str) -> dict:
+    """{name: run(ids) -> (tokens, stats or None)}: HF generate, HF prompt lookup, our plain loop (and
+    HF on transformers' own linears when the kernel is not `torch`, plain on `dynamic` when the cache
+    is not), then each drafter x shape of `args`."""
+    n = args.new_tokens
+
+    def hf(ids: list[int], **options) -> tuple[list[int], None]:
+        return hf_generate(target, ids, n, **options), None
+
+    def ours(drafter, shape, kind=cache):
+        def run(ids):
+            out = specdec.generate(target, drafter, ids, shape=shape, max_new_tokens=n, stop_on_eos=False, cache=kind)
+            return out.token_ids, out.stats
+        return run
+
+    def hf_stock(ids: list[int]) -> tuple[list[int], None]:
+        with kernels.plain_linears(target.model):  # the same weights in transformers' own nn.Linear
+            return hf(ids)
+
+    configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
+               "plain": ours(None, "chain(1)")}
+    if target.kernel != "torch":
+        configs["hf_generate[torch kernel]"] = hf_stock
+    if cache != "dynamic":
+        configs["plain[cache=dynamic]"] = ours(None, "chain(1)", "dynamic")
+    for name, options in args.drafter_specs:
+        drafter = build(name, target=target, **options)
+        label = name + ("[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]" if options else "")
+        for spec, shape in args.shapes.items():
+            configs[f"{label} {spec}"] = ours(drafter, shape)
+    return configs
+
+
+def race(target, configs: dict, prompt_ids: list[list[int]]) -> dict[str, dict]:
+    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up:
+    {name: {seconds, tokens, same (outputs equal to plain's), parted (first differing token of each
+    other output), stats}}."""
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed
+        run(prompt_ids[0][:16])
+    got = {name: {"seconds": 0.0, "tokens": 0, "same": 0, "parted": [], "stats": []} for name in configs}
+    for ids in prompt_ids:
+        outs = {}
+        for name, run in configs.items():
+            sync()
+            t0 = time.perf_counter()
+            outs[name], st = run(ids)
+            sync()
+            got[name]["seconds"] += time.perf_counter() - t0
+            got[name]["tokens"] += len(outs[name])
+            if st is not None:
+                got[name]["stats"].append(st)
+        for name in configs:
+            differs = first_difference(outs[name], outs["plain"])
+            got[name]["same"] += differs is None
+            if differs is not None:
+                got[name]["parted"].append(differs)
+    return got
+
+
+def rows(got: dict[str, dict]) -> list[dict]:
+    """One row per configuration: tokens/s, ratios to HF generate and HF prompt lookup, outputs equal to
+    plain's, first differing tokens, and (our loop) MAL, the step-time split and the shapes run."""
+    tps = {name: g["tokens"] / g["seconds"] for name, g in got.items()}
+    out = []
+    for name, g in got.items():
+        row = {"config": name, "tokens_per_s": tps[name], "vs_hf_generate": tps[name] / tps["hf_generate"],
+               "vs_hf_prompt_lookup": tps[name] / tps["hf_prompt_lookup"], "identical_to_plain": g["same"],
+               "first_difference": sorted(g["parted"])}
+        if g["stats"]:
+            merged = GenerationStats.merge(g["stats"])
+            row.update(mal=merged.mean_acceptance_length, split=merged.time_split(),
+                       shapes=sorted({s.shape or "none" for s in merged.steps}))
+        out.append(row)
+    return out
