@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -152,7 +153,7 @@ def free_port() -> int:
 def ray_cluster(tmp_path_factory):
     """A Ray head on 127.0.0.1 with 2 CPUs (2 workers), its own temp dir and its own token (ray 2.60 turns
     token auth on for a head when ~/.ray/auth_token exists, and off for a driver that is not told: say it
-    to both, and touch no file in ~); stopped after the module."""
+    to both, and touch no file in ~); stopped, and its temp dir removed, after the module."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'specdec[ray]' (an environment of "
                         "its own: it pins cloudpickle 2.2.1)")
     port = free_port()
@@ -167,6 +168,7 @@ def ray_cluster(tmp_path_factory):
         yield f"127.0.0.1:{port}", temp, env
     finally:
         subprocess.run([*ray, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def ray_workers(temp: Path):
