@@ -344,6 +344,10 @@ class CellProgress(Callback):
         self.total = self.done = 0
         self.failed: list[str] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the bar: it writes to this process's stderr (Ray and submitit pickle callbacks per job)."""
+        return {**self.__dict__, "bar": None}
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 

@@ -1,15 +1,19 @@
 """The grid beyond one process: a tiny 4-cell grid through Hydra's submitit launcher (its local executor)
 and through Hydra's Ray launcher on a local Ray cluster (2 CPUs, on 127.0.0.1, started and stopped here);
 every cell lands once in the one results store; a worker killed in the middle of a cell leaves no cell
-behind, and the same command run again computes exactly the missing cells.
+behind, and the same command run again computes exactly the missing cells. The grids show their progress
+bars, as by default: both launchers pickle Hydra's callbacks with every job, the bar's owner among them.
 
 Each launcher's tests skip when its plugin is not installed (pip install 'specdec[submitit]' or
 'specdec[ray]'; the Ray launcher pins cloudpickle 2.2.1, which the joblib launcher refuses, so it lives in
-an environment of its own: run this file with that environment's python)."""
+an environment of its own, built as experiments/README.md says: run this file with its python)."""
 
 from __future__ import annotations
 
 import os
+import pickle
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +26,7 @@ import pytest
 from experiments.store import ResultsStore, load_rows
 
 REPO = Path(__file__).resolve().parent.parent
-GRID = ["model=tiny", "dataset=smoke", "runner.warmup_tokens=2", "runner.progress=false",
+GRID = ["model=tiny", "dataset=smoke", "runner.warmup_tokens=2",
         "runner.latency_widths=[1,2,4,8]", "runner.latency_contexts=[16]", "runner.latency_repeats=1",
         "drafter=ngram,random", "shape=chain4,tree422", "max_new_tokens=48", "dataset.question_ids=[smoke-1,smoke-3]"]
 CELLS = 4
@@ -44,6 +48,13 @@ def check_full_store(results: Path) -> None:
     assert rows.same_tokens_as_baseline.all()
 
 
+def start_grid(command: list[str], results: Path, env: dict | None = None) -> subprocess.Popen:
+    """The grid in the background, its output in RESULTS/../grid.log (which `kill_mid_cell` quotes)."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with open(results.parent / "grid.log", "w") as log:
+        return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
 def kill_mid_cell(results: Path, workers: callable, proc: subprocess.Popen, timeout: float = 400) -> int:
     """Once a cell is stored, SIGKILL (with its children) a worker that has started a cell and not stored
     it; `workers()` yields (pid, cells started, cells stored) per worker. Returns the pid killed."""
@@ -59,7 +70,9 @@ def kill_mid_cell(results: Path, workers: callable, proc: subprocess.Popen, time
                         victim.send_signal(signal.SIGKILL)
                     return pid
         time.sleep(0.02)
-    raise AssertionError("no worker was seen in the middle of a cell after the first cell was stored")
+    ended = "" if proc.poll() is None else f" (the grid exited {proc.returncode} first)"
+    raise AssertionError(f"no worker was seen in the middle of a cell after the first cell was stored{ended}:\n"
+                         + (results.parent / "grid.log").read_text(errors="replace")[-3000:])
 
 
 def resume_after_kill(results: Path, command: list[str], env: dict | None = None) -> None:
@@ -81,6 +94,22 @@ def resume_after_kill(results: Path, command: list[str], env: dict | None = None
     check_full_store(results)
 
 
+def test_the_cell_bar_is_not_pickled_with_the_jobs(tmp_path):
+    """Ray and submitit pickle Hydra's callbacks with every job: the bar over cells (a tqdm writing to this
+    process's stderr through a wrapper that cannot be unpickled) stays behind, the counts travel."""
+    from omegaconf import OmegaConf
+
+    from experiments.run import CellProgress
+
+    progress = CellProgress()
+    progress.on_multirun_start(OmegaConf.create({
+        "results": {"dir": str(tmp_path)}, "runner": {"progress": True},
+        "hydra": {"sweeper": {"params": None}, "overrides": {"task": ["drafter=ngram,random"]}}}))
+    shipped = pickle.loads(pickle.dumps(progress))
+    assert shipped.bar is None and shipped.total == 2 and progress.bar is not None
+    progress.on_multirun_end(None)
+
+
 # ---- submitit (local executor) ----------------------------------------------------------------------
 
 
@@ -100,7 +129,7 @@ def submitit_workers(results: Path):
 def test_submitit_worker_killed_mid_cell_then_rerun(submitit_installed, tmp_path):
     results = tmp_path / "results"
     command = grid_command(results, "hydra/launcher=local")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_grid(command, results)
     try:
         kill_mid_cell(results, lambda: submitit_workers(results), proc)
         assert proc.wait(timeout=600) != 0  # the launcher reports the lost job
@@ -122,20 +151,24 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """A Ray head on 127.0.0.1 with 2 CPUs (2 workers), its own temp dir; stopped after the module."""
+    """A Ray head on 127.0.0.1 with 2 CPUs (2 workers), its own temp dir and its own token (ray 2.60 turns
+    token auth on for a head when ~/.ray/auth_token exists, and off for a driver that is not told: say it
+    to both, and touch no file in ~); stopped, and its temp dir removed, after the module."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'specdec[ray]' (an environment of "
                         "its own: it pins cloudpickle 2.2.1)")
     port = free_port()
     temp = Path(f"/tmp/ray-{os.getpid()}")  # Ray's socket paths must stay short
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     subprocess.run([*ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                     "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
                    check=True, capture_output=True, timeout=180, env=env)
     try:
-        yield f"127.0.0.1:{port}", temp
+        yield f"127.0.0.1:{port}", temp, env
     finally:
         subprocess.run([*ray, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def ray_workers(temp: Path):
@@ -150,18 +183,18 @@ def ray_workers(temp: Path):
 def test_ray_worker_killed_mid_cell_then_rerun(ray_cluster, tmp_path):
     """Ray may retry the killed task itself (then the grid ends complete); either way no cell is partial and
     the rerun computes exactly what is missing."""
-    address, temp = ray_cluster
+    address, temp, env = ray_cluster
     results = tmp_path / "results"
     command = grid_command(results, "hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={address}",
                            "+hydra.launcher.ray.remote.max_retries=0")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_grid(command, results, env)
     try:
         kill_mid_cell(results, lambda: ray_workers(temp), proc)
         assert proc.wait(timeout=600) != 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    resume_after_kill(results, command)
+    resume_after_kill(results, command, env)
 
 
 def test_no_ray_cluster_at_the_address_is_a_clear_error(tmp_path):
