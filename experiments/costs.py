@@ -4,7 +4,7 @@ Owns the held-out predictions of a store's cells and their score (the rules in `
 the model in `specdec.measure.costmodel`), their verdict line and REPORT.md section, how well each cell's
 curves match its own runs (`curve_fit`), the projection curves and table for other hardware, and
 `md_table`, the markdown table every report section uses.
-Knows nothing about verdicts, acceptance or figures; a cell is what `experiments.report.Cell` gives
+Knows nothing about verdicts, acceptance or figures; a cell is what `experiments.stored.Cell` gives
 (`cell_id`, `labels`, `rows`, `meta`, `name`, `numerics_only`, `curves()`, `parts()`).
 """
 
@@ -20,7 +20,7 @@ from specdec.measure import costmodel
 from specdec.core.curve import LatencyCurve
 
 if TYPE_CHECKING:
-    from experiments.report import Cell
+    from experiments.stored import Cell
 
 MODEL_TEXT = (
     "The model (equation and inputs: `specdec/measure/costmodel.py`'s docstring): a drafted run of N tokens takes "
@@ -69,7 +69,8 @@ def verdict_line(score: dict) -> list[str]:
     if "heldout_median_error" not in score:
         return []
     nulls = score["null_median_error"]
-    return [f"- Cost model out of sample: {score['heldout_within_25pct']:.0%} within 25%, median error "
+    return [f"- Cost model out of sample, target (>= 75% within 25%, median error <= half the better null's) "
+            f"{'met' if score.get('beats_nulls') else 'NOT met'}: {score['heldout_within_25pct']:.0%} within 25%, median error "
             f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
             f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
             + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())

@@ -19,6 +19,7 @@ Knows nothing about how rows were measured; reads them through `experiments.stor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,14 +27,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.store import StoreError, load_rows
+from experiments.store import StoreError, load_rows, open_existing
 
 SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed", "max_new_tokens"]
 """What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
 the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
 CELL_SEED = 0
-"""Bootstrap seed of a cell's own summary (`cell_summary`)."""
+"""Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell."""
+N_BOOT = 2000
+"""Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them."""
+STATS_FILE = "stats.json"
 _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s",
          "reference_new_tokens", "reference_wall_time_s"]
 SPEEDUPS = ("speedup", "speedup_quant", "speedup_compound")
@@ -98,6 +102,22 @@ def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> di
     return out
 
 
+def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) -> dict:
+    """A cell's `entry_stats`, its bootstrap drawn once (seed `CELL_SEED`) and kept in the cell's
+    `stats.json`: the cell's console line, REPORT.md and the leaderboard print the same intervals.
+    Another `n_boot` draws its own (and stores nothing)."""
+    path = store.cell_dir(cell_id) / STATS_FILE
+    if path.exists():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored.get("n_boot") == n_boot:
+            return stored["stats"]
+    stats = {k: v.item() if isinstance(v, np.generic) else v
+             for k, v in entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED)).items()}
+    if n_boot == N_BOOT:
+        _atomic_text(path, json.dumps({"n_boot": n_boot, "seed": CELL_SEED, "stats": stats}) + "\n")
+    return stats
+
+
 def acceptance_curve(rows: pd.DataFrame) -> list[float]:
     """Pooled acceptance rate per draft depth (index d-1) over `rows`."""
     depth = max((len(r) for r in rows["reached_by_depth"]), default=0)
@@ -109,17 +129,42 @@ def acceptance_curve(rows: pd.DataFrame) -> list[float]:
         return list(accepted / reached)
 
 
-def build_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def _pooled(column: pd.Series) -> np.ndarray:
+    """A column of per-row count lists summed position by position (shorter lists padded with 0)."""
+    lists = [list(v) for v in column if isinstance(v, (list, tuple, np.ndarray))]
+    out = np.zeros(max((len(v) for v in lists), default=0))
+    for v in lists:
+        out[: len(v)] += v
+    return out
+
+
+def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft
+    tokens), pooled over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], [])
+    for rows stored without them."""
+    if "position_tried" not in rows:
+        return [], []
+    tried, kept, histogram = (_pooled(rows[c]) for c in ("position_tried", "position_kept", "accept_histogram"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [float(r) for r in kept / tried], [float(h) for h in histogram / max(histogram.sum(), 1)]
+
+
+def build_table(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, cells: dict | None = None) -> pd.DataFrame:
     """One line per (setting, category incl. `overall`, entry), with ranks by MAL and by speedup
-    within each (setting, category)."""
+    within each (setting, category). An entry of one cell whose statistics `cells` holds ({cell id:
+    `stored_stats`}) reads its overall line from them: the interval the report and the console print."""
     rng = np.random.default_rng(seed)
     records = []
     for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
         labels = dict(zip(SETTING + ENTRY, keys))
+        ids = set(group["cell_id"]) if "cell_id" in group else set()
         for category, part in [("overall", group), *group.groupby("category", sort=True)]:
             numerics_only = bool(part["numerics_only"].any()) if "numerics_only" in part else False
+            one = category == "overall" and len(ids) == 1 and (cells or {}).get(next(iter(ids)))
+            rates, histogram = position_rates(part)
             records.append({**labels, "board": board_name(labels), "category": category,
-                            "numerics_only": numerics_only, **entry_stats(part, n_boot, rng)})
+                            "numerics_only": numerics_only, **(one or entry_stats(part, n_boot, rng)),
+                            "position_acceptance": rates, "accept_histogram": histogram})
     table = pd.DataFrame(records)
     within = table.groupby(["board", "category"])
     table["rank_mal"] = within["mal"].rank(ascending=False, method="min").astype(int)
@@ -169,6 +214,16 @@ def to_markdown(table: pd.DataFrame) -> str:
                              f"{_ci(r, 'speedup_quant', '.2f')}x | {_ci(r, 'speedup_compound', '.2f')}x | "
                              f"{r.tokens_per_s:.1f} | {r.baseline_tokens_per_s:.1f} |")
             lines.append("")
+        lines += ["### Acceptance per draft position and accepted tokens per step", "",
+                  "Rate at draft position i given positions 1 .. i-1 accepted; share of steps that accepted k "
+                  "draft tokens (per request: the rows' `accept_histogram`).", "",
+                  "| drafter | shape | quant | rate at position 1, 2, ... | steps accepting 0, 1, 2, ... |",
+                  "|---|---|---|---|---|"]
+        for _, r in overall.sort_values(["drafter", "shape", "quant"]).iterrows():
+            lines.append(f"| {r.drafter} | `{r['shape']}` | {_quant_label(r)} | "
+                         + " / ".join(f"{v:.2f}" for v in r.position_acceptance) + " | "
+                         + " / ".join(f"{v:.0%}" for v in r.accept_histogram) + " |")
+        lines.append("")
         categories = sorted(set(part.category) - {"overall"})
         lines += ["### Per category: MAL / speculation speedup", "",
                   "| drafter | shape | quant | " + " | ".join(categories) + " |",
@@ -267,12 +322,15 @@ def _atomic_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = 2000,
+def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
     """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
     the PNGs into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
     rows = load_rows(results)
-    table = build_table(rows, n_boot=n_boot, seed=seed)
+    store = open_existing(results)
+    cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)
+             for cid, part in rows.groupby("cell_id", sort=True)} if "cell_id" in rows else {}
+    table = build_table(rows, n_boot=n_boot, seed=seed, cells=cells)
     out_dir = Path(out) if out is not None else Path(results) / "leaderboard"
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(table)
@@ -294,10 +352,10 @@ def format_speedups(stats: dict) -> str:
                       for key, label in names.items())
 
 
-def cell_summary(store, cell_id: str, n_boot: int = 1000) -> str:
-    """One line with a stored cell's MAL and three speedups, each with its 95% bootstrap CI."""
+def cell_summary(store, cell_id: str, n_boot: int = N_BOOT) -> str:
+    """One line with a stored cell's MAL and three speedups, each with its 95% bootstrap CI (`stored_stats`)."""
     rows = pd.read_json(store.cell_dir(cell_id) / "rows.jsonl", lines=True, dtype=False)
-    stats = entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED))
+    stats = stored_stats(store, cell_id, rows, n_boot)
     first = rows.iloc[0]
     return (f"cell {cell_id}: {first.drafter} {first['shape']} on {first.quant} | {stats['questions']} questions, "
             f"{int(rows.new_tokens.sum())} tokens | MAL {_ci(pd.Series(stats), 'mal', '.2f')} | "
@@ -308,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a results store directory (results.dir of the runs)")
     parser.add_argument("--out", help="output directory (default RESULTS/leaderboard)")
-    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (0 = no intervals)")
+    parser.add_argument("--bootstrap", type=int, default=N_BOOT, help="bootstrap resamples (0 = no intervals)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = parser.parse_args(argv)
     try:
@@ -319,3 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown)
     print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
