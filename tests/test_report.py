@@ -320,3 +320,29 @@ def test_the_kv_curve_reaches_the_verdict_the_report_and_the_json_line(store, ca
     report = (store / "REPORT.md").read_text()
     assert "## The KV question" in report and "| window | 25% | `window` |" in report
     assert "## Speculation against batch size" not in report  # one batch size: no batch section
+
+
+def test_the_console_the_report_and_the_leaderboard_print_one_interval(store):
+    """Each cell's bootstrap is drawn once and stored with it: the cell's console line, REPORT.md's
+    speedup table and the leaderboard print the same MAL and speedup intervals, whichever reads first."""
+    from experiments.leaderboard import cell_summary
+
+    s = ResultsStore(store)
+    write_report(store)
+    board, _ = write_leaderboard(store)
+    report = (store / "REPORT.md").read_text()
+    number = r"(\d+\.\d\d)"
+    for cid in s.cell_ids():
+        assert (store / "cells" / cid / "stats.json").is_file()
+        console = cell_summary(s, cid)
+        drafter, quant = cid.split("__")[:2]
+        for label, key in (("MAL", "mal"), ("speculation", "speedup"), ("compound", "speedup_compound")):
+            got = re.search(rf"{label} {number}x? \[{number}, {number}\]", console)
+            assert got, (label, console)
+            point, lo, hi = got.groups()
+            row = next(line for line in report.splitlines() if line.startswith(f"| {drafter} | `chain(4)` | {quant} |")
+                       and line.count("[") >= 4)  # the three-speedups table's row
+            assert f"{point}{'' if key == 'mal' else 'x'} [{lo}, {hi}]" in row, (label, row)
+            line = next(line for line in board.splitlines() if f"| {drafter} | `chain(4)` | {quant}" in line
+                        and line.count("[") >= 4)
+            assert f"{point} [{lo}, {hi}]" in line, (label, line)
