@@ -71,6 +71,21 @@ def test_a_main_job_writes_nothing_into_the_checkout_and_publishes_only_when_ask
     assert record["kind"] == "main" and record["result"]["grid_exit"] == 0
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == record["result"]  # the JSON line is the record
 
+    # Spec-Bench's answer format, from the same store: per question its turns' text, steps, tokens and
+    # times, and every step's acceptance length.
+    from experiments.specbench import write_answers
+
+    (answers,) = write_answers(results)
+    lines = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [a["question_id"] for a in lines] == ["smoke-1", "smoke-4"]
+    for a in lines:
+        (choice,) = a["choices"]
+        assert set(a) >= {"question_id", "category", "answer_id", "model_id", "choices"}
+        assert set(choice) >= {"turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+        assert len(choice["accept_lengths"]) == sum(choice["decoding_steps"])  # one per step
+        assert sum(choice["accept_lengths"]) >= sum(choice["new_tokens"])  # a last step may pass max_new_tokens
+        assert all(1 <= n <= 3 for n in choice["accept_lengths"]) and all(isinstance(t, str) for t in choice["turns"])
+
     # Publishing is explicit, into the records directory it is given, once per record.
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs" / "measurements" / "results", docs / "results")
@@ -91,3 +106,23 @@ def test_a_main_job_writes_nothing_into_the_checkout_and_publishes_only_when_ask
     assert (results / "REPORT.md").read_bytes() == report
     assert record_file.read_text().count("\n") == 1
     assert _status() == before
+
+
+def test_spec_bench_question_files_are_a_dataset(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from experiments.config import CONF_DIR, register_configs
+    from experiments.questions import PromptSuiteError, load_questions
+
+    questions = tmp_path / "question.jsonl"  # Spec-Bench's format, as its data/spec_bench/question.jsonl
+    questions.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Again."]})
+                         + "\n" + json.dumps({"question_id": 3, "category": "rag", "turns": ["Who?"]}) + "\n")
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["dataset=specbench", f"dataset.source={questions}"])
+        missing = compose("config", overrides=["dataset=specbench"])
+    got = load_questions(OmegaConf.to_object(cfg).dataset)
+    assert [(q.question_id, q.category, len(q.turns)) for q in got] == [("81", "writing", 2), ("3", "rag", 1)]
+    with pytest.raises(PromptSuiteError, match="PATH/TO/spec_bench/question.jsonl"):  # the user names the file
+        load_questions(OmegaConf.to_object(missing).dataset)
