@@ -236,84 +236,23 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
-    """Shape x bits heatmaps of MAL (top row) and speedup (bottom row), one column per drafter."""
-    import matplotlib
+def plot_board(overall: pd.DataFrame, rows: pd.DataFrame, title: str, out: Path, slug: str) -> None:
+    """A board's figures: heatmap_SLUG.png (MAL and speculation, drafter x shape by kernel, sized to the
+    cells present) and acceptance_SLUG.png (the rate per draft position, `position_rates`, per drafter)."""
+    from experiments import figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-
-    drafters = sorted(overall.drafter.unique())
-    quants = overall.assign(_n=overall.numerics_only.astype(bool)).sort_values(
-        ["_n", "bits"], ascending=[True, False]).drop_duplicates("quant")
-    xlabels = [f"{q} ({b:g}b)" + (" *" if n else "") for q, b, n in zip(quants.quant, quants.bits, quants._n)]
-    shapes = sorted(overall["shape"].unique())
-    longest = max(len(x) for x in xlabels)  # the figure grows with its labels and title: nothing is clipped
-    size = (max(3.7 + 1.15 * len(quants) * len(drafters) + 0.06 * max(map(len, shapes)), 0.075 * len(title)),
-            2.6 + 0.9 * len(shapes) + 0.05 * longest)
-    fig, axes = plt.subplots(2, len(drafters), figsize=size, squeeze=False, constrained_layout=True)
-    mal_norm = Normalize(1.0, max(2.0, float(np.nanmax(overall.mal))))
-    speedups = overall.speedup.to_numpy(dtype=float)
-    speed_norm = TwoSlopeNorm(1.0, min(0.5, float(np.nanmin(speedups))), max(1.5, float(np.nanmax(speedups))))
-    for col, drafter in enumerate(drafters):
-        for row, (metric, label) in enumerate((("mal", "MAL"), ("speedup", "speedup"))):
-            grid = np.full((len(shapes), len(quants)), np.nan)
-            for _, r in overall[overall.drafter == drafter].iterrows():
-                grid[shapes.index(r["shape"]), list(quants.quant).index(r.quant)] = r[metric]
-            ax = axes[row, col]
-            norm, cmap = (mal_norm, "viridis") if metric == "mal" else (speed_norm, "RdYlGn")
-            image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
-            for (i, j), v in np.ndenumerate(grid):
-                if not np.isnan(v):
-                    dark = sum(image.cmap(image.norm(v))[:3]) < 1.5
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9, color="white" if dark else "black")
-            ax.set_xticks(range(len(quants)), xlabels, rotation=30, ha="right", fontsize=8)
-            ax.set_yticks(range(len(shapes)), shapes if col == 0 else [""] * len(shapes), fontsize=8)
-            ax.set_title(f"{drafter}: {label}", fontsize=10)
-            if col == len(drafters) - 1:
-                fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title + ("\n* numerics only: fp32 cost, read MAL only" if quants._n.any() else ""), fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_acceptance(rows: pd.DataFrame, title: str, path: Path) -> None:
-    """Per-position acceptance curves: one panel per drafter, one line per shape x quant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from matplotlib.ticker import MaxNLocator
-
-    drafters = sorted(rows.drafter.unique())
-    shapes = sorted(rows["shape"].unique())
-    quants = list(rows.sort_values("bits", ascending=False).drop_duplicates("quant").quant)
-    from experiments.figures import MARKERS, kernel_style
-
-    fig, axes = plt.subplots(1, len(drafters), figsize=(max(4.6 * len(drafters), 0.075 * len(title)), 3.8), squeeze=False,
-                             sharey=True, constrained_layout=True)
-    for ax, drafter in zip(axes[0], drafters):
-        part = rows[rows.drafter == drafter]
-        for (shape, quant), entry in part.groupby(["shape", "quant"], sort=True):
-            curve = acceptance_curve(entry)
-            if curve:  # colour + line style = kernel, marker = shape
-                numerics = bool(entry.numerics_only.any()) if "numerics_only" in entry else False
-                style = {**kernel_style(quants.index(quant)), "marker": MARKERS[shapes.index(shape) % len(MARKERS)]}
-                ax.plot(range(1, len(curve) + 1), curve, label=f"{shape} {quant}" + (" (numerics only)" if numerics else ""),
-                        alpha=0.6 if numerics else 1.0, **style)
-        ax.set_title(drafter, fontsize=10)
-        ax.set_xlabel("draft depth")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    axes[0, 0].set_ylabel("P(accepted path reaches depth | draft did)")
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    order = overall.assign(_n=overall.numerics_only.astype(bool)).sort_values(["_n", "bits"], ascending=[True, False])
+    kernels = list(dict.fromkeys(order.quant))
+    numerics = set(order.quant[order._n])
+    entries = overall.assign(entry=overall.drafter + " " + overall["shape"])
+    panels = {label: entries.pivot_table(index="entry", columns="quant", values=metric, aggfunc="first")
+              .reindex(columns=kernels) for label, metric in (("MAL", "mal"), ("speculation speedup", "speedup"))}
+    figures.plot_heatmaps(panels, out / f"heatmap_{slug}.png", title, numerics)
+    curves = {}
+    for (drafter, shape, quant), entry in rows.groupby(["drafter", "shape", "quant"], sort=True):
+        rates = position_rates(entry)[0] or acceptance_curve(entry)  # rows stored before the per-position counts
+        curves.setdefault(drafter, []).append((f"{shape} {quant}", rates, quant in numerics))
+    figures.plot_acceptance(curves, title, out / f"acceptance_{slug}.png")
 
 
 def _atomic_text(path: Path, text: str) -> None:
@@ -339,9 +278,7 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None 
     for keys, part in rows.groupby(SETTING, sort=True, dropna=False):
         setting = dict(zip(SETTING, keys))
         name, slug = board_name(setting), board_slug(setting)
-        overall = table[(table.board == name) & (table.category == "overall")]
-        plot_heatmap(overall, name, out_dir / f"heatmap_{slug}.png")
-        plot_acceptance(part, name, out_dir / f"acceptance_{slug}.png")
+        plot_board(table[(table.board == name) & (table.category == "overall")], part, name, out_dir, slug)
     return markdown, out_dir
 
 

@@ -227,18 +227,19 @@ def _acceptance_md(cells: list[Cell], accept: pd.DataFrame) -> list[str]:
     return md
 
 
-def _mechanism_md(curves: dict[str, LatencyCurve]) -> list[str]:
-    """What a wide forward costs on each kernel, from the curves stored with the cells."""
+def _mechanism_md(curves: dict[str, list[LatencyCurve]]) -> list[str]:
+    """What a wide forward costs on each kernel, from the curves stored with the cells (the first cell's)."""
     return ["", "## The mechanism: what a wide forward costs on each kernel", "",
-            "Latency curves stored with the cells (median of repeats, the band in the plot their spread): ms of a "
-            "one-token forward at the smallest context, and a forward of w tokens in one-token forwards.", "",
+            "Latency curves stored with the cells (each the median of its repeats; the plot draws the median of "
+            "every cell's curve of a kernel and their min..max as a band): ms of a one-token forward at the smallest "
+            "context, and a forward of w tokens in one-token forwards (the first cell's curve).", "",
             "![latency](latency.png)", "", *md_table(
-                ["kernel", "machine", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
-                [[label, curve.machine, f"{1e3 * curve.at(1):.1f}", *(f"{curve.ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))]
-                 for label, curve in sorted(curves.items())])]
+                ["kernel", "machine", "curves", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
+                [[label, c[0].machine, str(len(c)), f"{1e3 * c[0].at(1):.1f}", *(f"{c[0].ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))]
+                 for label, c in sorted(curves.items())])]
 
 
-def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str, LatencyCurve],
+def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str, list[LatencyCurve]],
              held: pd.DataFrame) -> dict:
     """{file name: plotting thunk} of REPORT.md's PNGs."""
     real = list(dict.fromkeys(c.quant for c in cells if not c.numerics_only))
@@ -251,7 +252,8 @@ def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str,
                           for c in cells if c.cell_id in found and not c.numerics_only],
                          columns=["name", "point", "lo", "hi", "label"])
     return {"latency.png": lambda p: figures.plot_latency(curves, p),
-            "compound_heatmap.png": lambda p: figures.plot_heatmap(grid, set(numerics), p),
+            "compound_heatmap.png": lambda p: figures.plot_heatmaps(
+                {"compound speedup over fp32 plain": grid}, p, numerics=set(numerics)),
             "interactions.png": lambda p: figures.plot_interactions(shown, p, MARGIN),
             "heldout.png": lambda p: figures.plot_heldout(held, p)}
 
@@ -271,10 +273,11 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     fit = costs.curve_fit(cells)
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
     verdict = (_verdict(cells, found, accept, held_out.score, spread, len(by_batch)) + kv_verdict)[:15]
-    curves: dict[str, LatencyCurve] = {}
+    curves: dict[str, list[LatencyCurve]] = {}  # per kernel, every cell's measurement of it (once per cell)
     for cell in cells:
-        for curve in cell.curves():
-            curves.setdefault(curve.target, curve)
+        target, reference = cell.curves()
+        for curve in (target,) if reference is target else (target, reference):
+            curves.setdefault(curve.target, []).append(curve)
     md = ["# Do quantization and speculative decoding compound or fight? Findings on this machine", "",
           "## Verdict", "", *verdict, "", "## Setting and limits", "", *_setting_lines(cells), f"- {LIMITS}", "",
           *_rules_md(cells, found), *_speedups_md(cells, drifts),

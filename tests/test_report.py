@@ -346,3 +346,15 @@ def test_the_console_the_report_and_the_leaderboard_print_one_interval(store):
             line = next(line for line in board.splitlines() if f"| {drafter} | `chain(4)` | {quant}" in line
                         and line.count("[") >= 4)
             assert f"{point} [{lo}, {hi}]" in line, (label, line)
+
+
+def test_a_heatmap_shows_the_cells_present_not_a_mostly_blank_grid():
+    from experiments.figures import compact
+
+    grid = pd.DataFrame([[1.9, np.nan, np.nan], [np.nan, 1.8, 1.2]], index=["eagle chain(2)", "eagle chain(4)"],
+                        columns=["none", "fp32_again", "rtn4"])
+    got = compact(grid, numerics={"rtn4"})
+    assert list(got.index) == ["eagle chain(2) on none", "eagle chain(4) on fp32_again", "eagle chain(4) on rtn4 *"]
+    assert list(got[""]) == [1.9, 1.8, 1.2]
+    full = grid.fillna(1.0).assign(empty=np.nan)  # a full grid keeps its shape, less its empty column
+    assert compact(full).equals(full.drop(columns="empty"))
