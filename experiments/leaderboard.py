@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments import specbench
+from experiments.heldout import pooled
 from experiments.store import StoreError, load_rows, open_existing
 
 SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed", "max_new_tokens"]
@@ -120,22 +122,8 @@ def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) 
 
 def acceptance_curve(rows: pd.DataFrame) -> list[float]:
     """Pooled acceptance rate per draft depth (index d-1) over `rows`."""
-    depth = max((len(r) for r in rows["reached_by_depth"]), default=0)
-    reached, accepted = np.zeros(depth), np.zeros(depth)
-    for r, a in zip(rows["reached_by_depth"], rows["accepted_by_depth"]):
-        reached[: len(r)] += r
-        accepted[: len(a)] += a
     with np.errstate(divide="ignore", invalid="ignore"):
-        return list(accepted / reached)
-
-
-def _pooled(column: pd.Series) -> np.ndarray:
-    """A column of per-row count lists summed position by position (shorter lists padded with 0)."""
-    lists = [list(v) for v in column if isinstance(v, (list, tuple, np.ndarray))]
-    out = np.zeros(max((len(v) for v in lists), default=0))
-    for v in lists:
-        out[: len(v)] += v
-    return out
+        return list(np.array(pooled(rows["accepted_by_depth"]), float) / np.array(pooled(rows["reached_by_depth"])))
 
 
 def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
@@ -144,7 +132,8 @@ def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
     for rows stored without them."""
     if "position_tried" not in rows:
         return [], []
-    tried, kept, histogram = (_pooled(rows[c]) for c in ("position_tried", "position_kept", "accept_histogram"))
+    tried, kept, histogram = (np.array(pooled(rows[c]), dtype=float)
+                              for c in ("position_tried", "position_kept", "accept_histogram"))
     with np.errstate(divide="ignore", invalid="ignore"):
         return [float(r) for r in kept / tried], [float(h) for h in histogram / max(histogram.sum(), 1)]
 
@@ -264,7 +253,8 @@ def _atomic_text(path: Path, text: str) -> None:
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
     """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
-    the PNGs into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
+    the PNGs into `out` (default RESULTS/leaderboard), and Spec-Bench's answer files into its
+    spec_bench/ (`experiments.specbench`). Returns (markdown, out directory)."""
     rows = load_rows(results)
     store = open_existing(results)
     cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)
@@ -275,6 +265,8 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None 
     markdown = to_markdown(table)
     _atomic_text(out_dir / "leaderboard.md", markdown + "\n")
     _atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
+    if {"text", "accept_lengths"} <= set(rows.columns):  # rows of an older runner lack what Spec-Bench reads
+        specbench.write_answers(rows, out_dir / "spec_bench")
     for keys, part in rows.groupby(SETTING, sort=True, dropna=False):
         setting = dict(zip(SETTING, keys))
         name, slug = board_name(setting), board_slug(setting)
@@ -312,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leaderboard: error: {err}", file=sys.stderr)
         return 2
     print(markdown)
-    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
+    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png, spec_bench/", file=sys.stderr)
     return 0
 
 

@@ -62,7 +62,7 @@ ACCEPTANCE_TEXT = (
 POSITIONS_TEXT = (
     "Per draft position i, the acceptance rate given positions 1 .. i-1 were accepted (pooled over the cell's "
     "steps: the rate published tables quote), and the share of steps that accepted k draft tokens (each request's "
-    "own histogram is in its rows, `accept_histogram`; `python -m experiments.specbench` writes Spec-Bench's "
+    "own histogram is in its rows, `accept_histogram`; the leaderboard's spec_bench/ files give Spec-Bench's "
     "`accept_lengths`).")
 
 

@@ -5,23 +5,19 @@ Owns the mapping from stored rows to Spec-Bench's answer records (one line per q
 new_tokens, wall_time, accept_lengths}]`, per turn except `accept_lengths`, which lists every step's
 acceptance length, bonus included, over all turns), so Spec-Bench's `evaluation/speed.py` and other
 published tables read our runs. Spec-Bench's question files are read as a dataset source by
-`experiments.questions` (`dataset=specbench dataset.source=PATH/question.jsonl`). Knows nothing
-about how rows were measured; rows written before the `text` / `accept_lengths` fields are refused.
-
-    python -m experiments.specbench RESULTS [--out DIR]   # default RESULTS/spec_bench/
+`experiments.questions` (`dataset=specbench dataset.source=PATH/question.jsonl`). The leaderboard
+writes the files (RESULTS/leaderboard/spec_bench/). Knows nothing about how rows were measured; rows
+written before the `text` / `accept_lengths` fields are refused.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.store import StoreError, load_rows
+from experiments.store import StoreError
 
 
 def model_id(first: pd.Series) -> str:
@@ -53,32 +49,11 @@ def answers(rows: pd.DataFrame) -> dict[str, list[dict]]:
     return out
 
 
-def write_answers(results: str | os.PathLike, out: str | os.PathLike | None = None) -> list[Path]:
-    """Write OUT/<model_id>.jsonl (default RESULTS/spec_bench/) for every cell; returns the paths."""
-    folder = Path(out) if out is not None else Path(results) / "spec_bench"
+def write_answers(rows: pd.DataFrame, folder: Path) -> list[Path]:
+    """Write FOLDER/<model_id>.jsonl for every cell of `rows`; returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, records in answers(load_rows(results)).items():
-        path = folder / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        paths.append(path)
+    for name, records in answers(rows).items():
+        paths.append(folder / f"{name}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a results store's drafted runs in Spec-Bench's answer format.")
-    parser.add_argument("results", help="a results store directory")
-    parser.add_argument("--out", help="output directory (default RESULTS/spec_bench)")
-    args = parser.parse_args(argv)
-    try:
-        paths = write_answers(args.results, args.out)
-    except (StoreError, OSError) as err:
-        print(f"specbench: error: {err}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
