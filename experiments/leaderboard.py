@@ -13,7 +13,7 @@ drafter x shape x quant. Statistics are pooled, not averaged over prompts:
 Intervals are 95% percentile bootstraps over questions (a question's turns are resampled together).
 Knows nothing about how rows were measured; reads them through `experiments.store.load_rows`.
 
-    python scripts/leaderboard.py RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
+    python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) 
     stats = {k: v.item() if isinstance(v, np.generic) else v
              for k, v in entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED)).items()}
     if n_boot == N_BOOT:
-        _atomic_text(path, json.dumps({"n_boot": n_boot, "seed": CELL_SEED, "stats": stats}) + "\n")
+        try:
+            atomic_text(path, json.dumps({"n_boot": n_boot, "seed": CELL_SEED, "stats": stats}) + "\n")
+        except PermissionError:  # a read-only store: the seeded draw gives these same numbers next time
+            pass
     return stats
 
 
@@ -244,7 +247,8 @@ def plot_board(overall: pd.DataFrame, rows: pd.DataFrame, title: str, out: Path,
     figures.plot_acceptance(curves, title, out / f"acceptance_{slug}.png")
 
 
-def _atomic_text(path: Path, text: str) -> None:
+def atomic_text(path: Path, text: str) -> None:
+    """Write `text` to `path` in one step (a temporary file, then a rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -263,8 +267,8 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None 
     out_dir = Path(out) if out is not None else Path(results) / "leaderboard"
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(table)
-    _atomic_text(out_dir / "leaderboard.md", markdown + "\n")
-    _atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
+    atomic_text(out_dir / "leaderboard.md", markdown + "\n")
+    atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
     if {"text", "accept_lengths"} <= set(rows.columns):  # rows of an older runner lack what Spec-Bench reads
         specbench.write_answers(rows, out_dir / "spec_bench")
     for keys, part in rows.groupby(SETTING, sort=True, dropna=False):

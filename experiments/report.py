@@ -1,6 +1,6 @@
 """The findings report: does quantization compound with speculative decoding, or fight it, here?
 
-    python scripts/report.py RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
+    python -m experiments.report RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
 
 Owns, over the cells of a store (`experiments.stored`: rows, stored statistics and curves), the
 verdict lines (rules in `experiments.verdict`: the paired interaction per drafter x shape x kernel,
@@ -29,7 +29,7 @@ import pandas as pd
 from experiments import costs, figures, kv
 from experiments.batches import batch_section
 from experiments.costs import md_table
-from experiments.leaderboard import N_BOOT, LeaderboardError, position_rates
+from experiments.leaderboard import N_BOOT, LeaderboardError, atomic_text, position_rates
 from experiments.store import StoreError
 from experiments.stored import Cell, ReportError, load_cells  # noqa: F401 -- ReportError: the report's error
 from experiments.verdict import MARGIN, Interaction, drift, interaction, is_paired, job_drift
@@ -272,7 +272,9 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     spread = max(job_drift(medians) for medians in by_batch.values())
     fit = costs.curve_fit(cells)
     kv_md, kv_verdict, kv_summary = kv.report_parts(results, n_boot=n_boot)  # RESULTS/kv_curve.json, the sweep
-    verdict = (_verdict(cells, found, accept, held_out.score, spread, len(by_batch)) + kv_verdict)[:15]
+    kv_met = "met" if (kv_summary or {}).get("control") == "within" else "NOT met"  # the KV A/A control's target
+    verdict = (_verdict(cells, found, accept, held_out.score, spread, len(by_batch))
+               + [f"{line} (control target within: {kv_met})" for line in kv_verdict])[:15]
     curves: dict[str, list[LatencyCurve]] = {}  # per kernel, every cell's measurement of it (once per cell)
     for cell in cells:
         target, reference = cell.curves()
@@ -297,11 +299,8 @@ def write_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     root = Path(results)
     for name, draw in figures.items():
         draw(root / name)
-    path = root / "REPORT.md"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(markdown, encoding="utf-8")
-    os.replace(tmp, path)
-    return Report(path=path, verdict=verdict, summary=summary)
+    atomic_text(root / "REPORT.md", markdown)
+    return Report(path=root / "REPORT.md", verdict=verdict, summary=summary)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,7 +121,9 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     assert summary["cells"] == 5
     # fp32 measured again under another label: no interaction, within the margin.
     assert summary["control"] == "compound"
-    assert any(v.startswith("- A/A control (eagle chain(4) on fp32_again") for v in verdict)
+    assert any(v.startswith("- A/A control (eagle chain(4) on fp32_again") and "target compound met" in v for v in verdict)
+    # Every headline with a target says whether it is met (the cost model's here).
+    assert any(v.startswith("- Cost model out of sample, target") and ("met:" in v) for v in verdict)
     # A steep curve (int4: a wide verify costs much more than one token) takes speculation's gain away;
     # bf16's curve has fp32's shape. Numerics-only rtn4 gets no speed verdict.
     assert summary["verdict"] == {"eagle chain(4) on bf16": "compound", "eagle chain(4) on torchao_int4_g32": "fight"}
@@ -316,7 +318,8 @@ def test_the_kv_curve_reaches_the_verdict_the_report_and_the_json_line(store, ca
     assert report_cli([str(store), "--bootstrap", "200"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert json.loads(out[-1])["kv"]["greedy"] == {"window": 1.0} and json.loads(out[-1])["kv"]["control"] == "within"
-    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line for line in out[:-1])
+    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line
+               and line.endswith("(control target within: met)") for line in out[:-1])
     report = (store / "REPORT.md").read_text()
     assert "## The KV question" in report and "| window | 25% | `window` |" in report
     assert "## Speculation against batch size" not in report  # one batch size: no batch section
