@@ -40,7 +40,7 @@ GRID_DIR = Path(__file__).parent / "grids"
 GRID_FILE = GRID_DIR / "main.yaml"
 RECORDS = "records"
 """RESULTS/records/: the job's result record (never the checkout's docs/measurements; `python
-scripts/measurements.py publish RESULTS` copies it there)."""
+scripts/measurements.py --publish RESULTS` copies it there)."""
 OTHERS = "others"
 """The drafter entry that stands for every registered drafter no block names (and none excluded)."""
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = "main" if grid_file == GRID_FILE else f"main-{grid_file.stem}"  # one record kind per grid
     summary = {**report.summary, "results": str(results), "grid_exit": 0}
     path = records.append(kind, summary, root=Path(results) / RECORDS, threads=threads)
-    print(f"record: {path} (publish it: python scripts/measurements.py publish {results})", file=sys.stderr)
+    print(f"record: {path} (publish it: python scripts/measurements.py --publish {results})", file=sys.stderr)
     print(json.dumps(summary), flush=True)
     return 0
 

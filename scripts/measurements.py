@@ -9,7 +9,7 @@ rendered generically (scalars as a list, lists of objects as tables).
     python scripts/measurements.py --check                # exit 1 if a generated file is out of date
     python scripts/measurements.py record KIND -- python scripts/bench_kernels.py --specs none
         # run the command, show its output, and store its last stdout line (a JSON object) as a record
-    python scripts/measurements.py publish results/main
+    python scripts/measurements.py --publish results/main
         # copy the main job's records (RESULTS/records/*.jsonl, which the job writes instead of touching
         # the checkout) into docs/measurements/results/, once each, and regenerate the pages
 
@@ -169,17 +169,6 @@ def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["publish"]:
-        parser = argparse.ArgumentParser(prog="measurements.py publish", description=publish.__doc__)
-        parser.add_argument("run", type=Path, help="a main job's results directory (results.dir, e.g. results/main)")
-        parser.add_argument("--results", type=Path, default=RESULTS, help="the checked-in records directory")
-        parser.add_argument("--out", type=Path, default=OUT, help="directory the markdown files go to")
-        args = parser.parse_args(argv[1:])
-        try:
-            return publish(args.run, args.results, args.out)
-        except records.RecordError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     if argv[:1] == ["record"]:
         parser = argparse.ArgumentParser(prog="measurements.py record", usage="%(prog)s KIND [options] -- COMMAND ...")
         parser.add_argument("kind", help="what was measured, e.g. decode, kernels, main")
@@ -199,7 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of <machine-key>.jsonl files")
     parser.add_argument("--out", type=Path, default=OUT, help="directory the markdown files go to")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    parser.add_argument("--publish", type=Path, metavar="RUN", help="first add the records of a main job's results "
+                        "directory (RUN/records/*.jsonl) that --results lacks, once each")
     args = parser.parse_args(argv)
+    if args.publish is not None:
+        try:
+            return publish(args.publish, args.results, args.out)
+        except records.RecordError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory of records", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The main job as a new user meets it: a typo stops it before anything runs or is written; a run (and
 a failed one) leaves the checkout's `git status` as it was and the measurement pages up to date; its
-record reaches docs/measurements only through `scripts/measurements.py publish`."""
+record reaches docs/measurements only through `scripts/measurements.py --publish`."""
 
 from __future__ import annotations
 
@@ -87,11 +87,11 @@ def test_a_main_job_writes_nothing_into_the_checkout_and_publishes_only_when_ask
     # Publishing is explicit, into the records directory it is given, once per record.
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs" / "measurements" / "results", docs / "results")
-    assert gen.main(["publish", str(results), "--results", str(docs / "results"), "--out", str(docs)]) == 0
+    assert gen.main(["--publish", str(results), "--results", str(docs / "results"), "--out", str(docs)]) == 0
     published = (docs / "results" / record_file.name).read_text().splitlines()
     assert json.loads(published[-1]) == record
     assert (docs / record_file.with_suffix(".md").name).is_file()
-    assert gen.main(["publish", str(results), "--results", str(docs / "results"), "--out", str(docs)]) == 0
+    assert gen.main(["--publish", str(results), "--results", str(docs / "results"), "--out", str(docs)]) == 0
     assert (docs / "results" / record_file.name).read_text().splitlines() == published  # not twice
     assert gen.main(["--check", "--results", str(docs / "results"), "--out", str(docs)]) == 0
 
