@@ -58,7 +58,8 @@ def _scored(part: pd.DataFrame) -> dict:
     def shown(column: str) -> dict:
         """The median of a diagnostic column, under its own key, where any prediction has it."""
         values = part[column].dropna() if column in part else pd.Series(dtype=float)
-        return {f"{column.removesuffix('_error')}_median_error": round(float(values.median()), 4)} if len(values) else {}
+        key = f"{column.removesuffix('_error')}_median_error"
+        return {key: round(float(values.median()), 4)} if len(values) else {}
 
     def within(column: str) -> float:
         return round(float((part[column] <= heldout.WITHIN).mean()), 4)
@@ -79,7 +80,8 @@ def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:
     scored = frame[~frame.numerics_only] if len(frame) else frame
     present = set(scored.kind) if len(scored) else set()
     predicted = set(frame.kind) if len(frame) else set()
-    absent = {kind: notes.get(kind) or ("only numerics-only cells were predicted" if kind in predicted else heldout.ABSENT[kind])
+    absent = {kind: notes.get(kind)
+              or ("only numerics-only cells were predicted" if kind in predicted else heldout.ABSENT[kind])
               for kind in heldout.KINDS if kind not in present}
     if scored.empty:
         return {"predictions": 0, "absent": absent,
@@ -122,8 +124,9 @@ def verdict_line(score: dict) -> list[str]:
     if "heldout_median_error" not in score:
         return []
     nulls = score["null_median_error"]
+    met = "met" if score.get("beats_nulls") else "NOT met"
     return [f"- Cost model out of sample, target (>= 75% within 25%, median error <= half the better null's) "
-            f"{'met' if score.get('beats_nulls') else 'NOT met'}: {score['heldout_within_25pct']:.0%} within 25%, median error "
+            f"{met}: {score['heldout_within_25pct']:.0%} within 25%, median error "
             f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
             f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
             + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())

@@ -3,8 +3,9 @@
 interval, and the held-out cost model's predictions against measurement.
 
 Owns their layout only: sizes grow with the cells present, labels and titles are never clipped
-(constrained layout, figure size from the label count, titles wrapped to the figure's width), kernels get distinct colour + line style + marker, numerics-only
-kernels are drawn apart (hatched column, hollow markers). No figure warns, whatever the grid size.
+(constrained layout, figure size from the label count, titles wrapped to the figure's width),
+kernels get distinct colour + line style + marker, numerics-only kernels are drawn apart (hatched
+column, hollow markers). No figure warns, whatever the grid size.
 Knows nothing about stores: it draws the frames and curves it is given.
 """
 
@@ -86,7 +87,8 @@ def compact(grid: pd.DataFrame, numerics: set[str] = frozenset()) -> pd.DataFram
                         index=[f"{r} on {c}" + (" *" if c in numerics else "") for r, c in present.index])
 
 
-def plot_heatmaps(panels: dict[str, pd.DataFrame], path: Path, title: str = "", numerics: set[str] = frozenset()) -> None:
+def plot_heatmaps(panels: dict[str, pd.DataFrame], path: Path, title: str = "",
+                  numerics: set[str] = frozenset()) -> None:
     """One heatmap per panel ({its title: a grid, rows x kernels}), sized to the cells present (`compact`):
     a MAL panel coloured from 1 up, a speedup panel diverging around 1.0; numerics-only kernels marked *
     and hatched."""
@@ -119,7 +121,8 @@ def plot_heatmaps(panels: dict[str, pd.DataFrame], path: Path, title: str = "", 
         ax.set_yticks(range(len(g.index)), list(g.index), fontsize=8)
         ax.set_title(_wrapped(name, 0.6 + 1.0 * len(g.columns)), fontsize=9)  # about the axes' own width
         fig.colorbar(image, ax=ax, shrink=0.8)
-    note = "* numerics only: fp32 cost, read MAL only" if numerics & {c for g in panels.values() for c in g.columns} else ""
+    shown = {c for g in panels.values() for c in g.columns}
+    note = "* numerics only: fp32 cost, read MAL only" if numerics & shown else ""
     if title or note:
         fig.suptitle(_wrapped(title, size[0]) + ("\n" + note if note else ""), fontsize=9)
     _save(fig, path)

@@ -213,7 +213,7 @@ def to_markdown(table: pd.DataFrame) -> str:
                   "|---|---|---|---|---|"]
         for _, r in overall.sort_values(["drafter", "shape", "quant"]).iterrows():
             lines.append(f"| {r.drafter} | `{r['shape']}` | {_quant_label(r)} | "
-                         + " / ".join(f"{v:.2f}" for v in r.position_acceptance) + " | "
+                         + " / ".join(f"{v:.2f}" if np.isfinite(v) else "-" for v in r.position_acceptance) + " | "
                          + " / ".join(f"{v:.0%}" for v in r.accept_histogram) + " |")
         lines.append("")
         categories = sorted(set(part.category) - {"overall"})
@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leaderboard: error: {err}", file=sys.stderr)
         return 2
     print(markdown)
-    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png, spec_bench/", file=sys.stderr)
+    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png, spec_bench/",
+          file=sys.stderr)
     return 0
 
 

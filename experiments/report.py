@@ -142,13 +142,15 @@ def _verdict(cells: list[Cell], found: dict[str, Interaction], accept: pd.DataFr
         lines.append(f"- {c.name}: {found[c.cell_id].text()}; compound {_ci(c.stats, 'speedup_compound')}")
     unpaired = [c.name for c in cells if c.cell_id in found and found[c.cell_id].label == "unpaired"]
     if unpaired:
-        lines.append(f"- Downgraded: {len(unpaired)} cell(s) have no paired fp32 drafted runs (older store): no verdict")
+        lines.append(f"- Downgraded: {len(unpaired)} cell(s) have no paired fp32 drafted runs (older store): "
+                     "no verdict")
     real = [c for c in cells if not c.numerics_only]
     best = max(real, key=lambda c: c.stats["speedup_compound"]) if real else None
     if best is not None and best.stats["speedup_compound_lo"] > 1.0:
         lines.append(f"- Fastest over fp32 plain: {best.name}, {_ci(best.stats, 'speedup_compound')}.")
     else:
-        lines.append("- No entry is reliably faster than fp32 plain decoding (every compound CI includes or lies below 1.0).")
+        lines.append("- No entry is reliably faster than fp32 plain decoding (every compound CI includes or lies "
+                     "below 1.0).")
     kernels = accept[~accept.numerics_only & (accept.quant != REFERENCE)]
     if len(kernels):
         lines.append("- Same plain text as fp32: " + "; ".join(
@@ -197,8 +199,9 @@ def _rules_md(cells: list[Cell], found: dict[str, Interaction]) -> list[str]:
 def _speedups_md(cells: list[Cell], drifts: dict[str, dict]) -> list[str]:
     """Three speedups per cell and the fp32 plain loop's drift, real kernels and numerics-only apart."""
     md = ["", "## Three speedups per cell, and drift", "", SPEEDUPS_TEXT, ""]
+    numerics = "Numerics only (fp32 cost: speed columns are fp32's)"
     for title, group in (("Real kernels", [c for c in cells if not c.numerics_only]),
-                         ("Numerics only (fp32 cost: speed columns are fp32's)", [c for c in cells if c.numerics_only])):
+                         (numerics, [c for c in cells if c.numerics_only])):
         if group:
             md += [f"### {title}", "", *md_table(
                 ["drafter", "shape", "kernel", "MAL", "speculation", "quantization", "compound", "fp32 plain tok/s",
@@ -222,7 +225,8 @@ def _acceptance_md(cells: list[Cell], accept: pd.DataFrame) -> list[str]:
         md += ["", POSITIONS_TEXT, "", *md_table(
             ["cell", "acceptance at draft position 1, 2, ... (given the ones before accepted)",
              "steps accepting 0, 1, 2, ... draft tokens"],
-            [[name, " / ".join(f"{r:.2f}" for r in rates), " / ".join(f"{h:.0%}" for h in hist)]
+            [[name, " / ".join(f"{r:.2f}" if np.isfinite(r) else "-" for r in rates),
+              " / ".join(f"{h:.0%}" for h in hist)]
              for name, (rates, hist) in positions.items() if rates])]
     return md
 
@@ -235,7 +239,8 @@ def _mechanism_md(curves: dict[str, list[LatencyCurve]]) -> list[str]:
             "context, and a forward of w tokens in one-token forwards (the first cell's curve).", "",
             "![latency](latency.png)", "", *md_table(
                 ["kernel", "machine", "curves", "1 token (ms)", *(f"w={w}" for w in (2, 4, 8, 16, 32))],
-                [[label, c[0].machine, str(len(c)), f"{1e3 * c[0].at(1):.1f}", *(f"{c[0].ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))]
+                [[label, c[0].machine, str(len(c)), f"{1e3 * c[0].at(1):.1f}",
+                  *(f"{c[0].ratio(w):.2f}x" for w in (2, 4, 8, 16, 32))]
                  for label, c in sorted(curves.items())])]
 
 
@@ -244,7 +249,8 @@ def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str,
     """{file name: plotting thunk} of REPORT.md's PNGs."""
     real = list(dict.fromkeys(c.quant for c in cells if not c.numerics_only))
     numerics = list(dict.fromkeys(c.quant for c in cells if c.numerics_only))
-    grid = pd.DataFrame(np.nan, index=sorted({f"{d} {s}" for d, s in (c.entry for c in cells)}), columns=real + numerics)
+    entries = sorted({f"{d} {s}" for d, s in (c.entry for c in cells)})
+    grid = pd.DataFrame(np.nan, index=entries, columns=real + numerics)
     for c in cells:
         grid.loc[f"{c.entry[0]} {c.entry[1]}", c.quant] = c.stats["speedup_compound"]
     shown = pd.DataFrame([{"name": c.name + (" (A/A)" if c.control else ""), "point": found[c.cell_id].point,

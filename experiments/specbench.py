@@ -21,17 +21,18 @@ from experiments.store import StoreError
 
 
 def model_id(first: pd.Series) -> str:
-    """`<model>-<drafter>-<shape>-<quant>` (+ `-b<batch>` in a batch cell), file-name safe."""
+    """`<model>-<drafter>-<shape>-<quant>` (+ `-b<batch>` in a batch cell), file-name safe: `chain(4)` -> `chain4`."""
     batch = int(first["batch"]) if "batch" in first and pd.notna(first["batch"]) and first["batch"] > 1 else 1
     name = f"{first.model}-{first.drafter}-{first['shape']}-{first.quant}" + (f"-b{batch}" if batch > 1 else "")
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name.replace("(", "").replace(")", ""))
 
 
 def answers(rows: pd.DataFrame) -> dict[str, list[dict]]:
     """{model id: its Spec-Bench answer records, one per question in store order} for every cell."""
     missing = {"text", "accept_lengths"} - set(rows.columns)
     if missing:
-        raise StoreError(f"rows lack {sorted(missing)}: written by an older runner; rerun the cells for Spec-Bench output")
+        raise StoreError(f"rows lack {sorted(missing)}: written by an older runner; rerun the cells for "
+                         "Spec-Bench output")
     out: dict[str, list[dict]] = {}
     for cell_id, cell in rows.groupby("cell_id", sort=True):
         name = model_id(cell.iloc[0])
