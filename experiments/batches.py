@@ -12,17 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments.verdict import per_question
-
-
-def _gmean_ci(logs: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Geometric mean of exp(logs) with a 95% percentile bootstrap interval (NaN bounds under 2 values)."""
-    point = float(np.exp(logs.mean()))
-    if len(logs) < 2 or n_boot <= 0:
-        return point, float("nan"), float("nan")
-    boot = np.exp(logs[rng.integers(0, len(logs), size=(n_boot, len(logs)))].mean(1))
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return point, float(lo), float(hi)
+from experiments.verdict import gmean_ci, per_question
 
 
 def batch_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -33,8 +23,8 @@ def batch_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Dat
     out = []
     for (drafter, shape, quant, batch), cell in rows.groupby(["drafter", "shape", "quant", "batch"], sort=True):
         speed = per_question(cell)
-        kernel = _gmean_ci(np.log((speed.drafted / speed.plain).to_numpy(float)), n_boot, rng)
-        fp32 = _gmean_ci(np.log((speed.reference_drafted / speed.reference).to_numpy(float)), n_boot, rng)
+        kernel = gmean_ci(np.log((speed.drafted / speed.plain).to_numpy(float)), n_boot, rng)
+        fp32 = gmean_ci(np.log((speed.reference_drafted / speed.reference).to_numpy(float)), n_boot, rng)
         out.append({"drafter": drafter, "shape": shape, "quant": quant, "batch": int(batch), "groups": len(speed),
                     "speculation": kernel[0], "speculation_lo": kernel[1], "speculation_hi": kernel[2],
                     "fp32_speculation": fp32[0], "fp32_lo": fp32[1], "fp32_hi": fp32[2]})

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 import specdec
-from specdec.core.metrics import BatchStats
+from specdec.core.metrics import BatchStats, position_acceptance
 from specdec.core.shapes import ChainShape, parse_shape
 from specdec.measure.profiles import AcceptanceProfile, profile
 from specdec.runtime.forwards import CACHES
@@ -107,6 +107,9 @@ def _row(out: dict[str, specdec.GenerationOutput]) -> dict[str, Any]:
         "acceptance_by_depth": stats.acceptance_rate_by_depth(),
         "reached_by_depth": reached,
         "accepted_by_depth": accepted,
+        **dict(zip(("position_tried", "position_kept", "accept_histogram"), position_acceptance(stats.steps))),
+        "accept_lengths": [s.accepted + 1 for s in stats.steps],  # Spec-Bench's per-step field
+        "text": drafted.text,
         **{k: v for prefix, run in zip(PREFIXES, (drafted, plain, reference, ref_drafted))
            for k, v in _run_fields(prefix, run).items()},
         "reference_mal": ref_drafted.stats.mean_acceptance_length,

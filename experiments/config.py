@@ -168,16 +168,19 @@ def check_keys(cfg: Any) -> None:
                        "(misspelled? drafter options go under drafter.options)")
 
 
-def register_configs() -> None:
-    """Store the schema (as `experiment_schema`) and a `drafter/NAME` preset for every registered
-    drafter without a YAML preset. Idempotent."""
-    from specdec import drafters
-
+def register_configs(drafter_presets: bool = True) -> None:
+    """Store the schema (as `experiment_schema`) and, unless told not to (a quick check that should not
+    import the drafters), a `drafter/NAME` preset for every registered drafter without a YAML preset.
+    Idempotent."""
     store = ConfigStore.instance()
     schema = OmegaConf.structured(ExperimentConfig)
     schema.sampling = OmegaConf.structured(SamplingConfig)
     OmegaConf.set_readonly(schema.sampling, False)  # frozen in the library; presets merge into it
     store.store(name="experiment_schema", node=schema)
+    if not drafter_presets:
+        return
+    from specdec import drafters
+
     for name in drafters.names():
         if not (CONF_DIR / "drafter" / f"{name}.yaml").exists():
             store.store(group="drafter", name=name, node=DrafterConfig(name=name))

@@ -2,7 +2,7 @@
 was not measured in, beside two nulls.
 
 Owns which runs predict which (the model itself, its inputs and its nulls are in
-`specdec.measure.costmodel`), the per-prediction errors and the score of the report's JSON line:
+`specdec.measure.costmodel`) and the per-prediction errors (scored in `experiments.costs.score`):
 - *kernel* (held-out kernel): the fp32 drafted runs of a paired cell's prompts (acceptance per verify
   width, drafting and bookkeeping per step) + the drafter's cost on the kernel relative to fp32, from the
   cell's paired drafting probe (the kernel's and fp32's drafters interleaved at the cell's depth, a
@@ -311,7 +311,7 @@ class Measured:
         return self.has(PROFILE)
 
 
-def _pooled(column: pd.Series) -> list[int]:
+def pooled(column: pd.Series) -> list[int]:
     """Per-depth counts summed over rows (lists of unequal length padded with 0)."""
     out: list[int] = []
     for counts in column:
@@ -334,7 +334,7 @@ def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.D
     if _has(deeper, REPLAY):
         mal = replayed_mal(deeper, k)
     else:
-        mal = costmodel.chain_mal(_pooled(deeper[PROFILE[0]]), _pooled(deeper[PROFILE[1]]), k)
+        mal = costmodel.chain_mal(pooled(deeper[PROFILE[0]]), pooled(deeper[PROFILE[1]]), k)
         fallbacks.append("MAL from per-position counts")
     probe = _probe(deeper, PROBE)
     if probe:
@@ -395,55 +395,3 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
     if not out and not notes:
         notes.append(ABSENT["shape"])
     return out, "; ".join(notes) or None
-
-
-def table(held: list[HeldOut]) -> pd.DataFrame:
-    """One line per prediction with its error, both nulls' errors, and the two parts of the error shown
-    apart: `mal_error` (the MAL taken from elsewhere against the runs' own) and `in_sample_error`."""
-    return pd.DataFrame([{**h.__dict__, "error": h.error(h.predicted), "flat_error": h.error(h.flat),
-                          "constant_error": h.error(1.0), "mal_error": abs(h.mal / h.measured_mal - 1),
-                          "in_sample_error": h.error(h.in_sample)} for h in held])
-
-
-def _scored(part: pd.DataFrame) -> dict:
-    """within 25% and median error of the model and both nulls over `part`."""
-
-    def med(column: str) -> float:
-        return round(float(part[column].median()), 4)
-
-    def shown(column: str) -> dict:
-        """The median of a diagnostic column, under its own key, where any prediction has it."""
-        values = part[column].dropna() if column in part else pd.Series(dtype=float)
-        return {f"{column.removesuffix('_error')}_median_error": round(float(values.median()), 4)} if len(values) else {}
-
-    def within(column: str) -> float:
-        return round(float((part[column] <= WITHIN).mean()), 4)
-
-    better_null = min(med("constant_error"), med("flat_error"))
-    return {"n": int(len(part)), "within_25pct": within("error"), "median_error": med("error"),
-            "null_median_error": {"constant": med("constant_error"), "flat_curve": med("flat_error")},
-            "null_within_25pct": {"constant": within("constant_error"), "flat_curve": within("flat_error")},
-            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2),
-            **shown("mal_error"), **shown("in_sample_error"), **shown("expected_mal_error")}
-
-
-def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:
-    """The JSON line's `cost_model`: the held-out score over real kernels (every kind pooled), both nulls',
-    the same per kind (`by_kind`), and `absent`: {kind: why} for each kind with no scored prediction
-    (`notes` gives the why where the caller knows it)."""
-    notes = dict(notes or {})
-    scored = frame[~frame.numerics_only] if len(frame) else frame
-    present = set(scored.kind) if len(scored) else set()
-    predicted = set(frame.kind) if len(frame) else set()
-    absent = {kind: notes.get(kind) or ("only numerics-only cells were predicted" if kind in predicted else ABSENT[kind])
-              for kind in KINDS if kind not in present}
-    if scored.empty:
-        return {"predictions": 0, "absent": absent,
-                "note": "no held-out prediction could be made (no paired cells, or one prompt)"}
-    pooled = _scored(scored)
-    return {"heldout_within_25pct": pooled["within_25pct"], "heldout_median_error": pooled["median_error"],
-            "null_median_error": pooled["null_median_error"], "null_within_25pct": pooled["null_within_25pct"],
-            "predictions": pooled["n"],
-            "by_kind": {kind: _scored(part) for kind, part in scored.groupby("kind", sort=True)},
-            **({"absent": absent} if absent else {}), "beats_nulls": pooled["beats_nulls"],
-            "speedup": "speculation (drafted / plain on the same kernel), predicted without its drafted runs"}

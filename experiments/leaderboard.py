@@ -19,6 +19,7 @@ Knows nothing about how rows were measured; reads them through `experiments.stor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,14 +27,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.store import StoreError, load_rows
+from experiments import specbench
+from experiments.heldout import pooled
+from experiments.store import StoreError, load_rows, open_existing
 
 SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed", "max_new_tokens"]
 """What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
 the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
 CELL_SEED = 0
-"""Bootstrap seed of a cell's own summary (`cell_summary`)."""
+"""Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell."""
+N_BOOT = 2000
+"""Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them."""
+STATS_FILE = "stats.json"
 _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s",
          "reference_new_tokens", "reference_wall_time_s"]
 SPEEDUPS = ("speedup", "speedup_quant", "speedup_compound")
@@ -98,28 +104,59 @@ def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> di
     return out
 
 
+def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) -> dict:
+    """A cell's `entry_stats`, its bootstrap drawn once (seed `CELL_SEED`) and kept in the cell's
+    `stats.json`: the cell's console line, REPORT.md and the leaderboard print the same intervals.
+    Another `n_boot` draws its own (and stores nothing)."""
+    path = store.cell_dir(cell_id) / STATS_FILE
+    if path.exists():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored.get("n_boot") == n_boot:
+            return stored["stats"]
+    stats = {k: v.item() if isinstance(v, np.generic) else v
+             for k, v in entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED)).items()}
+    if n_boot == N_BOOT:
+        try:
+            atomic_text(path, json.dumps({"n_boot": n_boot, "seed": CELL_SEED, "stats": stats}) + "\n")
+        except PermissionError:  # a read-only store: the seeded draw gives these same numbers next time
+            pass
+    return stats
+
+
 def acceptance_curve(rows: pd.DataFrame) -> list[float]:
     """Pooled acceptance rate per draft depth (index d-1) over `rows`."""
-    depth = max((len(r) for r in rows["reached_by_depth"]), default=0)
-    reached, accepted = np.zeros(depth), np.zeros(depth)
-    for r, a in zip(rows["reached_by_depth"], rows["accepted_by_depth"]):
-        reached[: len(r)] += r
-        accepted[: len(a)] += a
     with np.errstate(divide="ignore", invalid="ignore"):
-        return list(accepted / reached)
+        return list(np.array(pooled(rows["accepted_by_depth"]), float) / np.array(pooled(rows["reached_by_depth"])))
 
 
-def build_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft
+    tokens), pooled over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], [])
+    for rows stored without them."""
+    if "position_tried" not in rows:
+        return [], []
+    tried, kept, histogram = (np.array(pooled(rows[c]), dtype=float)
+                              for c in ("position_tried", "position_kept", "accept_histogram"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [float(r) for r in kept / tried], [float(h) for h in histogram / max(histogram.sum(), 1)]
+
+
+def build_table(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, cells: dict | None = None) -> pd.DataFrame:
     """One line per (setting, category incl. `overall`, entry), with ranks by MAL and by speedup
-    within each (setting, category)."""
+    within each (setting, category). An entry of one cell whose statistics `cells` holds ({cell id:
+    `stored_stats`}) reads its overall line from them: the interval the report and the console print."""
     rng = np.random.default_rng(seed)
     records = []
     for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
         labels = dict(zip(SETTING + ENTRY, keys))
+        ids = set(group["cell_id"]) if "cell_id" in group else set()
         for category, part in [("overall", group), *group.groupby("category", sort=True)]:
             numerics_only = bool(part["numerics_only"].any()) if "numerics_only" in part else False
+            one = category == "overall" and len(ids) == 1 and (cells or {}).get(next(iter(ids)))
+            rates, histogram = position_rates(part)
             records.append({**labels, "board": board_name(labels), "category": category,
-                            "numerics_only": numerics_only, **entry_stats(part, n_boot, rng)})
+                            "numerics_only": numerics_only, **(one or entry_stats(part, n_boot, rng)),
+                            "position_acceptance": rates, "accept_histogram": histogram})
     table = pd.DataFrame(records)
     within = table.groupby(["board", "category"])
     table["rank_mal"] = within["mal"].rank(ascending=False, method="min").astype(int)
@@ -169,6 +206,16 @@ def to_markdown(table: pd.DataFrame) -> str:
                              f"{_ci(r, 'speedup_quant', '.2f')}x | {_ci(r, 'speedup_compound', '.2f')}x | "
                              f"{r.tokens_per_s:.1f} | {r.baseline_tokens_per_s:.1f} |")
             lines.append("")
+        lines += ["### Acceptance per draft position and accepted tokens per step", "",
+                  "Rate at draft position i given positions 1 .. i-1 accepted; share of steps that accepted k "
+                  "draft tokens (per request: the rows' `accept_histogram`).", "",
+                  "| drafter | shape | quant | rate at position 1, 2, ... | steps accepting 0, 1, 2, ... |",
+                  "|---|---|---|---|---|"]
+        for _, r in overall.sort_values(["drafter", "shape", "quant"]).iterrows():
+            lines.append(f"| {r.drafter} | `{r['shape']}` | {_quant_label(r)} | "
+                         + " / ".join(f"{v:.2f}" if np.isfinite(v) else "-" for v in r.position_acceptance) + " | "
+                         + " / ".join(f"{v:.0%}" for v in r.accept_histogram) + " |")
+        lines.append("")
         categories = sorted(set(part.category) - {"overall"})
         lines += ["### Per category: MAL / speculation speedup", "",
                   "| drafter | shape | quant | " + " | ".join(categories) + " |",
@@ -181,109 +228,53 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_heatmap(overall: pd.DataFrame, title: str, path: Path) -> None:
-    """Shape x bits heatmaps of MAL (top row) and speedup (bottom row), one column per drafter."""
-    import matplotlib
+def plot_board(overall: pd.DataFrame, rows: pd.DataFrame, title: str, out: Path, slug: str) -> None:
+    """A board's figures: heatmap_SLUG.png (MAL and speculation, drafter x shape by kernel, sized to the
+    cells present) and acceptance_SLUG.png (the rate per draft position, `position_rates`, per drafter)."""
+    from experiments import figures
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-
-    drafters = sorted(overall.drafter.unique())
-    quants = overall.assign(_n=overall.numerics_only.astype(bool)).sort_values(
-        ["_n", "bits"], ascending=[True, False]).drop_duplicates("quant")
-    xlabels = [f"{q} ({b:g}b)" + (" *" if n else "") for q, b, n in zip(quants.quant, quants.bits, quants._n)]
-    shapes = sorted(overall["shape"].unique())
-    longest = max(len(x) for x in xlabels)  # the figure grows with its labels and title: nothing is clipped
-    size = (max(3.7 + 1.15 * len(quants) * len(drafters) + 0.06 * max(map(len, shapes)), 0.075 * len(title)),
-            2.6 + 0.9 * len(shapes) + 0.05 * longest)
-    fig, axes = plt.subplots(2, len(drafters), figsize=size, squeeze=False, constrained_layout=True)
-    mal_norm = Normalize(1.0, max(2.0, float(np.nanmax(overall.mal))))
-    speedups = overall.speedup.to_numpy(dtype=float)
-    speed_norm = TwoSlopeNorm(1.0, min(0.5, float(np.nanmin(speedups))), max(1.5, float(np.nanmax(speedups))))
-    for col, drafter in enumerate(drafters):
-        for row, (metric, label) in enumerate((("mal", "MAL"), ("speedup", "speedup"))):
-            grid = np.full((len(shapes), len(quants)), np.nan)
-            for _, r in overall[overall.drafter == drafter].iterrows():
-                grid[shapes.index(r["shape"]), list(quants.quant).index(r.quant)] = r[metric]
-            ax = axes[row, col]
-            norm, cmap = (mal_norm, "viridis") if metric == "mal" else (speed_norm, "RdYlGn")
-            image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
-            for (i, j), v in np.ndenumerate(grid):
-                if not np.isnan(v):
-                    dark = sum(image.cmap(image.norm(v))[:3]) < 1.5
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9, color="white" if dark else "black")
-            ax.set_xticks(range(len(quants)), xlabels, rotation=30, ha="right", fontsize=8)
-            ax.set_yticks(range(len(shapes)), shapes if col == 0 else [""] * len(shapes), fontsize=8)
-            ax.set_title(f"{drafter}: {label}", fontsize=10)
-            if col == len(drafters) - 1:
-                fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title + ("\n* numerics only: fp32 cost, read MAL only" if quants._n.any() else ""), fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    order = overall.assign(_n=overall.numerics_only.astype(bool)).sort_values(["_n", "bits"], ascending=[True, False])
+    kernels = list(dict.fromkeys(order.quant))
+    numerics = set(order.quant[order._n])
+    entries = overall.assign(entry=overall.drafter + " " + overall["shape"])
+    panels = {label: entries.pivot_table(index="entry", columns="quant", values=metric, aggfunc="first")
+              .reindex(columns=kernels) for label, metric in (("MAL", "mal"), ("speculation speedup", "speedup"))}
+    figures.plot_heatmaps(panels, out / f"heatmap_{slug}.png", title, numerics)
+    curves = {}
+    for (drafter, shape, quant), entry in rows.groupby(["drafter", "shape", "quant"], sort=True):
+        rates = position_rates(entry)[0] or acceptance_curve(entry)  # rows stored before the per-position counts
+        curves.setdefault(drafter, []).append((f"{shape} {quant}", rates, quant in numerics))
+    figures.plot_acceptance(curves, title, out / f"acceptance_{slug}.png")
 
 
-def plot_acceptance(rows: pd.DataFrame, title: str, path: Path) -> None:
-    """Per-position acceptance curves: one panel per drafter, one line per shape x quant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from matplotlib.ticker import MaxNLocator
-
-    drafters = sorted(rows.drafter.unique())
-    shapes = sorted(rows["shape"].unique())
-    quants = list(rows.sort_values("bits", ascending=False).drop_duplicates("quant").quant)
-    from experiments.figures import MARKERS, kernel_style
-
-    fig, axes = plt.subplots(1, len(drafters), figsize=(max(4.6 * len(drafters), 0.075 * len(title)), 3.8), squeeze=False,
-                             sharey=True, constrained_layout=True)
-    for ax, drafter in zip(axes[0], drafters):
-        part = rows[rows.drafter == drafter]
-        for (shape, quant), entry in part.groupby(["shape", "quant"], sort=True):
-            curve = acceptance_curve(entry)
-            if curve:  # colour + line style = kernel, marker = shape
-                numerics = bool(entry.numerics_only.any()) if "numerics_only" in entry else False
-                style = {**kernel_style(quants.index(quant)), "marker": MARKERS[shapes.index(shape) % len(MARKERS)]}
-                ax.plot(range(1, len(curve) + 1), curve, label=f"{shape} {quant}" + (" (numerics only)" if numerics else ""),
-                        alpha=0.6 if numerics else 1.0, **style)
-        ax.set_title(drafter, fontsize=10)
-        ax.set_xlabel("draft depth")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    axes[0, 0].set_ylabel("P(accepted path reaches depth | draft did)")
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _atomic_text(path: Path, text: str) -> None:
+def atomic_text(path: Path, text: str) -> None:
+    """Write `text` to `path` in one step (a temporary file, then a rename)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
-def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = 2000,
+def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
     """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
-    the PNGs into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
+    the PNGs into `out` (default RESULTS/leaderboard), and Spec-Bench's answer files into its
+    spec_bench/ (`experiments.specbench`). Returns (markdown, out directory)."""
     rows = load_rows(results)
-    table = build_table(rows, n_boot=n_boot, seed=seed)
+    store = open_existing(results)
+    cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)
+             for cid, part in rows.groupby("cell_id", sort=True)} if "cell_id" in rows else {}
+    table = build_table(rows, n_boot=n_boot, seed=seed, cells=cells)
     out_dir = Path(out) if out is not None else Path(results) / "leaderboard"
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(table)
-    _atomic_text(out_dir / "leaderboard.md", markdown + "\n")
-    _atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
+    atomic_text(out_dir / "leaderboard.md", markdown + "\n")
+    atomic_text(out_dir / "leaderboard.csv", table.to_csv(index=False))
+    if {"text", "accept_lengths"} <= set(rows.columns):  # rows of an older runner lack what Spec-Bench reads
+        specbench.write_answers(rows, out_dir / "spec_bench")
     for keys, part in rows.groupby(SETTING, sort=True, dropna=False):
         setting = dict(zip(SETTING, keys))
         name, slug = board_name(setting), board_slug(setting)
-        overall = table[(table.board == name) & (table.category == "overall")]
-        plot_heatmap(overall, name, out_dir / f"heatmap_{slug}.png")
-        plot_acceptance(part, name, out_dir / f"acceptance_{slug}.png")
+        plot_board(table[(table.board == name) & (table.category == "overall")], part, name, out_dir, slug)
     return markdown, out_dir
 
 
@@ -294,10 +285,10 @@ def format_speedups(stats: dict) -> str:
                       for key, label in names.items())
 
 
-def cell_summary(store, cell_id: str, n_boot: int = 1000) -> str:
-    """One line with a stored cell's MAL and three speedups, each with its 95% bootstrap CI."""
+def cell_summary(store, cell_id: str, n_boot: int = N_BOOT) -> str:
+    """One line with a stored cell's MAL and three speedups, each with its 95% bootstrap CI (`stored_stats`)."""
     rows = pd.read_json(store.cell_dir(cell_id) / "rows.jsonl", lines=True, dtype=False)
-    stats = entry_stats(rows, n_boot, np.random.default_rng(CELL_SEED))
+    stats = stored_stats(store, cell_id, rows, n_boot)
     first = rows.iloc[0]
     return (f"cell {cell_id}: {first.drafter} {first['shape']} on {first.quant} | {stats['questions']} questions, "
             f"{int(rows.new_tokens.sum())} tokens | MAL {_ci(pd.Series(stats), 'mal', '.2f')} | "
@@ -308,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a results store directory (results.dir of the runs)")
     parser.add_argument("--out", help="output directory (default RESULTS/leaderboard)")
-    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (0 = no intervals)")
+    parser.add_argument("--bootstrap", type=int, default=N_BOOT, help="bootstrap resamples (0 = no intervals)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = parser.parse_args(argv)
     try:
@@ -317,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leaderboard: error: {err}", file=sys.stderr)
         return 2
     print(markdown)
-    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png", file=sys.stderr)
+    print(f"wrote {out_dir}/leaderboard.md, leaderboard.csv, heatmap_*.png, acceptance_*.png, spec_bench/",
+          file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ the grid's blocks into the same results directory; the report reads it from ther
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -37,6 +38,9 @@ from specdec.measure import records
 
 GRID_DIR = Path(__file__).parent / "grids"
 GRID_FILE = GRID_DIR / "main.yaml"
+RECORDS = "records"
+"""RESULTS/records/: the job's result record (never the checkout's docs/measurements; `python
+scripts/measurements.py --publish RESULTS` copies it there)."""
 OTHERS = "others"
 """The drafter entry that stands for every registered drafter no block names (and none excluded)."""
 
@@ -153,6 +157,59 @@ def kv_command(grid_file: Path, results: str, extra: list[str]) -> list[str] | N
     return [sys.executable, "-m", "experiments.kv", results, *options]
 
 
+def quick_check(overrides: list[str]) -> None:
+    """Compose the command line's overrides alone against the schema before the drafters are imported
+    (seconds), so a misspelled preset or key fails at once with Hydra's message; a drafter preset only
+    the registry provides is looked up then."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import MissingConfigException
+
+    from experiments.config import register_configs
+
+    register_configs(drafter_presets=False)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            compose("config", overrides=overrides)
+        except MissingConfigException as err:
+            if "'drafter/" not in str(err):
+                raise
+            register_configs()
+            compose("config", overrides=overrides)
+
+
+def check_cells(blocks: list[list[str]]) -> int:
+    """Compose every cell of every block as `experiments.run` will (Hydra, strict: a misspelled preset
+    or key raises Hydra's own error), and check its drafter is registered and its prompts load, before
+    anything runs. Returns the number of cells."""
+    import itertools
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from experiments.config import ExperimentConfig, check_keys, register_configs
+    from experiments.questions import load_questions
+    from specdec import drafters
+
+    register_configs()
+    parser, loaded, cells = OverridesParser.create(), set(), 0
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for block in blocks:
+            choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                       else [o.input_line] for o in parser.parse_overrides(block)]
+            for overrides in itertools.product(*choices):
+                cfg = compose("config", overrides=list(overrides))
+                check_keys(cfg)
+                exp: ExperimentConfig = OmegaConf.to_object(cfg)
+                if exp.drafter.name not in drafters.names():
+                    raise KeyError(f"drafter {exp.drafter.name!r} is not registered; registered drafters: "
+                                   f"{', '.join(drafters.names())}")
+                if repr(exp.dataset) not in loaded:
+                    load_questions(exp.dataset)
+                    loaded.add(repr(exp.dataset))
+                cells += 1
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the main grid, then print the findings report's verdict.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every block, e.g. max_new_tokens=32")
@@ -162,11 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         grid_file, overrides = pick_grid(args.overrides)
         kv_off = [o for o in overrides if o.startswith("kv=")]
+        if not args.dry_run:
+            quick_check([o for o in overrides if o not in kv_off])
         blocks, notes = grid_blocks([o for o in overrides if o not in kv_off], grid_file)
         results = next(o.split("=", 1)[1] for o in reversed(blocks[0]) if o.startswith("results.dir="))
         kv = kv_command(grid_file, results, kv_off)
-    except ValueError as err:
-        print(f"experiments.main: error: {err}", file=sys.stderr)
+        if not args.dry_run:
+            check_cells(blocks)  # every cell composes, names a registered drafter and loadable prompts
+            ResultsStore(results)  # an incompatible results directory fails here too, before any work
+    except Exception as err:  # noqa: BLE001 -- Hydra, OmegaConf, prompt and store errors: one line, nothing run
+        print(f"experiments.main: error: {err}\nnothing was run or written", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -175,16 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
-    try:
-        ResultsStore(results)  # an incompatible results directory fails here, before any work
-    except StoreError as err:
-        print(f"experiments.main: error: {err}", file=sys.stderr)
-        return 2
-    status = 0
     for command in runs:
-        status = subprocess.run(command).returncode or status
-    if status != 0:
-        print(f"\nthe grid failed (exit {status}); the report below covers the cells stored so far\n", file=sys.stderr)
+        status = subprocess.run(command).returncode
+        if status != 0:  # no report: a report now would print an earlier run's cells as this run's verdict
+            print(f"\nthe grid failed (exit {status}) at: {shlex.join(command)}\nno report and no record were "
+                  f"written; the cells stored so far are in {results} (python -m experiments.report {results})",
+                  file=sys.stderr)
+            return status
     from experiments.leaderboard import LeaderboardError, write_leaderboard
     from experiments.report import ReportError, write_report
 
@@ -193,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         report = write_report(results, n_boot=args.bootstrap)
     except (StoreError, LeaderboardError, ReportError) as err:
         print(f"no report: {err}", file=sys.stderr)
-        return status or 1
+        return 1
     print(f"\ntables: {Path(results) / 'leaderboard' / 'leaderboard.md'}; report: {report.path}\n")
     print("\n".join(report.verdict))
     threads = int(runs[0][runs[0].index("--threads") + 1]) if "--threads" in runs[0] else "auto"  # the cells'
     kind = "main" if grid_file == GRID_FILE else f"main-{grid_file.stem}"  # one record kind per grid
-    records.emit(kind, {**report.summary, "results": str(results), "grid_exit": status}, threads=threads)
-    return status
+    summary = {**report.summary, "results": str(results), "grid_exit": 0}
+    path = records.append(kind, summary, root=Path(results) / RECORDS, threads=threads)
+    print(f"record: {path} (publish it: python scripts/measurements.py --publish {results})", file=sys.stderr)
+    print(json.dumps(summary), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -89,18 +89,25 @@ def is_paired(rows: pd.DataFrame) -> bool:
     return "reference_drafted_wall_time_s" in rows and bool(rows["reference_drafted_wall_time_s"].notna().all())
 
 
+def gmean_ci(logs: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Geometric mean of exp(logs) [Q] with a 95% percentile bootstrap interval (NaN bounds under 2 values)."""
+    point = float(np.exp(logs.mean()))
+    if len(logs) < 2 or n_boot <= 0:
+        return point, math.nan, math.nan
+    boot = np.exp(logs[rng.integers(0, len(logs), size=(n_boot, len(logs)))].mean(1))  # [B]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
 def interaction(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> Interaction:
     """The cell's interaction, its 95% bootstrap interval over questions and its verdict."""
     if not is_paired(rows):
         return Interaction(math.nan, math.nan, math.nan, rows.question_id.nunique(), "unpaired", None)
     speed = per_question(rows)
     logs = np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference)).to_numpy(float)  # [Q]
-    point = float(np.exp(logs.mean()))
     if len(logs) < MIN_QUESTIONS or n_boot <= 0:
-        return Interaction(point, math.nan, math.nan, len(logs), "inconclusive", MIN_QUESTIONS)
-    idx = rng.integers(0, len(logs), size=(n_boot, len(logs)))  # [B, Q]
-    boot = np.exp(logs[idx].mean(1))  # [B]
-    lo, hi = (float(v) for v in np.percentile(boot, [2.5, 97.5]))
+        return Interaction(float(np.exp(logs.mean())), math.nan, math.nan, len(logs), "inconclusive", MIN_QUESTIONS)
+    point, lo, hi = gmean_ci(logs, n_boot, rng)
     return Interaction(point, lo, hi, len(logs), classify(lo, hi), prompts_to_settle(point, lo, hi, len(logs)))
 
 

@@ -9,6 +9,9 @@ rendered generically (scalars as a list, lists of objects as tables).
     python scripts/measurements.py --check                # exit 1 if a generated file is out of date
     python scripts/measurements.py record KIND -- python scripts/bench_kernels.py --specs none
         # run the command, show its output, and store its last stdout line (a JSON object) as a record
+    python scripts/measurements.py --publish results/main
+        # copy the main job's records (RESULTS/records/*.jsonl, which the job writes instead of touching
+        # the checkout) into docs/measurements/results/, once each, and regenerate the pages
 
 Bad input (a record without machine or command, a line that is not JSON, a record filed under
 another machine's key) prints one `error:` line naming file:line and exits with status 2.
@@ -164,6 +167,24 @@ def record_command(argv: list[str]) -> int:
         return 2
 
 
+def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
+    """Append the records of a main job's results directory (`run`/records/*.jsonl) that `results` lacks
+    to its files, then regenerate the pages; a record already published is not added twice."""
+    files = sorted((run / "records").glob("*.jsonl"))
+    if not files:
+        print(f"error: {run / 'records'} holds no records (*.jsonl) to publish", file=sys.stderr)
+        return 2
+    for path in files:
+        target = results / path.name
+        have = {json.dumps(r, sort_keys=True) for r in records.read(target)} if target.is_file() else set()
+        new = [r for r in records.read(path) if json.dumps(r, sort_keys=True) not in have]
+        results.mkdir(parents=True, exist_ok=True)
+        with open(target, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in new)
+        print(f"published {len(new)} new record(s) of {path} into {target}")
+    return main(["--results", str(results), "--out", str(out)])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["record"]:
@@ -172,7 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of <machine-key>.jsonl files")
     parser.add_argument("--out", type=Path, default=OUT, help="directory the markdown files go to")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    parser.add_argument("--publish", type=Path, metavar="RUN", help="first add the records of a main job's results "
+                        "directory (RUN/records/*.jsonl) that --results lacks, once each")
     args = parser.parse_args(argv)
+    if args.publish is not None:
+        try:
+            return publish(args.publish, args.results, args.out)
+        except records.RecordError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory of records", file=sys.stderr)
         return 2
@@ -194,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         path.unlink()
         print(f"removed {path} (its records file is gone)")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments import heldout
+from experiments import costs, heldout
 from specdec.core.curve import LatencyCurve
 
 WIDTHS = (1, 2, 3, 4, 5, 8)
@@ -67,7 +67,7 @@ def test_chain2_from_a_chain4_profile_by_hand():
     assert h.flat == pytest.approx(11.0 / (1 + 100 / 2.1 * 0.142))  # R = 1
     assert h.measured == pytest.approx((100 / 10) / (100 / 11))
     assert (h.mal, h.measured_mal, h.length_ratio) == pytest.approx((2.1, 2.0, 1.0))  # shown, never used
-    frame = heldout.table(held)
+    frame = costs.table(held)
     assert frame.error[0] == pytest.approx(h.predicted / 1.1 - 1)
     assert frame.constant_error[0] == pytest.approx(1 - 1 / 1.1)
 
@@ -83,7 +83,7 @@ def test_a_cell_stored_before_the_replay_falls_back_to_counts_and_k_over_K_with_
 def test_the_score_breaks_down_by_kind_with_both_nulls():
     held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows()),
                                             cell("small", "chain(2)", "int4", smaller_rows())])
-    score = heldout.score(heldout.table(held), {"shape": note} if note else None)
+    score = costs.score(costs.table(held), {"shape": note} if note else None)
     shape = score["by_kind"]["shape"]
     assert shape["n"] == 1 and shape["median_error"] == pytest.approx(abs(held[0].predicted / 1.1 - 1), abs=1e-4)
     assert shape["null_median_error"]["constant"] == pytest.approx(1 - 1 / 1.1, abs=1e-4)
@@ -122,7 +122,7 @@ def test_without_a_deeper_profile_the_kind_is_absent_with_a_note():
     held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(profile=False)),
                                             cell("small", "chain(2)", "int4", smaller_rows())])
     assert held == [] and "no acceptance profile" in note and "deep" in note
-    score = heldout.score(heldout.table(held), {"shape": note})
+    score = costs.score(costs.table(held), {"shape": note})
     assert score["predictions"] == 0 and score["absent"]["shape"] == note
     assert "by_kind" not in score and "heldout_median_error" not in score  # absent, never a zero
 
@@ -190,12 +190,12 @@ def test_a_prompts_error_splits_into_the_mal_taken_from_the_other_half_and_the_c
     assert b.predicted == pytest.approx(11.0 / (1 + 100 * 75 / 200 * 0.2))
     assert b.measured == pytest.approx(11.0 / (1 + 0.2 * 45 / 2))
     assert b.in_sample == pytest.approx(b.measured)  # fed its own MAL and delta, the model is exact here
-    frame = heldout.table(list(held.values())).set_index("part")
+    frame = costs.table(list(held.values())).set_index("part")
     assert frame.loc["B", "mal_error"] == pytest.approx(1 - (200 / 75) / (200 / 45))
     assert frame.loc["B", "in_sample_error"] == pytest.approx(0, abs=1e-12)
     # A's per-prompt MAL is 2 and 4 (coefficient of variation sqrt(2) / 3); two prompts against two.
     assert b.expected_mal_error == pytest.approx(2 ** 0.5 / 3 * (2 / 3.141592653589793) ** 0.5)
-    score = heldout.score(frame.reset_index())["by_kind"]["prompts"]
+    score = costs.score(frame.reset_index())["by_kind"]["prompts"]
     assert score["in_sample_median_error"] == pytest.approx(0, abs=1e-4)  # shown apart ...
     assert score["median_error"] > 0.3 and not score["beats_nulls"]  # ... and never scored
     assert score["mal_median_error"] == pytest.approx(frame.mal_error.median(), abs=1e-4)

@@ -121,7 +121,9 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     assert summary["cells"] == 5
     # fp32 measured again under another label: no interaction, within the margin.
     assert summary["control"] == "compound"
-    assert any(v.startswith("- A/A control (eagle chain(4) on fp32_again") for v in verdict)
+    assert any(v.startswith("- A/A control (eagle chain(4) on fp32_again") and "target compound met" in v for v in verdict)
+    # Every headline with a target says whether it is met (the cost model's here).
+    assert any(v.startswith("- Cost model out of sample, target") and ("met:" in v) for v in verdict)
     # A steep curve (int4: a wide verify costs much more than one token) takes speculation's gain away;
     # bf16's curve has fp32's shape. Numerics-only rtn4 gets no speed verdict.
     assert summary["verdict"] == {"eagle chain(4) on bf16": "compound", "eagle chain(4) on torchao_int4_g32": "fight"}
@@ -316,7 +318,46 @@ def test_the_kv_curve_reaches_the_verdict_the_report_and_the_json_line(store, ca
     assert report_cli([str(store), "--bootstrap", "200"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert json.loads(out[-1])["kv"]["greedy"] == {"window": 1.0} and json.loads(out[-1])["kv"]["control"] == "within"
-    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line for line in out[:-1])
+    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line
+               and line.endswith("(control target within: met)") for line in out[:-1])
     report = (store / "REPORT.md").read_text()
     assert "## The KV question" in report and "| window | 25% | `window` |" in report
     assert "## Speculation against batch size" not in report  # one batch size: no batch section
+
+
+def test_the_console_the_report_and_the_leaderboard_print_one_interval(store):
+    """Each cell's bootstrap is drawn once and stored with it: the cell's console line, REPORT.md's
+    speedup table and the leaderboard print the same MAL and speedup intervals, whichever reads first."""
+    from experiments.leaderboard import cell_summary
+
+    s = ResultsStore(store)
+    write_report(store)
+    board, _ = write_leaderboard(store)
+    report = (store / "REPORT.md").read_text()
+    number = r"(\d+\.\d\d)"
+    for cid in s.cell_ids():
+        assert (store / "cells" / cid / "stats.json").is_file()
+        console = cell_summary(s, cid)
+        drafter, quant = cid.split("__")[:2]
+        for label, key in (("MAL", "mal"), ("speculation", "speedup"), ("compound", "speedup_compound")):
+            got = re.search(rf"{label} {number}x? \[{number}, {number}\]", console)
+            assert got, (label, console)
+            point, lo, hi = got.groups()
+            row = next(line for line in report.splitlines() if line.startswith(f"| {drafter} | `chain(4)` | {quant} |")
+                       and line.count("[") >= 4)  # the three-speedups table's row
+            assert f"{point}{'' if key == 'mal' else 'x'} [{lo}, {hi}]" in row, (label, row)
+            line = next(line for line in board.splitlines() if f"| {drafter} | `chain(4)` | {quant}" in line
+                        and line.count("[") >= 4)
+            assert f"{point} [{lo}, {hi}]" in line, (label, line)
+
+
+def test_a_heatmap_shows_the_cells_present_not_a_mostly_blank_grid():
+    from experiments.figures import compact
+
+    grid = pd.DataFrame([[1.9, np.nan, np.nan], [np.nan, 1.8, 1.2]], index=["eagle chain(2)", "eagle chain(4)"],
+                        columns=["none", "fp32_again", "rtn4"])
+    got = compact(grid, numerics={"rtn4"})
+    assert list(got.index) == ["eagle chain(2) on none", "eagle chain(4) on fp32_again", "eagle chain(4) on rtn4 *"]
+    assert list(got[""]) == [1.9, 1.8, 1.2]
+    full = grid.fillna(1.0).assign(empty=np.nan)  # a full grid keeps its shape, less its empty column
+    assert compact(full).equals(full.drop(columns="empty"))

@@ -209,3 +209,16 @@ class BatchStats:
                 "time_split": self.time_split(), "row_mal": self.row_mal,
                 "verify_widths": dict(sorted(self.verify_widths.items())),
                 "verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(self.verify_shapes.items())}}
+
+
+def position_acceptance(steps: list[StepRecord]) -> tuple[list[int], list[int], list[int]]:
+    """(tried, kept, histogram) of a run's steps, counts so that they pool over runs:
+    tried[i-1] = steps whose draft reached position i with positions 1..i-1 accepted, kept[i-1] = those
+    that accepted position i too (the rate at position i given i - 1 accepted = kept / tried), and
+    histogram[k] = steps that accepted k draft tokens. E.g. accepted 2, 0, 1 of depth-3 drafts:
+    tried [3, 2, 1], kept [2, 1, 0], histogram [1, 1, 1, 0]."""
+    depth = max((s.draft_depth for s in steps), default=0)
+    tried = [sum(s.draft_depth >= i and s.accepted >= i - 1 for s in steps) for i in range(1, depth + 1)]
+    kept = [sum(s.draft_depth >= i and s.accepted >= i for s in steps) for i in range(1, depth + 1)]
+    histogram = [sum(s.accepted == k for s in steps) for k in range(depth + 1)]
+    return tried, kept, histogram
