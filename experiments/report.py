@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,6 @@ from specdec.measure import costmodel
 
 SEED = 0
 REFERENCE = "none"
-LIMITS = ("Limits: a 135M model (SmolLM2-135M), on CPU (one torch thread, shared cores), weights from a Q4_1 "
-          "GGUF (so 4-bit g32 kernels are near-lossless), and quantized targets write different text (so "
-          "free-running acceptance mixes 'bits change acceptance' with 'bits change the text').")
 RULES = ("Per prompt, the interaction = (speculation speedup on the kernel) / (on fp32), from four runs back to back "
          "in rotating order (fp32 plain, fp32 drafted, kernel plain, kernel drafted); geometric mean over prompts, 95% "
          "bootstrap CI over prompts. **fight**: CI wholly below 1; **compound**: CI lower end >= {margin} and not a "
@@ -108,6 +106,24 @@ def acceptance_table(cells: list[Cell]) -> pd.DataFrame:
 # ---- the report ------------------------------------------------------------------------------------
 
 
+def _limits(cells: list[Cell]) -> str:
+    """The limits line, from what the store recorded: the model's size and source, the device and its
+    threads, and (with quantized cells) the text confound."""
+    meta, hardware = cells[0].meta, [c.meta.get("hardware", {}) for c in cells]
+    params = meta.get("model_sizes", {}).get("target", {}).get("params")
+    parts = [f"a {params / 1e6:.0f}M-parameter model ({cells[0].labels['model']})" if params
+             else f"model {cells[0].labels['model']}"]
+    threads = "/".join(sorted({str(h.get("torch_threads", "?")) for h in hardware}))
+    parts.append(f"on {'GPU' if any(h.get('cuda') for h in hardware) else 'CPU'} ({threads} torch thread(s))")
+    gguf = re.search(r"\.(Q(\d)_\w+)\.gguf$", str(meta.get("target_info", {}).get("source", "")))
+    if gguf:
+        parts.append(f"weights from a {gguf[1]} GGUF (so {gguf[2]}-bit requantization is near-lossless)")
+    if any(c.quant != REFERENCE and not c.control for c in cells):
+        parts.append("quantized targets write different text (so free-running acceptance mixes 'bits change "
+                     "acceptance' with 'bits change the text')")
+    return "Limits: " + ", ".join(parts) + "."
+
+
 def _setting_lines(cells: list[Cell]) -> list[str]:
     first = cells[0]
     machines = sorted({c.meta.get("hardware", {}).get("cpu", "?") for c in cells})
@@ -130,7 +146,7 @@ def _verdict(cells: list[Cell], found: dict[str, Interaction], accept: pd.DataFr
     first = cells[0]
     lines = [f"Do quantization and speculative decoding compound here? ({len(cells)} cells, {first.labels['model']}, "
              f"dataset {first.labels['dataset']}, {int(first.stats['questions'])} prompts x "
-             f"{first.labels['max_new_tokens']} tokens, CPU)", f"- {LIMITS}"]
+             f"{first.labels['max_new_tokens']} tokens)", f"- {_limits(cells)}"]
     controls = [c for c in cells if c.control and c.cell_id in found]
     for c in controls:
         met = found[c.cell_id].label == "compound"
@@ -287,7 +303,7 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
         for curve in (target,) if reference is target else (target, reference):
             curves.setdefault(curve.target, []).append(curve)
     md = ["# Do quantization and speculative decoding compound or fight? Findings on this machine", "",
-          "## Verdict", "", *verdict, "", "## Setting and limits", "", *_setting_lines(cells), f"- {LIMITS}", "",
+          "## Verdict", "", *verdict, "", "## Setting and limits", "", *_setting_lines(cells), f"- {_limits(cells)}", "",
           *_rules_md(cells, found), *_speedups_md(cells, drifts),
           *batch_section(pd.concat([c.rows for c in cells]), n_boot),  # [] for a single-batch store
           "![compound](compound_heatmap.png)", "", *_acceptance_md(cells, accept), *costs.heldout_md(held_out),

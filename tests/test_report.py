@@ -17,7 +17,7 @@ import pytest
 import pandas as pd
 
 from experiments.leaderboard import write_leaderboard
-from experiments.report import ReportError, main as report_cli, write_report
+from experiments.report import ReportError, load_cells, main as report_cli, write_report
 from experiments.verdict import classify, interaction, prompts_to_settle
 from experiments.store import ResultsStore
 from specdec.core.curve import LatencyCurve
@@ -85,7 +85,8 @@ def write_cell(store: ResultsStore, drafter: str, quant: str, mals: list[float],
               "control": quant == "fp32_again", "dataset": "main",
               "dataset_source": "default", "prompts": "abcdef0123", "temperature": 0.0, "top_k": 0, "top_p": 1.0,
               "seed": 0, "max_new_tokens": 32}
-    meta = {"labels": labels, "hardware": {"cpu": "Test CPU", "torch_threads": 1}, "versions": {"torch": "x"}}
+    meta = {"labels": labels, "hardware": {"cpu": "Test CPU", "torch_threads": 1}, "versions": {"torch": "x"},
+            "target_info": {"source": "/wheel/SmolLM2-135M-Instruct.Q4_1.gguf"} if with_curves else {}}
     own = "none" if quant == "fp32_again" else quant
     if with_curves:
         meta["latency"] = {"target": curve(f"m@{own}" if own != "none" else "m", *KERNELS[quant])}
@@ -117,7 +118,9 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     verdict = out[:-1]
-    assert 1 <= len(verdict) <= 15 and verdict[1].startswith("- Limits: a 135M model") and "Q4_1" in verdict[1]
+    # The limits line is read from the store: the model's size and source, the device and threads, the text confound.
+    assert 1 <= len(verdict) <= 15 and verdict[1].startswith("- Limits: a 135M-parameter model (m), on CPU (1 torch ")
+    assert "weights from a Q4_1 GGUF (so 4-bit requantization" in verdict[1] and "write different text" in verdict[1]
     assert summary["cells"] == 5
     # fp32 measured again under another label: no interaction, within the margin.
     assert summary["control"] == "compound"
@@ -361,3 +364,15 @@ def test_a_heatmap_shows_the_cells_present_not_a_mostly_blank_grid():
     assert list(got[""]) == [1.9, 1.8, 1.2]
     full = grid.fillna(1.0).assign(empty=np.nan)  # a full grid keeps its shape, less its empty column
     assert compact(full).equals(full.drop(columns="empty"))
+
+
+def test_the_limits_line_says_only_what_the_store_recorded(store):
+    from experiments.report import _limits
+
+    cells = [c for c in load_cells(store) if c.quant in ("none", "fp32_again")]
+    assert _limits(cells) == ("Limits: a 135M-parameter model (m), on CPU (1 torch thread(s)), weights from a Q4_1 "
+                              "GGUF (so 4-bit requantization is near-lossless).")  # no quantized cell: no text confound
+    for c in cells:
+        c.meta.pop("target_info"), c.meta.pop("model_sizes")
+        c.meta["hardware"] = {"torch_threads": 8, "cuda": ["Some GPU"]}
+    assert _limits(cells) == "Limits: model m, on GPU (8 torch thread(s))."
