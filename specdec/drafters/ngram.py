@@ -20,20 +20,12 @@ import torch
 from specdec.core.draft import Draft, DraftRequest, Step
 from specdec.drafters.common import PerRow
 from specdec.drafters.registry import register
-from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape
+from specdec.core.shapes import Shape
 
 
 def _limits(shape: Shape, max_depth: int) -> tuple[int, list[int], int]:
     """(depth, children allowed per node at each depth, node budget) for a shape."""
-    if isinstance(shape, ChainShape):
-        depth, widths, budget = shape.k, [1] * shape.k, shape.k
-    elif isinstance(shape, TreeShape):
-        depth, widths, budget = len(shape.widths), list(shape.widths), shape.max_nodes
-    elif isinstance(shape, DynamicShape):
-        depth, widths, budget = shape.depth, [shape.top_k] * shape.depth, shape.budget
-    else:
-        raise TypeError(f"ngram drafter does not know draft shape {shape!r}")
-    return min(depth, max_depth), widths, budget
+    return min(shape.depth, max_depth), list(shape.widths), shape.max_nodes
 
 
 @register("ngram")

@@ -37,7 +37,7 @@ from specdec.core.draft import Draft, Drafter
 from specdec.loop.decode import DecodeConfig, cut_at_eos, decode, encode_prompts
 from specdec.loop.policy import ProposeOnly
 from specdec.runtime.model import Target
-from specdec.core.shapes import ChainShape, DynamicShape, Shape, TreeShape, parse_shape
+from specdec.core.shapes import DynamicShape, Shape, parse_shape
 from specdec.core.acceptance import accept_greedy
 
 
@@ -178,14 +178,10 @@ def _derivable(recorded: Shape, wanted: Shape, draft: Draft | None) -> torch.Ten
 
     if wanted == recorded:
         return None if draft is None else torch.arange(draft.num_nodes)
-    if isinstance(wanted, ChainShape) and isinstance(recorded, (ChainShape, TreeShape)):
-        wanted = TreeShape((1,) * wanted.k)  # a chain is the top-ranked path of a tree
-    if isinstance(wanted, TreeShape) and isinstance(recorded, ChainShape):
-        recorded = TreeShape((1,) * recorded.k)
-    if isinstance(wanted, TreeShape) and isinstance(recorded, TreeShape):
-        if len(wanted.widths) > len(recorded.widths):
-            fail(f"it is {len(wanted.widths)} deep, the recorded drafts only {len(recorded.widths)}; "
-                 "record a deeper shape")
+    if not isinstance(wanted, DynamicShape) and not isinstance(recorded, DynamicShape):  # chains, static trees:
+        # each node at depth d has up to widths[d - 1] children by rank (a chain: the top-ranked path)
+        if wanted.depth > recorded.depth:
+            fail(f"it is {wanted.depth} deep, the recorded drafts only {recorded.depth}; record a deeper shape")
         wider = [d + 1 for d, (w, r) in enumerate(zip(wanted.widths, recorded.widths)) if w > r]
         if wider:
             fail(f"it is wider than the recorded drafts at depth {wider[0]}; record a wider shape")
@@ -195,7 +191,7 @@ def _derivable(recorded: Shape, wanted: Shape, draft: Draft | None) -> torch.Ten
         keep: list[int] = []
         ok = [False] * draft.num_nodes
         for i, p in enumerate(draft.parents.tolist()):
-            ok[i] = (p < 0 or ok[p]) and depth[i] <= len(wanted.widths) and rank[i] < wanted.widths[depth[i] - 1]
+            ok[i] = (p < 0 or ok[p]) and depth[i] <= wanted.depth and rank[i] < wanted.widths[depth[i] - 1]
             if ok[i]:
                 keep.append(i)
         return torch.tensor(keep, dtype=torch.long)
