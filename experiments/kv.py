@@ -128,6 +128,7 @@ def token_stats(target, drafter, prompt: list[int], ref: dict) -> dict[str, list
     next-token law against the target's on its full cache. Teacher-forced through the loop's events:
     every step the drafter drafts one token at T = 1 (its whole law is the draft's `draft_probs`), no
     draft is verified, and the path's next token is committed (the drafter hears every step)."""
+    from specdec.core.acceptance import total_variation
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.loop.policy import ProposeOnly
     from specdec.core.shapes import ChainShape
@@ -142,7 +143,7 @@ def token_stats(target, drafter, prompt: list[int], ref: dict) -> dict[str, list
         p = event.logits[0, 0].double().log_softmax(-1)
         q = event.proposals[0].draft_probs[0, 0].double().clamp_min(1e-300).log()
         out["accept"].append(float(int(p.argmax()) == int(q.argmax())))
-        out["tv"].append(float(0.5 * (p.exp() - q.exp()).abs().sum()))
+        out["tv"].append(float(total_variation(p.exp(), q.exp())))
         out["kl"].append(float((p.exp() * (p - q)).sum()))
     return out
 

@@ -107,3 +107,9 @@ def accept_sampling(draft: Draft, target_probs: torch.Tensor, generator: torch.G
             return Acceptance(path=path, next_token=token, bonus=not kids[node])
         path.append(accepted)
         node = accepted
+
+
+def total_variation(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """0.5 * sum |target - draft| over the last dim [...]: the distance between two laws, and the chance
+    that one drafted token is rejected (1 - TV is its acceptance probability). The one definition."""
+    return 0.5 * (target_probs - draft_probs).abs().sum(-1)

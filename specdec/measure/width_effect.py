@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from scipy import stats
 
+from specdec.core import acceptance
 from specdec.core.draft import Drafter
 from specdec.loop.decode import DecodeConfig, decode
 from specdec.runtime.model import Target
@@ -81,7 +82,7 @@ def token_laws(target: Target, drafter: Drafter | None, prompt_ids: Sequence[int
 
 def total_variation(a: torch.Tensor, b: torch.Tensor, temperature: float) -> float:
     """TV distance between softmax(a / T) and softmax(b / T) (float64)."""
-    return 0.5 * float(((a / temperature).softmax(-1) - (b / temperature).softmax(-1)).abs().sum())
+    return float(acceptance.total_variation((a / temperature).softmax(-1), (b / temperature).softmax(-1)))
 
 
 @dataclass
