@@ -12,83 +12,10 @@ plus "no draft":
     value(none)  = 1 / (scale * latency(1, context) + commit + other)
     E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s+[i, r])
 
-- s[d, r]: probability that the sibling of rank r (r-th best) at depth d is accepted, given that
-  its parent was accepted and ranks < r were not; a Beta(1, 3) prior at depth 1 (mean 0.25: a
-  drafter earns its width), and at each deeper depth a prior of the same weight (4) centred on the
-  depth above's estimate (a depth never drafted is believed as good as the one above it), updated
-  after every step from
-  the verified draft: walking down the accepted path, each tried sibling at depth d adds one trial
-  to s[d, r], and the accepted one a success. Depths are treated as independent (the estimate
-  conditions on depth and rank only).
-- s+[d, r] = min(1, s[d, r] + explore * sqrt(s (1 - s) / (n + 5))), n = trials[d, r]: the shape
-  choice is optimistic by `explore` (default 1) posterior standard deviations (the Beta posterior's,
-  n + 4 prior weight). Without it the choice can lock itself in: a chain(1) picked on early, noisy estimates
-  gives depth 2 no trials, so a pessimistic depth-2 estimate is never corrected (tests/test_auto.py
-  has such a case). The bonus
-  shrinks as a cell's trials grow, so the choice converges to the plain estimate.
-- latency(w, c): the target's `LatencyCurve` as `python -m specdec.tune` stored it for this machine
-  (`specdec.loop.tuned.tuned_latency`: measured through the loop's own forward; with
-  `cache="graphs"` a padded, bucketed one, whose curve steps at the buckets), or with none stored
-  the documented untuned default; read as non-decreasing in w (a running maximum: a dip measured
-  at one width would make trimming cut nearly every draft to that width); `scale` is an exponential moving average (weight 0.2) of
-  observed forward time / curve time, which absorbs machine load without re-measuring.
-- propose(D): the drafter's measured `propose` time as an EMA (weight 0.3) per draft depth; a depth
-  not yet observed costs (EMA of propose time per depth) x D. The first drafted step (which also runs
-  the prompt through a model drafter) is not counted. commit: EMA (weight 0.3) of the drafter's
-  `commit` time over every step, drafted or not (the drafter hears every commit, so "no draft" pays
-  it too). Kept apart because a commit costs about the same at any depth: folded into a cost per
-  depth, a drafter with a costly commit (one that runs a model over the accepted tokens) would make
-  deep shapes look dearer than they are and "no draft" cheaper.
-- other: EMA (weight 0.2) of the rest of a step (acceptance, rollback, bookkeeping).
-Trimming (`trim=1`, the default: the policy's `keep`). A drafter that scores its nodes (`Draft.scores`, a cumulative
-log-confidence: the growers record the draft model's log-probabilities, `ngram` its match shares)
-is asked for the chosen shape, and then only part of the draft is verified. Only point-mass drafts
-are trimmed (greedy drafts, trees, n-gram lookup): their tokens are fixed by the context, so which
-of them are verified changes nothing in the law of the output. A *sampled* draft (`draft_probs`,
-chains at T > 0) is verified whole: dropping a sampled node because of its own token's confidence
-would bias the output (tests/test_auto.py shows it with the exact law of one step).
-
-    p_i    = c[bucket(depth_i), bin(exp(score_i - score_parent(i)))]   calibrated P(node i accepted
-             | its parent accepted): depth buckets 1, 2, 3+, ten confidence bins on [0, 1]
-    P_i    = prod of p along the path to node i (E[node i accepted])
-    verify the k best nodes by P (ancestor-closed), k = argmax (1 + sum of their P) /
-           (scale * latency(1 + k, context) + other), k = 0 allowed (a plain step)
-
-- c: Beta posterior means, the prior centred on the bin's own confidence with weight 2 (a drafter
-  is believed calibrated until shown otherwise), updated after every step: each verified node
-  whose parent was accepted (or is the root) is one trial, a success if it was accepted; so is
-  each *trimmed* child of the last accepted node when the step ended on a bonus token (the target
-  drew it from its own distribution there: success if the child's token is that token, exact at
-  T = 0), so that confidences trimming rejects still get trials. Probes are verified whole.
-- The shape choice above then uses s learned on the verified nodes and the survival of trimming,
-  per depth and sibling rank like s: v[d, r] = P(the rank-r child at depth d is verified | its
-  parent is), counted over the children the chosen shape asks of each verified node (one the
-  drafter did not propose counts as dropped; prior: 4 of 4 kept). Per rank, because trimming eats
-  low-ranked siblings first: one survival per depth would charge a chain for its siblings' losses.
-  u[d, r] is the same survival counted only over the children of accepted parents (and the root's;
-  prior: v[d, r] with weight 4): acceptance only ever reaches those, and trimming keeps the children
-  of likely nodes. Counted over every verified parent instead, a tree(3,1) whose rank-1 and rank-2
-  nodes lose their children to trimming makes depth 2 look dropped most of the time, while the
-  children of accepted nodes survive far more often, so deeper shapes would never be tried.
-  So q_d = 1 - prod_{r < w_d} (1 - u[d, r] s[d, r]), E[accepted] = sum_d prod_{i<=d} q_i, and
-  the verification width is 1 + sum_d prod_{i<=d} (sum_{r < w_i} v[i, r]).
-  A drafter whose drafted steps cost under 3% of a one-token step (an EMA over every drafted step,
-  probes included, so a slow spike is forgotten; n-gram lookup) is asked every step for the
-  deepest shape of the menu with the most expected acceptances, even when "no draft"
-  has the best value: trimming can still verify nothing, so asking costs at most the drafting, and
-  only nodes whose calibrated confidence pays for their width are verified. An expensive drafter
-  drafts only as deep as what survives trimming pays for.
-The estimates belong to the drafter object: later generations with the same drafter (and the same
-auto config and target) start from what earlier ones learned; a new drafter starts from the prior.
-Greedy output never depends on it; at temperature > 0 the shapes chosen, and so which random numbers
-are drawn, depend on that history (a fixed shape reproduces a seed on its own).
-When "no draft" wins for `probe` steps in a row, chain(1) is drafted once so that the estimates can
-change; the interval doubles after each rejected probe and resets after an accepted one. Choosing
-"no draft" costs nothing else: the drafter is not asked, and still hears every `commit`.
-Steep curves (a wide forward costs several narrow ones) give short chains or none; flat curves
-(a wide forward costs about one narrow one, as on a large GPU) give wide trees.
+How each term is estimated (sibling acceptance s and its optimism, the latency curve and its load
+scale, draft and commit costs, trimming's calibration and survival, probes, cheap drafters, what
+the estimates remember across generations) is in docs/design/auto.md.
 """
-
 
 from __future__ import annotations
 
@@ -130,7 +57,7 @@ def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tup
 
 
 class AutoPolicy:
-    """`shape="auto"`: the shape with the best expected tokens per second (module docstring)."""
+    """`shape="auto"`: the shape with the best expected tokens per second (docs/design/auto.md)."""
 
     TARGET_WEIGHT, DRAFT_WEIGHT, OTHER_WEIGHT = 0.2, 0.3, 0.2
 
@@ -166,7 +93,7 @@ class AutoPolicy:
         self.idle_steps = 0
         self.probe_interval = spec.probe
         self.probing = False
-        # Trimming (module docstring): calibration cells [depth bucket, confidence bin], survival per
+        # Trimming (docs/design/auto.md): calibration cells [depth bucket, confidence bin], survival per
         # depth and sibling rank.
         centers = (np.arange(self.BINS) + 0.5) / self.BINS
         self.calib_prior = np.stack([self.CALIB_WEIGHT * centers, self.CALIB_WEIGHT * (1 - centers)])  # [2, bins]
@@ -189,7 +116,7 @@ class AutoPolicy:
         self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
 
     def acceptance(self, optimistic: bool = False) -> np.ndarray:
-        """s[d, r] (module docstring): posterior means; depth 1 under the Beta(1, 3) prior, each
+        """s[d, r] (docs/design/auto.md): posterior means; depth 1 under the Beta(1, 3) prior, each
         deeper depth under a prior of the same weight centred on the depth above. `optimistic`:
         s+[d, r], the mean plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
         weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
@@ -295,7 +222,7 @@ class AutoPolicy:
         return np.minimum(np.exp(own), 1.0), tree_ops.depths(draft.parents).numpy()
 
     def keep(self, draft: Draft, context: int) -> torch.Tensor | None:
-        """The nodes of `draft` worth verifying (module docstring, "Trimming"); None (all of them) when
+        """The nodes of `draft` worth verifying (docs/design/auto.md, "Trimming"); None (all of them) when
         trimming is off or the drafter gave no scores."""
         features = self._features(draft)
         if features is None:
