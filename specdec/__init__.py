@@ -4,7 +4,7 @@ Public API:
     target = specdec.load_target("smollm2-135m")
     drafter = specdec.drafters.build("ngram", target=target)
     out = specdec.generate(target, drafter, "Why is the sky blue?", shape="chain(4)")
-
+    for event in specdec.decode(target, drafter, ["Why is the sky blue?"], specdec.DecodeConfig()): ...
 
 The face is lazy (PEP 562): `import specdec` loads no submodule; each name below loads its module on
 first use, so `import specdec.X` pays only for X.
@@ -18,6 +18,7 @@ _FACE = {
     "load_target": "specdec.loading", "tiny_target": "specdec.loading",
     "BatchOutput": "specdec.loop.decode", "GenerationOutput": "specdec.loop.decode",
     "generate": "specdec.loop.decode", "generate_batch": "specdec.loop.decode",
+    "decode": "specdec.loop.decode", "DecodeConfig": "specdec.loop.decode", "StepEvent": "specdec.core.events",
     "GenerationStats": "specdec.core.metrics", "Target": "specdec.runtime.model",
     "profile": "specdec.measure.profiles", "SamplingConfig": "specdec.core.sampling",
     "ChainShape": "specdec.core.shapes", "DynamicShape": "specdec.core.shapes", "TreeShape": "specdec.core.shapes",
