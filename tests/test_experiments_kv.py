@@ -5,7 +5,7 @@ sweep, the main job's `kv:` command, and the ledger prompts on the embedded toke
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
@@ -133,9 +133,7 @@ def test_ledger_prompts_fit_the_context_and_carry_the_needle_and_a_small_sweep_r
         kv.long_prompts(embedded, 1, 200)
 
     # the full-sweep script at its smallest: its record (SPECDEC_RECORDS, set by conftest) is what the report shows
-    spec = importlib.util.spec_from_file_location("bench_self_draft", REPO / "scripts" / "bench_self_draft.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("scripts.bench_self_draft")
     result = bench.main(["--contexts", "400", "--prompts", "2", "--policies", "window", "--retentions", "25,100",
                          "--new-tokens", "4", "--mal-prompts", "1", "--depth", "2", "--bootstrap", "100"])
     assert {(r["prompt"], r["policy"], r["retention"]) for r in result["rows"]} == {

@@ -3,7 +3,6 @@ decoded with `generate_batch` as paired 2x2s, and a batch of one keeps the cells
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from experiments.store import load_rows
 
@@ -74,12 +73,8 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf, capsys):  # noqa: 
     lines = [line for line in section.splitlines() if line.startswith("| ngram chain(4)")]
     assert len(lines) == 2 and "x / " in lines[0] and lines[1].endswith("| – (curves of batch 1) |")
     # scripts/batch_rows_check.py reads the same store: both drafted runs of the batch cell, priced four ways.
-    import importlib.util
+    from scripts import batch_rows_check as check
 
-    script = Path(__file__).parents[1] / "scripts" / "batch_rows_check.py"
-    spec = importlib.util.spec_from_file_location("batch_rows_check", script)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
     assert check.main([str(results)]) == 0
     printed = capsys.readouterr().out.splitlines()
     name = "ngram chain(4) @b2 on torchao_int4_g32"

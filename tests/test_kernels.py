@@ -264,13 +264,8 @@ def test_eagle_packs_a_copy_of_its_head():
 
 @needs_onednn
 def test_bench_kernels_times_both_kernels_on_the_same_weights(kernel_cache, capsys):
-    import importlib.util
-    from pathlib import Path
+    from scripts import bench_kernels as bench
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
-    spec = importlib.util.spec_from_file_location("bench_kernels", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     bench.main(["--target", "tiny-llama", "--specs", "none,fp16", "--widths", "1,4", "--contexts", "8",
                 "--repeats", "1"])
     card = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

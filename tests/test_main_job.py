@@ -4,7 +4,7 @@ record reaches docs/measurements only through `scripts/measurements.py --publish
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -22,10 +22,7 @@ TINY = ["model=tiny", "dataset=smoke", "dataset.question_ids=[smoke-1,smoke-4]",
 
 
 def _measurements():
-    spec = importlib.util.spec_from_file_location("measurements", REPO / "scripts" / "measurements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.measurements")
 
 
 def _status() -> str:

@@ -1,7 +1,6 @@
 """The measurement records and their generated pages; the README's front-door limits."""
 
 import importlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -16,10 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("measurements", REPO / "scripts" / "measurements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.measurements")
 
 
 KEY = "cpu-AuthenticAMD-f25-m17-avx2-avx512f"

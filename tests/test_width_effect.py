@@ -95,13 +95,9 @@ def test_exact_arithmetic_only_for_plain_fp32_or_fp64():
 
 
 def test_bench_script_records_the_derivation(tmp_path, monkeypatch, capsys):
-    import importlib.util
+    from scripts import bench_width_effect as bench
 
     monkeypatch.setenv("SPECDEC_RECORDS", str(tmp_path))
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_width_effect.py"
-    spec = importlib.util.spec_from_file_location("bench_width_effect", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     result = bench.main(["--target", "tiny-llama", "--dtype", "bfloat16", "--kernel", "torch", "--drafter", "random",
                          "--prompts", "2", "--tokens", "6", "--shapes", "chain(2)"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
