@@ -106,6 +106,9 @@ class Power:
     detectable_tv: float = math.nan
     """The smallest per-token TV a distribution case of the certificate's n detects with power >= POWER
     (inf, null in JSON: not even 1 / V; NaN: not computed)."""
+    planted_p: float = math.nan
+    """p of a `random` chain(2) case of n generations with the law tilted by `detectable_tv` through the
+    real verifier (`tilted`): below ALPHA unless the 1 - POWER chance of a miss came up."""
 
     @property
     def control_p(self) -> float:
@@ -141,12 +144,14 @@ class Power:
             verdict = self.errors.get(m.name) or ("caught" if p <= POWER_ALPHA else "NOT CAUGHT")
             lines.append(f"  {m.name:<34} {m.case:<20} p = {p:.2e}  {verdict}")
         lines.append(f"  detectable TV: a distribution case detects the target law moved by {self.detectable_tv:.3g} "
-                     f"per token (toward its least likely token) with power {POWER:g} at p < {ALPHA:g}")
+                     f"per token (toward its least likely token) with power {POWER:g} at p < {ALPHA:g}; planted "
+                     f"through the real verifier: p = {self.planted_p:.2e}")
         return lines
 
     def json(self) -> dict:
         return {"control": self.control_p, "mutants": {m.name: self.mutant_p(m.name) for m in MUTANTS},
-                "detectable_tv": self.detectable_tv if math.isfinite(self.detectable_tv) else None}
+                "detectable_tv": self.detectable_tv if math.isfinite(self.detectable_tv) else None,
+                "planted_p": self.planted_p if math.isfinite(self.planted_p) else None}
 
 
 def power(world: World, n: int = POWER_N, case_n: int = 250) -> Power:
@@ -161,6 +166,10 @@ def power(world: World, n: int = POWER_N, case_n: int = 250) -> Power:
         except MutantDoesNotApply as err:
             result.errors[m.name] = str(err)
     result.detectable_tv = detectable_tv(world.target, case_n)
+    if math.isfinite(result.detectable_tv):  # the claim checked once through the real verifier
+        with mutated(tilted(result.detectable_tv)):
+            result.planted_p = distribution_case(world.target, build("random", target=world.target), "chain(2)",
+                                                 "plain", case_n, prompt_name="planted tilt").min_p
     result.seconds = time.process_time() - start
     return result
 
