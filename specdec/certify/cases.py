@@ -159,13 +159,9 @@ class DraftProblem(ValueError):
 
 def shape_limits(shape) -> tuple[int, int]:
     """(most nodes, deepest depth) a draft of concrete `shape` may have."""
-    if isinstance(shape, ChainShape):
-        return shape.k, shape.k
-    if isinstance(shape, TreeShape):
-        return shape.max_nodes, len(shape.widths)
-    if isinstance(shape, DynamicShape):
-        return shape.budget, shape.depth
-    raise DraftProblem(f"the loop asked for {shape!r}, which is not a concrete shape")
+    if not isinstance(shape, (ChainShape, TreeShape, DynamicShape)):
+        raise DraftProblem(f"the loop asked for {shape!r}, which is not a concrete shape")
+    return shape.max_nodes, shape.depth
 
 
 class Recorder:
