@@ -263,10 +263,10 @@ def test_steps_name_each_rows_absolute_positions(tiny_llama64, prompts):
 
 
 def test_batched_certificate_case_passes_and_names_unbatchable_drafters():
-    """`certify_batch.batch_case`: ngram's rows each follow their prompt's exact law; a drafter that
+    """`batch.batch_case`: ngram's rows each follow their prompt's exact law; a drafter that
     cannot batch gets no case (None) rather than a PASS."""
     from specdec import certify
-    from specdec.measure.certify_batch import batch_case
+    from specdec.certify.batch import batch_case
 
     world = certify.tiny_world()
     case = batch_case(world.target, build_for_tests("ngram", target=world.target), "tree(2,2)", "top-k", 150)

@@ -11,7 +11,7 @@ import torch
 from specdec import certify
 from specdec.core.draft import Draft
 from specdec.drafters.registry import _REGISTRY, build
-from specdec.measure.mutants import MUTANTS
+from specdec.certify.mutants import MUTANTS
 
 
 def test_certificate_ends_with_one_json_line(capsys):
@@ -20,10 +20,12 @@ def test_certificate_ends_with_one_json_line(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     record = json.loads(out[-1])
     assert set(record) == {"drafter", "passed", "verdict", "cases", "batch", "min_p", "power", "width", "promise",
-                           "cpu_seconds"}
+                           "cpu_seconds", "detectable_tv", "failure"}
     assert record["drafter"] == "random" and record["passed"] is False and record["verdict"] == "FAIL"
-    # random batches: one batched case per sampling, each row against its own prompt's law
-    assert [c["sampling"] for c in record["batch"]] == list(certify.SAMPLINGS)
+    # random batches: one batched case per shape and sampling (greedy, top-k, top-p), each row against
+    # its own prompt's law or greedy reference
+    assert [(c["shape"], c["sampling"]) for c in record["batch"]] == [
+        (shape, sampling) for shape in ("chain(2)", "tree(2,1)") for sampling in ("greedy", "top-k", "top-p")]
     assert all(c["prompt"] == "batch of 3" and c["problem"] is None for c in record["batch"])
     # the width effect on the bf16 target: TV per token with a CI, per temperature
     width = record["width"]
@@ -41,18 +43,30 @@ def test_certificate_ends_with_one_json_line(capsys):
     assert record["min_p"] == min(min(c["p_value"], c["draft_p"] or 1.0) for c in record["cases"] + record["batch"])
     assert set(record["power"]["mutants"]) == {m.name for m in MUTANTS}
     assert status == 1 and "FAIL" in out[-2] and "NOT CAUGHT" in "\n".join(out)
+    # the FAIL line names what failed with its own p: a mutant the 20-sample reference cases miss
+    failed = record["failure"]
+    assert out[-2].startswith(f"FAIL: {failed}; min p = ") and failed.startswith("mutant '")
+    name = failed.split("'")[1]
+    assert f"(p = {record['power']['mutants'][name]:.3g} > 1e-06)" in failed
+    # 30 generations per case detect no tilt up to TV 1 / V = 0.2 per token with power 0.99
+    assert record["detectable_tv"] is None and record["power"]["detectable_tv"] is None
+    assert "detectable TV inf per token" in out[-2]
     assert any("identical" in line for line in out)
 
 
 def test_self_test_prints_control_and_every_mutant(capsys):
     status = certify.main(["--self-test", "--power-n", "40"])
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(record) == {"control", "mutants", "cpu_seconds"}
+    assert set(record) == {"control", "mutants", "detectable_tv", "planted_p", "cpu_seconds"}
+    # stated for the default 250 generations per case, and checked once through the real verifier
+    assert 0 < record["detectable_tv"] < 0.2 and record["planted_p"] < certify.ALPHA
     assert set(record["mutants"]) == {m.name for m in MUTANTS}
     assert record["control"] >= certify.ALPHA
     # Gross errors are caught even at 40 samples; the subtle ones need the full size (test_exactness).
     assert record["mutants"]["always_accept"] <= certify.POWER_ALPHA
     assert record["mutants"]["greedy_at_temperature"] <= certify.POWER_ALPHA
+    # the greedy siblings case is exact (p = 0 or 1) at any size: the position and keep mutants fail it
+    assert record["mutants"]["tree_positions_in_chain"] == record["mutants"]["keep_ignores_path"] == 0.0
     assert status == (0 if max(record["mutants"].values()) <= certify.POWER_ALPHA else 1)
 
 
@@ -132,7 +146,10 @@ def test_a_broken_drafter_fails_its_certificate_naming_the_case(monkeypatch, how
     assert failed and all(expect in c.problem for c in failed), [c.problem for c in cert.cases]
     assert cert.min_p == 0.0
     text = cert.text()
-    assert f"{shape} top-k" in text and "FAILED: " in text and "FAIL: min p = 0" in text
+    assert f"{shape} top-k" in text and "FAILED: " in text
+    named = (f"FAIL: greedy identity {shape}: {cert.greedy[shape]} (p = 0); " if cert.greedy[shape] else
+             f"FAIL: case '{failed[0].label}': {failed[0].problem} (p = 0 < 0.0001); ")
+    assert text.splitlines()[-1].startswith(named)
     if how == "chains only":
         assert "ValueError" in cert.greedy[shape]
 
@@ -151,7 +168,7 @@ def test_a_sampled_draft_recorded_as_point_mass_is_still_exact(monkeypatch):
 def _certificate(width_exact: bool | None, algorithm_exact: bool = True) -> certify.Certificate:
     """A certificate with made-up results: cases at p = 0.5, a power section whose mutants are all
     caught (or, algorithm_exact False, one not caught), and a width effect (None: no --target)."""
-    from specdec.measure.certify_cases import CaseResult
+    from specdec.certify.cases import CaseResult
     from specdec.measure.width_effect import PromptEffect, WidthEffect
 
     case = CaseResult("chain(2)", "plain", False, 100, 0.5)
@@ -173,7 +190,11 @@ def test_a_width_dependent_target_gets_no_pass(width_exact, algorithm_exact, ver
     cert = _certificate(width_exact, algorithm_exact)
     assert cert.verdict == verdict and cert.passed == (verdict == "PASS")
     text = cert.text()
-    assert text.splitlines()[-1].startswith(f"{verdict}: min p = ")
+    last = text.splitlines()[-1]
+    if verdict == "FAIL":  # the mutant that was not caught, with its own p (the cases' min p is 0.5)
+        assert last.startswith(f"FAIL: mutant {MUTANTS[0].name!r} not caught (p = 0.5 > 1e-06); min p = 0.5")
+    else:
+        assert last.startswith(f"{verdict}: min p = 0.5, detectable TV ")
     assert f"Promise: {certify.PROMISE}." in text
     assert ("TV per token 0.02 [" in text) == (width_exact is not None)  # mean over 3 prompts of 0.01, 0.02, 0.03
     if verdict == "WIDTH-DEPENDENT":
@@ -189,3 +210,44 @@ def test_a_drafter_that_cannot_batch_gets_a_line_not_a_failure():
     cert = _certificate(None)
     assert cert.batch is None and cert.passed
     assert "does not batch (generate_batch refuses it); no batched case (not a failure)" in cert.text()
+
+
+# ---- the world sees positions ------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_the_world_moves_with_a_token_moved_by_one_position():
+    """On every model of the certificate's world but the random draft model and the flat target, moving
+    the last token of a context by 1, 3 or 6 positions flips the argmax in most of 60 contexts and moves
+    the next-token law by TV > 0.3 on average (a random tiny model: no flip, TV <= 0.001)."""
+    world = certify.tiny_world()
+    for target in (*world.greedy_targets, world.target):
+        g = torch.Generator().manual_seed(1)
+        flips, tv = 0, 0.0
+        for _ in range(60):
+            length = int(torch.randint(6, 14, (), generator=g))
+            ids = torch.randint(0, target.vocab_size, (1, length), generator=g)
+            positions = torch.arange(length)[None]
+            base = target.model(input_ids=ids, position_ids=positions).logits[0, -1]
+            for shift in (1, 3, 6):
+                moved = positions.clone()
+                moved[0, -1] += shift
+                logits = target.model(input_ids=ids, position_ids=moved).logits[0, -1]
+                flips += int(logits.argmax() != base.argmax())
+                tv += 0.5 * float((logits.softmax(-1) - base.softmax(-1)).abs().sum()) / 180
+        assert flips > 0.6 * 180 and tv > 0.3, (target.vocab_size, flips, tv)
+
+
+def test_a_batch_row_at_the_stored_length_fails_the_greedy_batched_case():
+    """The `batch_rows_at_stored_length` mutant (every row at the shared stored length) makes the greedy
+    batched case name the rows that differ; unmutated it passes."""
+    from specdec.certify.batch import batch_case
+    from specdec.certify.mutants import mutant, mutated
+
+    world = certify.tiny_world()
+    target = world.greedy_targets[0]
+    case = batch_case(target, build("random", target=target), "tree(2,2)", "greedy", 1)
+    assert case.problem is None and case.p_value == 1.0 and case.steps > 0
+    with mutated(mutant("batch_rows_at_stored_length")):
+        case = batch_case(target, build("random", target=target), "tree(2,2)", "greedy", 1)
+    assert case.p_value == 0.0 and case.problem.startswith("rows [") and "differ from the greedy reference" in case.problem

@@ -5,7 +5,7 @@ For random small vocabularies, random tree structures and random target / draft 
 every draft the drafter can sample and every branch of the random draws of the real verifier
 (`acceptance.accept` runs once per branch, its uniform and multinomial draws scripted and weighed
 by their probabilities), so a bug in the acceptance walk itself moves the law: every acceptance
-mutant of the certificate (`specdec.measure.mutants`) is shown to.
+mutant of the certificate (`specdec.certify.mutants`) is shown to.
 Continued by plain target sampling to a fixed length, that law must equal the target's own law of
 the same token sequences to 1e-12. Covers point-mass siblings (deterministic tokens, duplicates
 allowed) and sampled siblings with draft probabilities, i.i.d. or without replacement (the recorded
@@ -28,7 +28,7 @@ from specdec.core.acceptance import acceptance_probability
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Draft
 from specdec.core.sampling import SamplingConfig
-from specdec.measure.mutants import MUTANTS, mutated
+from specdec.certify.mutants import MUTANTS, mutated
 
 
 class World:

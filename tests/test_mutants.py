@@ -3,6 +3,8 @@
 The power of the reference cases against every mutant (p <= 1e-6) is test_exactness.py's; the
 mutants' effect on the exact one-step law (no sampling noise) is test_exact_law.py's."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -10,12 +12,28 @@ import specdec
 from specdec.core import acceptance, grow, shapes
 from specdec.core.draft import Draft
 from specdec.core.sampling import SamplingConfig
-from specdec.measure.mutants import MUTANTS, Mutant, MutantDoesNotApply, mutant, mutated
+from specdec.certify.mutants import MUTANTS, Mutant, MutantDoesNotApply, mutant, mutated
+
+
+def real_function(m: Mutant):
+    function = importlib.import_module(m.module)
+    for part in m.function.split("."):
+        function = getattr(function, part)
+    return function
+
+
+def test_there_are_enough_mutants_each_with_a_known_reference_case():
+    from specdec.certify.power import REFERENCE_CASES
+
+    assert len(MUTANTS) >= 13 and len({m.name for m in MUTANTS}) == len(MUTANTS)
+    assert {m.case for m in MUTANTS} <= set(REFERENCE_CASES)
+    assert {m.module for m in MUTANTS} >= {"specdec.core.acceptance", "specdec.core.grow", "specdec.core.sampling",
+                                          "specdec.runtime.model", "specdec.runtime.cache"}
 
 
 @pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)
 def test_every_mutant_applies_and_is_undone(m):
-    function = getattr(__import__(m.module, fromlist=[m.function]), m.function)
+    function = real_function(m)
     code = function.__code__
     with mutated(m):
         edited = function.__code__
@@ -82,3 +100,37 @@ def test_sibling_mutant_judges_the_second_sibling_with_the_first_draft():
     assert 0.4 < accepted_share() < 0.6
     with mutated(mutant("first_sibling_draft")):
         assert accepted_share() == 1.0
+
+
+def test_position_mutant_moves_tree_nodes_to_chain_positions():
+    """`tree_block` of a root with two children after 10 cached entries: depths put both children at
+    position 11; the mutant puts the second at 12 (its index in the block)."""
+    from specdec.runtime.model import tree_block
+
+    parents = torch.tensor([-1, 0, 0])
+    assert tree_block(parents, 3, 10)[1].tolist() == [10, 11, 11]
+    with mutated(mutant("tree_positions_in_chain")):
+        assert tree_block(parents, 3, 10)[1].tolist() == [10, 11, 12]
+    assert tree_block(parents, 3, 10)[1].tolist() == [10, 11, 11]
+
+
+def test_cache_mutants_reach_a_method(tiny64):
+    """`KVCache.keep` of block entries [0, 2] keeps them; `keep_ignores_path` keeps [0, 1] instead, and
+    `rollback_keeps_one_more` keeps one entry past a prefix."""
+    from specdec.runtime.cache import KVCache
+
+    def kept(offsets, m=None):
+        cache = KVCache()
+        tiny64.prefill(list(range(1, 9)), cache)  # 8 entries, positions 0..7
+        keys = cache.tensors()[0][0][0, 0].clone()  # [S, D] of the first layer and head
+        if m is None:
+            cache.keep(4, offsets)
+        else:
+            with mutated(mutant(m)):
+                cache.keep(4, offsets)
+        after = cache.tensors()[0][0][0, 0]
+        return [next(i for i in range(8) if torch.equal(after[j], keys[i])) for j in range(4, cache.length)]
+
+    assert kept([0, 2]) == [4, 6] and kept([0, 1]) == [4, 5]
+    assert kept([0, 2], "keep_ignores_path") == [4, 5]
+    assert kept([0, 1], "rollback_keeps_one_more") == [4, 5, 6]

@@ -113,3 +113,69 @@ def test_bad_settings_are_refused_with_their_value(kwargs, message):
                                     {"top_p": 1.0}, {"top_p": 1e-9}])
 def test_edge_settings_are_accepted(kwargs):
     SamplingConfig(**kwargs)
+
+
+# ---- the law against two written elsewhere: transformers' warpers, the certificate's reference ----
+
+HF_CONFIGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.6, 0, 1.0), (1.0, 3, 1.0), (0.7, 4, 1.0), (1.0, 0, 0.8),
+              (0.7, 0, 0.8), (1.6, 0, 0.5), (0.7, 5, 0.9), (1.3, 12, 0.6)]
+"""(temperature, top_k, top_p) at T > 0: each filter alone, with a temperature on either side of 1, and combined."""
+
+
+def transformers_law(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """softmax after transformers' Temperature-, TopK- and TopPLogitsWarper, in their generate order."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", HF_CONFIGS)
+def test_the_target_law_is_transformers_warper_law(temperature, top_k, top_p):
+    """Rows of 32 tokens without ties: temperature, then top-k, then top-p, as transformers applies them."""
+    logits = torch.randn(6, 32, generator=torch.Generator().manual_seed(top_k + 7), dtype=torch.float64) * 3
+    got = target_probs_from_logits(logits, SamplingConfig(temperature, top_k, top_p))
+    torch.testing.assert_close(got, transformers_law(logits, temperature, top_k, top_p), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", CONFIGS + HF_CONFIGS)
+def test_the_certificate_law_is_the_reference_law(temperature, top_k, top_p):
+    """The certificate's oracle (`specdec.certify.cases.reference_law`) is a third writing of the law."""
+    from specdec.certify.cases import reference_law as certificate_law
+
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2
+    logits[1, 3:6] = logits[1, 0]  # a tie at the top
+    logits[2, :] = logits[2, 0]  # every token tied
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    for row in logits.tolist():
+        expected = reference_law(row, temperature, top_k, top_p)
+        for got in (certificate_law(row, sampling), target_probs_from_logits(torch.tensor(row, dtype=torch.float64), sampling).tolist()):
+            assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("vocab, top_p, kept", [(4, 0.5, 2), (64, 0.25, 16), (1024, 0.125, 128), (4096, 0.5, 2048)])
+def test_ties_in_top_p_keep_the_lowest_indices(vocab, top_p, kept):
+    """Equal probabilities (exact in binary): the nucleus is the first `kept` tokens in index order (a stable sort), as the
+    reference law says; an unstable sort keeps some other set of the same size."""
+    probs = target_probs_from_logits(torch.zeros(vocab, dtype=torch.float64), SamplingConfig(1.0, top_p=top_p))
+    expected = torch.tensor(reference_law([0.0] * vocab, 1.0, 0, top_p), dtype=torch.float64)
+    assert torch.equal(probs, expected)
+    assert torch.equal(probs.nonzero().flatten(), torch.arange(kept))
+
+
+def test_a_nucleus_on_the_untempered_softmax_fails_the_reference():
+    """The certificate's `nucleus_on_untempered` mutant (top-p chosen before the temperature) moves the
+    law away from the reference at T != 1; the real function agrees with it."""
+    from specdec.certify.mutants import mutant, mutated
+
+    logits = torch.randn(8, 12, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    sampling = SamplingConfig(0.5, top_p=0.7)
+    expected = torch.tensor([reference_law(row, 0.5, 0, 0.7) for row in logits.tolist()], dtype=torch.float64)
+    torch.testing.assert_close(target_probs_from_logits(logits, sampling), expected, rtol=1e-12, atol=1e-15)
+    with mutated(mutant("nucleus_on_untempered")):
+        moved = target_probs_from_logits(logits, sampling)
+    assert (moved - expected).abs().sum(-1).max() > 0.05

@@ -16,7 +16,7 @@ distributed as the node's target distribution, and walking down the accepted chi
 When a node has no children left, the *bonus* token is drawn from its full target distribution.
 
 Knows nothing about models or caches: it is given target logits for the root and every node.
-`specdec.measure.mutants` edits lines of this module's source (the certificate's wrong rules): a
+`specdec.certify.mutants` edits lines of this module's source (the certificate's wrong rules): a
 changed line there makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
 """
 

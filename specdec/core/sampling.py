@@ -44,7 +44,10 @@ class SamplingConfig:
 def target_probs_from_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """Target distribution for sampling. logits [..., V] -> probs [..., V] (float32 or wider).
 
-    Greedy configs give the one-hot of the argmax (first index on ties, as torch.argmax). The logits
+    Order: temperature, then top-k (every token tied with the k-th kept), then top-p (the smallest
+    prefix of the tokens sorted by probability, ties in index order, whose mass reaches top_p), as
+    transformers' Temperature-, TopK- and TopPLogitsWarper. Greedy configs give the one-hot of the
+    argmax (first index on ties, as torch.argmax). The logits
     are shifted by their maximum before the division, so a tiny temperature sends the others to -inf
     and keeps the maximum at 0, instead of overflowing there (inf - inf = nan).
     """
@@ -60,7 +63,7 @@ def target_probs_from_logits(logits: torch.Tensor, sampling: SamplingConfig) -> 
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = scaled.softmax(-1)
     if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(-1, descending=True)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: the lower index first
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = mass_before >= sampling.top_p  # keeps the token that crosses top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)

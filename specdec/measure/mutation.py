@@ -5,7 +5,7 @@ the mutated source), `swaps` (the real functions and methods whose code or defau
 changes, paired with the mutant's: setting `__code__` / `__defaults__` patches every importer at once)
 and `rebind` (for an edit outside any function body: the edited class or constant replaced wherever a
 loaded module holds it). No file is written. Knows nothing about tests or verdicts: the script forks,
-patches, runs pytest and renders the page; `specdec.measure.mutants` holds hand-written mutants of the
+patches, runs pytest and renders the page; `specdec.certify.mutants` holds hand-written mutants of the
 acceptance rules for the exactness certificate.
 """
 

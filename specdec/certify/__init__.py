@@ -1,27 +1,29 @@
 """An exactness certificate for any registered drafter: `python -m specdec.certify DRAFTER`.
 
-Owns the certificate that the test suite and the command line share:
+Owns the certificate that the test suite and the command line share (the package's face):
 - greedy identity (`greedy_case`): at T = 0 the loop's output equals the cacheless reference's
-  greedy output, token for token (fp64 tiny models of three families);
-- the drafter's distribution cases (`specdec.measure.certify_cases.distribution_case`): at T > 0,
+  greedy output, token for token, on position-keyed fp64 models of three families
+  (`specdec.certify.world`: a token moved by one position changes their output);
+- the drafter's distribution cases (`specdec.certify.cases.distribution_case`): at T > 0,
   Pearson's chi-square of the first `LENGTH` generated tokens of n seeded generations against the
-  target's exact law, per shape x {plain, top-k, top-p} x EOS stopping {off, on}; on a second prompt
-  whose repeats branch (n-gram trees, more rejections); `auto` at T > 0 and the static and graphs
-  caches; batched rows (`specdec.measure.certify_batch.batch_case`, one case per sampling on
-  `BATCH_SHAPE`; a drafter that cannot batch gets a line saying so, not a failure). Every draft is checked (`Recorder`): it fits the shape asked for, its draft_probs are
-  well formed, and the sampled tokens' ranks match the recorded draft_probs per depth (chi-square);
-- power (`specdec.certify_power.power`, re-exported here): the reference cases (drafter-independent: point-mass siblings, sampled siblings
-  with draft probabilities, a sampled chain under top-k and top-p through the real grower) run
-  unmutated (the control) and under every mutant of `specdec.measure.mutants` (each one edit of the
-  real acceptance code or draft sampler). A certificate passes only if every case of the drafter and
-  the control pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA);
+  target's exact law (written apart from the loop's, `cases.reference_law`), per shape x {plain,
+  top-k, top-p} x EOS stopping {off, on}; on a second prompt whose repeats branch; `auto` and the
+  static and graphs caches; batched rows (`specdec.certify.batch`: every shape x {greedy, top-k,
+  top-p}; a drafter that cannot batch gets a line saying so, not a failure). Every draft is checked
+  (`Recorder`): it fits the shape asked for, its draft_probs are well formed and match the sampled
+  tokens (chi-square of their ranks per depth);
+- power (`specdec.certify.power`): drafter-independent reference cases pass unmutated (the control)
+  and fail under every mutant of `specdec.certify.mutants` (an edit of the real acceptance code,
+  draft sampler, target law, tree forward or cache rollback), and the smallest per-token TV a case
+  detects (`detectable_tv`). A certificate passes only if every case of the drafter and the control
+  pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA); a FAIL names what failed, with its p;
 - the width effect (`--target`): on a real target, how far a drafted run's next-token law is from
   the plain loop's (`specdec.measure.width_effect`, TV per token with a CI over prompts). The
   promise (`PROMISE`) is exactness with respect to the target's computation at the verification
-  width: on a target that is not plain fp32/fp64 (bf16/fp16, quantized weights, another kernel) the
-  certificate reports that effect and the verdict WIDTH-DEPENDENT instead of a PASS it cannot back;
-- `certify` and `main`: a readable certificate with one JSON line last, or with
-  `--self-test` the power section alone as one JSON line.
+  width: on a target that is not plain fp32/fp64 the certificate reports that effect and the
+  verdict WIDTH-DEPENDENT instead of a PASS it cannot back;
+- `certify` and `main`: a readable certificate with one JSON line last, or with `--self-test`
+  the power section alone as one JSON line.
 Knows nothing about any particular drafter: it builds them by name through the registry, with the
 factory's `test_options` under the user's `--options`.
 """
@@ -39,30 +41,26 @@ from dataclasses import dataclass, field
 import torch
 
 import specdec
+from specdec.certify.batch import batch_case
+from specdec.certify.cases import GREEDY_PROMPTS, LENGTH, SAMPLINGS, CaseResult, distribution_case, greedy_case
+from specdec.certify.drafters import SiblingDrafter
+from specdec.certify.power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
+from specdec.certify.world import FAMILIES, VOCAB, World, tiny_world
+from specdec.core.curve import LatencyCurve
 from specdec.core.draft import Drafter
-from specdec.loop.reference import reference_generate
 from specdec.core.shapes import AutoShape
 from specdec.drafters.registry import _REGISTRY as _DRAFTERS
 from specdec.drafters.registry import build, parse_options
-from specdec.measure.certify_batch import batch_case
-from specdec.measure.certify_cases import LENGTH, SAMPLINGS, CaseResult, SiblingDrafter, distribution_case
 from specdec.measure import width_effect as widths
-from specdec.core.curve import LatencyCurve
-from specdec.certify_power import ALPHA, POWER_ALPHA, POWER_N, REFERENCE_CASES, Power, power, reference_cases
-from specdec.measure.mutants import MUTANTS
 from specdec.runtime.model import Target
 
 __all__ = ["ALPHA", "POWER_ALPHA", "POWER_N", "REFERENCE_CASES", "Certificate", "Power", "SiblingDrafter", "World",
            "certify", "main", "power", "reference_cases", "tiny_world"]
-VOCAB = 5
-"""Vocabulary of the T > 0 models: small enough to enumerate V^LENGTH sequences exactly."""
 DISTRIBUTION_SHAPES = ("chain(2)", "tree(2,2)", "dynamic(top_k=2,depth=2,budget=4)")
 GREEDY_SHAPES = ("chain(1)", "chain(4)", "tree(3,2,2)", "dynamic(top_k=3,depth=5,budget=12)")
-GREEDY_PROMPTS = ([1, 5, 9, 5, 9, 5, 9, 13], [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 2, 3, 5])
 BRANCH_PROMPT = (2, 0, 1, 4, 4, 0, 1, 1, 1, 0)
 """Second T > 0 prompt: its trailing n-grams recur with different continuations (n-gram drafters
 grow real trees) and its contexts are ones the tiny draft models disagree on more (more rejections)."""
-FAMILIES = ("llama", "qwen2", "mistral")
 AUTO_LATENCY = LatencyCurve(target="synthetic", device="cpu", dtype="float64", machine="certificate", threads=1,
                             widths=(1, 2, 4, 8, 16), contexts=(64,), seconds=((1.0, 1.1, 1.2, 1.4, 1.8),))
 """The latency curve of the `auto` cases: cheap width, so auto drafts chains and trees."""
@@ -70,37 +68,13 @@ COVERAGE = (("auto", "plain", "dynamic"), ("auto", "top-p", "dynamic"), ("tree(2
             ("chain(2)", "top-k", "static"), ("dynamic(top_k=2,depth=2,budget=4)", "plain", "graphs"),
             ("chain(2)", "top-p", "graphs"))
 """(shape, sampling, cache) of the coverage cases: `auto` at T > 0, the preallocated caches."""
-BATCH_SHAPE = "tree(2,2)"
-"""Shape of the batched cases (one per sampling)."""
+BATCH_SAMPLINGS = ("greedy", "top-k", "top-p")
+"""Samplings of the batched cases, one case per distribution shape and sampling."""
 PROMISE = ("exact with respect to the target's computation at the verification width; in bf16/fp16 or "
            "low-bit kernels the target's own law depends on the forward's width")
 
 
 # ---- the models and the drafter ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class World:
-    """The tiny models a certificate runs on."""
-
-    greedy_targets: tuple[Target, ...]
-    """fp64 targets (vocab 64), one per model family, for the token-exact greedy identity."""
-    target: Target
-    """fp64 target with a VOCAB-token vocabulary for the distribution tests."""
-    draft_model: Target
-    """A different fp64 model on the same vocabulary: the `model=` of drafters that take one."""
-    flat_target: Target
-    """A flatter fp64 VOCAB-token target (logit scale 1.5): the point-mass sibling reference case."""
-
-
-def tiny_world() -> World:
-    """Build the certificate's models (seeded: every run sees the same weights)."""
-    greedy = tuple(specdec.tiny_target(f, vocab_size=64, dtype=torch.float64, seed=0, logit_scale=4.0)
-                   for f in FAMILIES)
-    small = dict(vocab_size=VOCAB, hidden_size=16, dtype=torch.float64)
-    return World(greedy, specdec.tiny_target("llama", seed=0, logit_scale=6.0, **small),
-                 specdec.tiny_target("llama", seed=7, logit_scale=6.0, **small),
-                 specdec.tiny_target("llama", seed=3, logit_scale=1.5, **small))
 
 
 def build_drafter(name: str, target: Target, options: dict | None = None) -> Drafter:
@@ -109,26 +83,6 @@ def build_drafter(name: str, target: Target, options: dict | None = None) -> Dra
         raise KeyError(f"unknown drafter {name!r}; registered drafters: {', '.join(specdec.drafters.names())}")
     defaults = getattr(_DRAFTERS[name], "test_options", {})
     return build(name, target=target, **{**defaults, **(options or {})})
-
-
-# ---- T = 0 ----------------------------------------------------------------------------------------
-
-
-def greedy_case(target: Target, drafter: Drafter, shape: str, prompts: Sequence[Sequence[int]] = GREEDY_PROMPTS,
-                max_new_tokens: int = 20) -> str | None:
-    """None when the drafter's greedy output equals the reference on every prompt, else what diverged
-    (or what the drafter raised)."""
-    for prompt in prompts:
-        ref = reference_generate(target, prompt, max_new_tokens=max_new_tokens, stop_on_eos=False)
-        try:
-            out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=max_new_tokens,
-                                   stop_on_eos=False).token_ids
-        except Exception as err:  # noqa: BLE001 -- a drafter's error fails this case, named
-            return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: {type(err).__name__}: {err}"
-        if out != ref:
-            first = next(i for i, (a, b) in enumerate(zip(out + [None] * len(ref), ref)) if a != b)
-            return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: token {first} differs"
-    return None
 
 
 # ---- the drafter's cases ----------------------------------------------------------------------------
@@ -140,10 +94,15 @@ def parse_case_shape(shape: str):
     return dataclasses.replace(spec, latency=AUTO_LATENCY) if isinstance(spec, AutoShape) else shape
 
 
-def batch_cases(world: World, drafter: Drafter, n: int, samplings: Sequence[str] = tuple(SAMPLINGS),
-                shape: str = BATCH_SHAPE) -> list[CaseResult] | None:
-    """One batched case per sampling on `shape` (n batches each); None when the drafter cannot batch."""
-    cases = [batch_case(world.target, drafter, shape, sampling, n) for sampling in samplings]
+def batch_cases(world: World, drafter: Drafter, n: int, samplings: Sequence[str] = BATCH_SAMPLINGS,
+                shapes: Sequence[str] = DISTRIBUTION_SHAPES, greedy_drafter: Drafter | None = None,
+                ) -> list[CaseResult] | None:
+    """One batched case per shape and sampling (n batches each at T > 0; "greedy" runs
+    `greedy_drafter`, built on the first greedy target, and is skipped without one); None when the
+    drafter cannot batch."""
+    cases = [batch_case(world.greedy_targets[0], greedy_drafter, shape, sampling, n) if sampling == "greedy"
+             else batch_case(world.target, drafter, shape, sampling, n)
+             for shape in shapes for sampling in samplings if sampling != "greedy" or greedy_drafter is not None]
     return None if any(c is None for c in cases) else cases
 
 
@@ -184,11 +143,20 @@ class Certificate:
     def min_p(self) -> float:
         return min((c.min_p for c in [*self.cases, *(self.batch or [])]), default=1.0)
 
+    def failure(self) -> str | None:
+        """The first thing that failed, named with its own p; None when the algorithm is exact."""
+        why = next(((shape, why) for shape, why in self.greedy.items() if why is not None), None)
+        if why is not None:
+            return f"greedy identity {why[0]}: {why[1]} (p = 0)"
+        worst = min([*self.cases, *(self.batch or [])], key=lambda c: c.min_p, default=None)
+        if worst is not None and worst.min_p < ALPHA:
+            return f"case {worst.label!r}: {worst.problem or 'chi-square'} (p = {worst.min_p:.3g} < {ALPHA:g})"
+        return "no power section (--power-n 0)" if self.power is None else self.power.failure()
+
     @property
     def exact(self) -> bool:
         """The algorithm is exact: greedy identity, every case and the power section pass (fp64 models)."""
-        return (all(v is None for v in self.greedy.values()) and self.min_p >= ALPHA
-                and self.power is not None and self.power.passed)
+        return self.failure() is None
 
     @property
     def width_dependent(self) -> bool:
@@ -209,6 +177,8 @@ class Certificate:
                            "cases": [c.row() for c in self.cases],
                            "batch": None if self.batch is None else [c.row() for c in self.batch],
                            "min_p": self.min_p, "power": None if self.power is None else self.power.json(),
+                           "detectable_tv": None if self.power is None else self.power.json()["detectable_tv"],
+                           "failure": self.failure(),
                            "width": None if self.width is None else self.width.json(), "promise": PROMISE,
                            "cpu_seconds": round(self.seconds, 1)})
 
@@ -226,23 +196,20 @@ class Certificate:
             lines += [f"  batches: drafter {self.drafter!r} does not batch (generate_batch refuses it); "
                       "no batched case (not a failure)"]
         else:
-            lines += [f"  batched (rows of {BATCH_SHAPE} batches, each against its own prompt's law):"]
+            lines += ["  batched (rows of batches of 3 prompts, each against its own prompt's law or greedy reference):"]
             lines += _case_table(self.batch)[1:]
         if self.power is None:
             lines += ["", "Power: skipped (--power-n 0): no evidence that these cases can fail, so no PASS"]
         else:
-            lines += ["", f"Power (reference cases, unmutated and with each mutant edited into the real code; "
-                      f"caught at p <= {POWER_ALPHA:g}):"]
-            lines += [f"  control{'':<27} p = {self.power.control_p:.2e}  "
-                      f"{'pass' if self.power.control_p >= ALPHA else 'FAILED'}"]
-            for m in MUTANTS:
-                p = self.power.mutant_p(m.name)
-                verdict = self.power.errors.get(m.name) or ("caught" if p <= POWER_ALPHA else "NOT CAUGHT")
-                lines.append(f"  {m.name:<34} p = {p:.2e}  {verdict}")
+            lines += ["", *self.power.lines()]
         if self.width is not None:
             lines += ["", *self.width.lines()]
         lines += ["", f"Promise: {PROMISE}."]
         tail = f"min p = {self.min_p:.3g}, {self.seconds:.0f} CPU s"
+        if self.power is not None:
+            tail = f"min p = {self.min_p:.3g}, detectable TV {self.power.detectable_tv:.3g} per token, {self.seconds:.0f} CPU s"
+        if self.verdict == "FAIL":
+            tail = f"{self.failure()}; {tail}"
         if self.verdict == "WIDTH-DEPENDENT":
             tail += (f"; the algorithm is exact (fp64 cases above), but {self.width.label} samples from its law at "
                      "the verification width, which differs from the plain loop's by the TV above: no PASS")
@@ -267,7 +234,7 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
             power_result: Power | None = None, batch_n: int | None = None, target: Target | None = None,
             width_prompts: int = 8, width_tokens: int = 24) -> Certificate:
     """Run the greedy identity, the drafter's distribution and batched cases (`batch_n` batches per
-    case, default n; 0 skips them) and the power section for `name` (power_n = 0 skips the power
+    case, default n / 2; 0 skips them) and the power section for `name` (power_n = 0 skips the power
     section; such a certificate cannot pass). The power section does not depend on the drafter:
     `power_result` reuses one already run (its CPU time is counted). With a real `target`, the width
     effect of the drafter (built with `options` only) is measured on `width_prompts` prompts."""
@@ -279,9 +246,10 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
                                                 for t in world.greedy_targets)), None)
     drafter = build_drafter(name, world.target, options)
     cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage)
-    batch_n = n if batch_n is None else batch_n
-    cert.batch = batch_cases(world, drafter, batch_n, samplings) if batch_n else []
-    cert.power = power_result or (power(world, power_n) if power_n else None)
+    batch_n = n // 2 if batch_n is None else batch_n
+    greedy_drafter = build_drafter(name, world.greedy_targets[0], options)
+    cert.batch = batch_cases(world, drafter, batch_n, shapes=shapes, greedy_drafter=greedy_drafter) if batch_n else []
+    cert.power = power_result or (power(world, power_n, n) if power_n else None)
     if target is not None:
         real = build(name, target=target, **dict(options or {}))
         cert.width = widths.width_effect(target, real, widths.PROMPTS[:width_prompts], tokens=width_tokens)
@@ -316,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.self_test:
-        result = power(tiny_world(), args.power_n or POWER_N)
+        result = power(tiny_world(), args.power_n or POWER_N, args.n)
         for why in result.errors.values():
             print(f"certify: {why}", file=sys.stderr)
         print(json.dumps({**result.json(), "cpu_seconds": round(result.seconds, 1)}))
@@ -341,6 +309,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(cert.json_line())
     return {"PASS": 0, "FAIL": 1, "WIDTH-DEPENDENT": 3}[cert.verdict]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,8 +3,8 @@
 Owns:
 - `chi_square_p` / `binned_chi_square`: Pearson's chi-square with cells binned by the expected
   counts (never by the observed ones);
-- `exact_law`, `pick_eos`, `eos_token`: the target's exact law of the first few tokens, and EOS
-  stopping for a case;
+- `reference_law`, `exact_law`, `pick_eos`: the target's exact law of the first few tokens, and the stop token of
+  a case with EOS stopping (passed to the loop as its `eos=` stop set);
 - `distribution_case`: n seeded generations through `specdec.generate` (any shape, `auto`
   included, and any cache) tested against the exact law; the drafter runs inside a `Recorder`;
 - `Recorder`: wraps a drafter and checks each draft it proposes: `draft_probs` of shape [B, N, V]
@@ -13,26 +13,25 @@ Owns:
   sampled match the recorded `draft_probs` (`draft_probability_p`). A draft without `draft_probs`
   is point-mass, which the verifier handles exactly whatever chose its tokens (a sampled draft
   recorded as point-mass is exact too, only accepted less often);
-- `SiblingDrafter`: a synthetic drafter whose sampled siblings carry draft probabilities.
+- `greedy_case`: the greedy identity against the cacheless reference.
 Knows nothing about particular registered drafters or about mutants.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from scipy.stats import chisquare
 
 import specdec
 from specdec.core import tree as tree_ops
 from specdec.core.draft import Draft, Drafter, DraftRequest, Step
-from specdec.loop.reference import exact_joint_probs, next_token_logits
 from specdec.core.sampling import SamplingConfig
 from specdec.core.shapes import AutoShape, ChainShape, DynamicShape, ShapeSpec, TreeShape
+from specdec.loop.reference import next_token_logits, reference_generate
 from specdec.runtime.model import Target
 
 LENGTH = 3
@@ -40,10 +39,13 @@ LENGTH = 3
 SAMPLINGS = {
     "plain": SamplingConfig(temperature=1.0),
     "top-k": SamplingConfig(temperature=0.8, top_k=3),
-    "top-p": SamplingConfig(temperature=1.0, top_p=0.8),
+    "top-p": SamplingConfig(temperature=0.7, top_p=0.8),
 }
+"""The T > 0 samplings (top-p at T != 1: a nucleus taken before the temperature moves the law)."""
 SAMPLE_PROMPT = (1, 2, 3, 1, 2)
 """Prompt of the T > 0 cases; its repeats give prompt-lookup drafters something to propose."""
+GREEDY_PROMPTS = ([1, 5, 9, 5, 9, 5, 9, 13], [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 2, 3, 5])
+"""Prompts of the greedy identity (vocabulary 64)."""
 SUM_TOLERANCE = 1e-4
 """How far from 1 a row of `draft_probs` may sum."""
 
@@ -51,27 +53,31 @@ SUM_TOLERANCE = 1e-4
 # ---- chi-square ----------------------------------------------------------------------------------
 
 
-def binned_chi_square(observed: Sequence[float], expected: Sequence[float]) -> float:
-    """Pearson's chi-square p-value of observed counts against expected counts (same total).
-
-    Cells in order of decreasing expectation fill a bin until it expects >= 5; a short last bin joins
-    the one before. The bins depend on the expectations only. Worked example: expected 30, 20, 4, 3,
-    2, 1 -> bins {30}, {20}, {4, 3}, {2, 1}; fewer than two bins -> p = 1."""
+def bins(expected: Sequence[float]) -> list[list[int]]:
+    """Cells in order of decreasing expectation fill a bin until it expects >= 5; a short last bin
+    joins the one before. Worked example: expected 30, 20, 4, 3, 2, 1 -> {30}, {20}, {4, 3}, {2, 1}."""
     order = sorted(range(len(expected)), key=lambda i: -expected[i])
-    bins: list[list[int]] = []
+    found: list[list[int]] = []
     filled = 0.0
     for i in order:
-        if not bins or filled >= 5:
-            bins.append([])
+        if not found or filled >= 5:
+            found.append([])
             filled = 0.0
-        bins[-1].append(i)
+        found[-1].append(i)
         filled += expected[i]
-    if len(bins) > 1 and filled < 5:
-        bins[-2].extend(bins.pop())
-    if len(bins) < 2:
+    if len(found) > 1 and filled < 5:
+        found[-2].extend(found.pop())
+    return found
+
+
+def binned_chi_square(observed: Sequence[float], expected: Sequence[float]) -> float:
+    """Pearson's chi-square p-value of observed counts against expected counts (same total), over
+    `bins` of the expectations (never of the observed counts); fewer than two bins -> p = 1."""
+    cells = bins(expected)
+    if len(cells) < 2:
         return 1.0
-    obs = [sum(observed[i] for i in b) for b in bins]
-    exp = [sum(expected[i] for i in b) for b in bins]
+    obs = [sum(observed[i] for i in b) for b in cells]
+    exp = [sum(expected[i] for i in b) for b in cells]
     exp = [e * sum(obs) / sum(exp) for e in exp]  # rounding only: both totals are n
     return float(chisquare(obs, exp).pvalue)
 
@@ -88,41 +94,60 @@ def chi_square_p(counts: Counter, law: dict[tuple[int, ...], float], n: int) -> 
 # ---- the exact law and EOS ------------------------------------------------------------------------
 
 
-def cut_at_eos(tokens: Sequence[int], eos: set[int]) -> tuple[int, ...]:
-    """The tokens up to and including the first EOS (all of them if none)."""
-    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
-    return tuple(tokens if stop is None else tokens[: stop + 1])
+def reference_law(logits: Sequence[float], sampling: SamplingConfig) -> list[float]:
+    """The target law of one row of logits, written apart from `target_probs_from_logits` (which the
+    loop runs, and a certificate must not take as its own oracle): greedy = one-hot of the first
+    maximum; else softmax(z / T) over the tokens at or above the k-th largest z (top-k), then the
+    smallest prefix of the tokens sorted by probability, ties in index order, whose mass reaches
+    top_p (top-p), renormalised."""
+    v = len(logits)
+    if sampling.greedy:
+        first = max(range(v), key=lambda i: (logits[i], -i))
+        return [float(i == first) for i in range(v)]
+    top = max(logits)
+    z = [0.0 if x == top else (x - top) / sampling.temperature for x in logits]
+    kth = sorted(z, reverse=True)[sampling.top_k - 1] if 0 < sampling.top_k < v else -math.inf
+    weights = [math.exp(x) if x >= kth else 0.0 for x in z]
+    probs = [w / sum(weights) for w in weights]
+    if sampling.top_p < 1.0:
+        kept, mass = set(), 0.0
+        for i in sorted(range(v), key=lambda i: -probs[i]):  # stable: ties in index order
+            if mass >= sampling.top_p:
+                break
+            kept.add(i)
+            mass += probs[i]
+        probs = [probs[i] / mass if i in kept else 0.0 for i in range(v)]
+    return probs
 
 
-def exact_law(target: Target, prompt: Sequence[int], sampling: SamplingConfig,
-              eos: set[int] = frozenset(), length: int = LENGTH) -> dict[tuple[int, ...], float]:
-    """The target's exact law of the first `length` generated tokens, cut after the first EOS."""
-    law: Counter = Counter()
-    for seq, p in exact_joint_probs(target, list(prompt), length, sampling).items():
-        law[cut_at_eos(seq, eos)] += p
-    return dict(law)
+def exact_law(target: Target, prompt: Sequence[int], sampling: SamplingConfig, eos: set[int] = frozenset(),
+              length: int = LENGTH, tilt: float = 0.0) -> dict[tuple[int, ...], float]:
+    """The target's exact law of the first `length` generated tokens, cut after the first EOS: each
+    token's law from a cacheless forward of the plain model (`next_token_logits`) and `reference_law`
+    (`tilt` > 0: that law with `tilt` of its mass moved from its likeliest token to its least likely,
+    per-token TV `tilt`: the planted perturbation of `specdec.certify.power.detectable_tv`)."""
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        grown: dict[tuple[int, ...], float] = {}
+        for prefix, p in frontier.items():
+            if eos.intersection(prefix):
+                grown[prefix] = p
+                continue
+            probs = reference_law(next_token_logits(target, [*prompt, *prefix]).double().tolist(), sampling)
+            if tilt:
+                probs[probs.index(max(probs))] -= tilt
+                probs[probs.index(min(probs))] += tilt
+            grown.update({(*prefix, t): p * q for t, q in enumerate(probs) if q > 0})
+        frontier = grown
+    return frontier
 
 
 def pick_eos(target: Target, prompt: Sequence[int], sampling: SamplingConfig, length: int = LENGTH) -> int:
     """The token whose first occurrence in `length` tokens is closest to a fair coin: EOS then stops
     about half of the generations early, so both stopped and unstopped paths are tested."""
-    law = exact_joint_probs(target, list(prompt), length, sampling)
+    law = exact_law(target, prompt, sampling, length=length)
     hit = {t: sum(p for seq, p in law.items() if t in seq) for t in range(target.vocab_size)}
     return min(hit, key=lambda t: abs(hit[t] - 0.5))
-
-
-@contextmanager
-def eos_token(target: Target, token: int | None) -> Iterator[None]:
-    """Make `token` the target's only EOS for the duration (None: no EOS)."""
-    config = target.model.generation_config
-    saved, model_saved = config.eos_token_id, getattr(target.model.config, "eos_token_id", None)
-    config.eos_token_id = token
-    target.model.config.eos_token_id = None
-    try:
-        yield
-    finally:
-        config.eos_token_id = saved
-        target.model.config.eos_token_id = model_saved
 
 
 # ---- the draft checks -------------------------------------------------------------------------------
@@ -134,13 +159,9 @@ class DraftProblem(ValueError):
 
 def shape_limits(shape) -> tuple[int, int]:
     """(most nodes, deepest depth) a draft of concrete `shape` may have."""
-    if isinstance(shape, ChainShape):
-        return shape.k, shape.k
-    if isinstance(shape, TreeShape):
-        return shape.max_nodes, len(shape.widths)
-    if isinstance(shape, DynamicShape):
-        return shape.budget, shape.depth
-    raise DraftProblem(f"the loop asked for {shape!r}, which is not a concrete shape")
+    if not isinstance(shape, (ChainShape, TreeShape, DynamicShape)):
+        raise DraftProblem(f"the loop asked for {shape!r}, which is not a concrete shape")
+    return shape.max_nodes, shape.depth
 
 
 class Recorder:
@@ -209,6 +230,26 @@ class Recorder:
         return min(ps) if ps else None
 
 
+# ---- the greedy identity -----------------------------------------------------------------------
+
+
+def greedy_case(target: Target, drafter: Drafter, shape: str, prompts: Sequence[Sequence[int]] = GREEDY_PROMPTS,
+                max_new_tokens: int = 20) -> str | None:
+    """None when the drafter's greedy output equals the reference on every prompt, else what diverged
+    (or what the drafter raised)."""
+    for prompt in prompts:
+        ref = reference_generate(target, prompt, max_new_tokens=max_new_tokens, stop_on_eos=False)
+        try:
+            out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=max_new_tokens,
+                                   stop_on_eos=False).token_ids
+        except Exception as err:  # noqa: BLE001 -- a drafter's error fails this case, named
+            return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: {type(err).__name__}: {err}"
+        if out != ref:
+            first = next(i for i, (a, b) in enumerate(zip(out + [None] * len(ref), ref)) if a != b)
+            return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: token {first} differs"
+    return None
+
+
 # ---- a distribution case ------------------------------------------------------------------------
 
 
@@ -238,6 +279,14 @@ class CaseResult:
     """Proposed drafts with a node of two or more children (a real tree)."""
     steps: int = 0
 
+    def count(self, steps) -> None:
+        """Add one generation's steps (`StepRecord`s) to the counts."""
+        for s in steps:
+            self.steps += 1
+            self.drafted += s.drafted
+            self.accepted += s.accepted
+            self.rejections += bool(s.drafted) and not s.bonus
+
     @property
     def min_p(self) -> float:
         return 0.0 if self.problem else min(self.p_value, 1.0 if self.draft_p is None else self.draft_p)
@@ -266,91 +315,15 @@ def distribution_case(target: Target, drafter: Drafter, shape: str | ShapeSpec, 
     try:
         stop = pick_eos(target, prompt, sampling, length) if eos else None
         counts: Counter = Counter()
-        with eos_token(target, stop):
-            for seed in range(n):
-                out = specdec.generate(target, recorder, list(prompt), shape=shape, max_new_tokens=length,
-                                       temperature=sampling.temperature, top_k=sampling.top_k,
-                                       top_p=sampling.top_p, seed=seed, stop_on_eos=eos, cache=cache)
-                counts[tuple(out.token_ids)] += 1
-                for s in out.stats.steps:
-                    result.steps += 1
-                    result.drafted += s.drafted
-                    result.accepted += s.accepted
-                    result.rejections += bool(s.drafted) and not s.bonus
+        for seed in range(n):
+            out = specdec.generate(target, recorder, list(prompt), shape=shape, max_new_tokens=length,
+                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                   seed=seed, stop_on_eos=eos, eos={stop} if eos else None, cache=cache)
+            counts[tuple(out.token_ids)] += 1
+            result.count(out.stats.steps)
         result.branched = recorder.branched
         result.p_value = chi_square_p(counts, exact_law(target, prompt, sampling, {stop} if eos else set(), length), n)
         result.draft_p = recorder.draft_probability_p()
     except Exception as err:  # noqa: BLE001 -- any error of the drafter or the loop fails this case, named
         result.problem = f"{type(err).__name__}: {err}"
     return result
-
-
-# ---- a synthetic drafter with sampled siblings ---------------------------------------------------
-
-
-class SiblingDrafter:
-    """Synthetic drafter: every node gets `width` sampled siblings up to `depth`, each with its draft
-    probabilities recorded, i.i.d. (`replace=True`) or without replacement (each sibling's recorded
-    distribution is the conditional one given the earlier siblings, renormalised); or, with
-    `point_mass=True`, its top-`width` tokens as deterministic siblings without draft probabilities.
-
-    Its distribution after a context is softmax(sharpen x `like`'s logits + noise x N(0, 1)), the
-    noise seeded by the context (so it is a fixed function of the context); without `like`, pure
-    noise. A `like` target sharpened (sharpen > 1) gives the peaky mismatch that makes a case reject
-    often: the draft piles its mass on the target's favourite token, is rejected there about as
-    often as the target doubts it, and the next sibling then meets a heavily reshaped residual."""
-
-    name = "siblings"
-
-    def __init__(self, vocab_size: int, *, width: int = 2, depth: int = 2, replace: bool = False,
-                 like: Target | None = None, sharpen: float = 1.0, noise: float = 1.0, seed: int = 0,
-                 point_mass: bool = False) -> None:
-        self.vocab_size, self.width, self.depth, self.replace = vocab_size, width, depth, replace
-        self.point_mass = point_mass
-        self.like, self.sharpen, self.noise, self.seed = like, sharpen, noise, seed
-
-    def reset(self) -> None:
-        pass
-
-    def distribution(self, context: Sequence[int]) -> torch.Tensor:
-        """[V] float64 draft distribution after `context` (deterministic in the context)."""
-        g = torch.Generator().manual_seed(hash((self.seed, *context)) % (2**63))
-        logits = self.noise * torch.randn(self.vocab_size, generator=g, dtype=torch.float64)
-        if self.like is not None:
-            logits = logits + self.sharpen * next_token_logits(self.like, context).double()
-        return logits.softmax(-1)
-
-    def propose(self, request: DraftRequest) -> Draft:
-        committed = request.token_ids[0].tolist()
-        tokens, parents, probs = [], [], []  # probs: [V] per node
-        frontier = [(-1, committed)]
-        for _ in range(min(self.depth, request.max_depth)):
-            level = []
-            for parent, context in frontier:
-                q = self.distribution(context)
-                if self.point_mass:
-                    for x in q.topk(min(self.width, self.vocab_size)).indices.tolist():
-                        tokens.append(x)
-                        parents.append(parent)
-                        level.append((len(tokens) - 1, [*context, x]))
-                    continue
-                for _ in range(self.width):
-                    if q.sum() <= 0:
-                        break
-                    q = q / q.sum()
-                    x = int(torch.multinomial(q, 1, generator=request.generator))
-                    tokens.append(x)
-                    parents.append(parent)
-                    probs.append(q)
-                    level.append((len(tokens) - 1, [*context, x]))
-                    if not self.replace:
-                        q = q.clone()
-                        q[x] = 0.0
-            frontier = level
-        if not tokens:
-            return Draft.empty()
-        draft_probs = None if self.point_mass else torch.stack(probs)[None]  # [B, N, V]
-        return Draft(torch.tensor([tokens]), torch.tensor(parents), draft_probs)
-
-    def commit(self, step: Step) -> None:
-        pass
