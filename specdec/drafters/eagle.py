@@ -1,45 +1,22 @@
 """EAGLE drafting: a one-layer head over the target's own features drafts in any shape.
 
-Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleHead`
-(specdec/drafters/eagle_head.py) with its own KV cache over *pairs*: pair i is (feature at position
-i, embedding of token i+1), so L committed tokens give L-1 pairs, whose features are the target's
-final hidden states, taken from each `Step` the loop commits (`Step.target_hidden`) and held here
-until the head has run them (with a head that fuses aux layers, EAGLE-3, the target also returns
-those layers' hidden states, `Step.target_aux`, and they travel with the final ones). The head's output at the last pair
-predicts the root's feature, scored by the target's frozen lm_head: the root's next-token logits.
-Deeper draft nodes use the head's own predicted feature of their parent in place of the target's,
-and each expanded level is one tree forward of the head (`specdec.runtime.model.tree_attention`).
+Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleHead` with its own KV
+cache over *pairs*: pair i is (feature at position i, embedding of token i+1), the features being the
+target's final hidden states from each committed `Step` (`Step.target_hidden`, plus `Step.target_aux`
+for an EAGLE-3 head that fuses aux layers). The head's output at the last pair, scored by the
+target's frozen lm_head, gives the root's logits; deeper nodes read their parent's predicted feature,
+one tree forward of the head per expanded level.
 
-Rollback (`refresh=True`, EAGLE's recipe and the default): the head's entries for draft nodes were
-computed from *predicted* features, so all are dropped and the accepted tokens are re-run at the next
-`propose` with the target's true features. `refresh=False` keeps the accepted path's entries instead
-(keep-path rollback by node id, as in ModelDrafter): one pair per step instead of k+1, at the price
-of stale features in the head's context.
+Rollback: `refresh=True` (EAGLE's recipe, the default) drops every draft entry and re-runs the
+accepted tokens with the target's true features; `refresh=False` keeps the accepted path's entries
+(keep-path by node id). `draft_vocab=N` scores only the head's N most frequent tokens (`SubVocab`).
+Speculators EAGLE-3 heads (`head=DIR`) read only the aux layers and score with their own lm_head.
+Batches: one head cache holds every row (`specdec.runtime.cache`), rows grow their own trees with
+`lockstep.grow_rows`; a head without per-row positions (`takes_row_positions`) drafts one prompt at a
+time. `head_dtype="auto"` reads the dtype `python -m specdec.tune` stored, else the target's.
 
-Draft vocabulary: `draft_vocab=N` scores only the N most frequent tokens of the head's training
-data (EAGLE-3): logits stay N wide, and `grow_tree` ranks and samples within them and maps the
-chosen columns back to token ids (`SubVocab`); no full-vocabulary tensor is built. Knows nothing
-about verification; the target's lm_head and embedding are shared, never copied or trained (the rows
-a draft scores are copied only when the head runs in another dtype than the target).
-
-Speculators EAGLE-3 heads (`Eagle3Head`, specdec/drafters/speculators_format.py; `head=DIR`) run in the
-same loop: they read only the aux layers of the target's features, feed their own residual stream to
-deeper nodes, and score with their own lm_head over their d2t draft vocabulary, so the target's
-lm_head and softcap are not used for them.
-
-Batches (`specdec.generate_batch`): one head cache holds every row, each row's pairs at its own
-positions, with holes where a row ran fewer pairs or a shorter draft level (`specdec.runtime.cache`).
-A step runs every row's new pairs in one head forward, then grows each row's own tree (its own
-scores; its randomness only from its own generator) with `specdec.drafters.lockstep.grow_rows`, one
-head forward per depth for all rows, levels padded to the widest row; `commit` rolls each row back
-with `keep_rows` and finished rows leave with `select_rows`. A head batches when its forward takes
-per-row positions (`takes_row_positions`; a speculators EAGLE-3 head does not yet, so it drafts one
-prompt at a time).
-
-Head dtype: `head_dtype="auto"` (the default) runs the head in the dtype `python -m specdec.tune`
-stored for this machine x target x kernel x head geometry (`specdec.tune.measure_head_dtypes` times both), else
-in the target's dtype; a depth reads its weights from memory after every target forward, so
-halving their bytes can pay, but not on every CPU.
+Knows nothing about verification; the target's lm_head and embedding are shared, never copied or
+trained (the rows a draft scores are copied only when the head runs in another dtype).
 """
 
 from __future__ import annotations

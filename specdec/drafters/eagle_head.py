@@ -1,35 +1,20 @@
 """The EAGLE head: a one-layer autoregressive model over a target's features, and its file format.
 
 Owns `EagleHead` (the trainable nn.Module), `HeadConfig` (what a head was built for), the draft
-vocabulary (target token ids ranked by frequency in the training data, as EAGLE-3 does) and
-saving/loading a head as safetensors + a small JSON config. It does NOT own the target's embedding
-or lm_head: those stay the target's (frozen, shared) and are passed in by the caller, so a head file
-holds only the projection, one decoder layer and a norm (~4 M parameters for SmolLM2-135M).
-
-At position i the head reads the target's final hidden state h_i (the lm_head input) and the
-embedding of token t_{i+1}, and predicts h_{i+1}; the target's lm_head turns that into a guess of
-t_{i+2}:
+vocabulary (target token ids ranked by training-data frequency, as EAGLE-3 does) and saving/loading a
+head as safetensors + a small JSON config. It does NOT own the target's embedding or lm_head: those
+stay the target's (frozen, shared) and are passed in by the caller.
 
     x_i = fc(concat(embed(t_{i+1}), h_i))        # [B, n, 2H] -> [B, n, H]
     f_i = norm(decoder_layer(x_i))               # predicted feature ~ h_{i+1}
     logits_i = lm_head(f_i)                      # next-token logits after t_{i+1}
 
-With `aux_layers` (EAGLE-3's fusion of low and mid layers), the target's hidden states after those
-decoder layers, a_i [B, n, kH], also enter the projection, each RMS-normed (their scale differs from
-the final norm's output), through a separate fc_aux that starts at zero:
-
-    x_i = fc(concat(embed(t_{i+1}), h_i)) + fc_aux(concat(norm_1(a_i^1), ..., norm_k(a_i^k)))
-
-Only the target knows a_i, so only pairs that read the target's true features use it; pairs that read
-the head's own predicted feature (draft depths >= 2, and training-time-test depths >= 2) pass none,
-i.e. a zero contribution. A head with fc_aux = 0 is therefore exactly the head without aux layers,
-which is how `widen` starts a fused head from a trained plain one.
-
-The decoder layer's weights live in transformers' `LlamaDecoderLayer` (so the file's names are its
-names), but the forward wires them itself: the layer's norms and MLP modules, its projections, HF's
-rotary function and one grouped `scaled_dot_product_attention`. At the one to a few rows a draft
-depth runs, transformers' layer spends about as long in its module plumbing as in its products; the
-result is the same bit for bit (tests/test_eagle.py).
+With `aux_layers` (EAGLE-3), the target's RMS-normed hidden states after those layers add
+`fc_aux(concat(norm_1(a_i^1), ..., norm_k(a_i^k)))`, with fc_aux starting at zero; pairs that read
+the head's own predicted feature pass none. A head with fc_aux = 0 is therefore exactly the head
+without aux layers, which is how `widen` starts a fused head from a plain one. The decoder layer's
+weights live in transformers' `LlamaDecoderLayer` (its names in the file), but the forward wires
+them itself, bit for bit the same (tests/test_eagle.py).
 """
 
 from __future__ import annotations

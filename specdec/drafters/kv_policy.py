@@ -10,22 +10,11 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
                                   of G along head_dim), stored dequantized
     window(...)+quant(...)        policies compose left to right with '+'
 
-A policy acts on a `specdec.runtime.cache.KVCache` that holds only committed tokens (its owner drops its
-own draft entries before calling it) in three hooks: `transform` (entries about to be appended:
-quant), `after_prefill` (once, after the prompt is appended: snapkv selects, window evicts) and
-`after_commit` (after each step's entries are appended: window evicts). Every hook is a function of
-the committed entries alone, so the cache after any sequence of steps equals the policy applied to
-a fresh prefill of the committed tokens (`apply_to_prefill`), which the tests check.
-
-Eviction goes through `KVCache.retain` (absolute positions survive in `evicted`), so one selection
-is shared by every layer and head: a per-head selection (as SnapKV does) would need a per-head
-cache and is the extension point.
-
-Batches: on a cache of several rows (or one with holes, `specdec.runtime.cache.RowBook`) every hook
-acts on each row's own real entries, in order, exactly as it would on that row alone, and evicts
-per row with `KVCache.retain_rows` (per-row `evicted`). SnapKV's probe then answers for the rows
-that select at once (`RowsProbe`, one forward for them all). Knows nothing about drafts, acceptance
-or the loop.
+A policy acts on a cache of committed tokens only, in three hooks: `transform` (entries about to be
+appended), `after_prefill` and `after_commit`. Every hook is a function of the committed entries
+alone, so the cache after any steps equals the policy applied to a fresh prefill (`apply_to_prefill`,
+tested). Eviction goes through `KVCache.retain` / `retain_rows`: one selection for every layer and
+head, per row on a batch cache. Knows nothing about drafts, acceptance or the loop.
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """Self-draft: the target's own weights (or a cheaper copy) over a lossy view of the target's own KV.
 
-Owns the `self_draft` drafter and its three knobs, each a spec string so Hydra and the leaderboard
-can name it:
+Owns the `self_draft` drafter and its three spec-string knobs: `kv=` (a `kv_policy` spec: what the
+draft's cache keeps), `weights=` (a `specdec.quant` spec: a quantized copy, `quantized_copy`) and
+`layers=` (`all` or `first(k)`: an early exit with the target's final norm and lm_head,
+`early_exit_copy`). `lowbit` and the early-exit default of `small` are presets of it.
 
-- `kv=`: a `specdec.drafters.kv_policy` spec (`full`, `window(sink=S,recent=R)`, `snapkv(budget=B,window=W)`,
-  `quant(bits=b,group=G)`, composable with '+'): what the draft's cache keeps;
-- `weights=`: a `specdec.quant` spec (`none`, `bf16`, `torchao_int4`, `rtn8_pc`, ...): the draft runs a
-  quantized copy of the target (`quantized_copy`), the target itself untouched;
-- `layers=`: `all` or `first(k)`: an early exit after the target's first k layers, with the
-  target's final norm and lm_head (`early_exit_copy`, weights shared).
-
-`self_draft(weights=torchao_int4,kv=quant(bits=4))` is QuantSpec's draft on this target;
-`lowbit` and the early-exit default of `small` are presets of this drafter.
-
-Cache sync, the TriForce / QuantSpec way, through `commit(step)`: the draft's cache holds entries
-for committed tokens only, and those are the *target's exact* K/V (`step.target_kv()`, the first k
-layers for an early exit, cast to the draft's dtype) passed through the policy (`transform`, then
-`after_prefill` / `after_commit`). While drafting, the draft appends its own approximate entries
-(the root, then each expanded level in one tree forward); `commit` truncates all of them, the
-accepted ones included, and appends the target's entries for the kept rows instead. Why copy rather
-than re-derive: the target has already computed exact K/V for exactly those rows, so copying costs
-a memcpy instead of a draft forward, the draft never accumulates its own error (a quantized draft
-reads the target's entries, not its own), and the cache becomes a pure function of the committed
-tokens, which is what makes "cache == policy(fresh prefill)" testable. SnapKV's one-time prompt
-selection runs the last W prompt tokens through the draft layers to get their queries
-(`kv_policy.attention_probe`). Positions come from the cache (`next_position`), so a windowed cache
-needs no position bookkeeping here.
-
-Batches (`specdec.generate_batch`): one cache for every row, with holes (`specdec.runtime.cache`).
-`commit` drops the draft entries of all rows, appends each row's kept target entries (padding
-becomes holes) and runs the policy per row (`kv_policy`: each row's real entries are what it keeps
-alone); `propose_batch` runs every row's root in one forward, then grows each row's own draft with
-`grow_rows` (the batch-of-one grower, the row's own generator), one tree forward per depth for all
-rows (`score_rows`, per-row parents padded to one block). A drafter on the CUDA-graph cache drafts
-one prompt only (`batchable` False).
+Cache sync (TriForce / QuantSpec), through `commit(step)`: the draft's cache holds entries for
+committed tokens only, and those are the *target's exact* K/V (`step.target_kv()`) passed through the
+policy. While drafting the draft appends its own approximate entries; `commit` truncates them all and
+appends the target's entries for the kept rows, so the cache is a pure function of the committed
+tokens ("cache == policy(fresh prefill)", tested). Batches: one cache with holes for every row, the
+policy run per row, each row's draft grown by `grow_rows`; on the CUDA-graph cache it drafts one
+prompt only (`batchable` False).
 
 Knows nothing about acceptance or the target's cache beyond the read-only step view.
 """
