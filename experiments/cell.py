@@ -1,38 +1,19 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
 Owns the measuring protocol. For every question and turn, four runs decode the same prompt with the
-same seed and the same `max_new_tokens`, back to back in this process, their order changing from
-prompt to prompt (`ORDERS`, balanced for position and for which run precedes which) so that drift and
-carry-over hit each alike:
-- *drafted*: `specdec.generate(target, drafter, ...)` on the cell's kernel;
-- *plain*: `specdec.generate(target, None, ...)`, the same kernel;
-- *reference*: the plain loop on the unquantized (fp32) target;
-- *reference_drafted*: the drafter (built for the reference) on the fp32 target.
-So speculation on the kernel (drafted / plain), speculation on fp32 (reference_drafted / reference),
-their ratio (the *interaction*), quantization alone (plain / reference) and the compound (drafted /
-reference) are ratios of runs measured side by side, per prompt. When the cell's target is the
-reference itself (`reference=None`) only the first two runs are made and stand in for the other two.
-An A/A control is a cell whose "kernel" is the reference measured again under another label.
+same seed and `max_new_tokens`, back to back, their order changing from prompt to prompt (`ORDERS`,
+balanced) so that drift hits each alike: *drafted* (the drafter on the cell's kernel), *plain* (the
+same kernel, no drafter), *reference* (the plain loop on fp32) and *reference_drafted* (the drafter on
+fp32). Every ratio (speculation, quantization, their interaction) is of runs measured side by side;
+with `reference=None` the first two stand in for the other two. An A/A control is the reference
+measured again under another label.
 
-Teacher-forced acceptance (T = 0, `teacher_forced=True`): the drafter's drafts along the fp32 plain
-continuation (`specdec.measure.profiles.profile` on the reference, once per prompt and drafter x
-shape in this process) are judged against the kernel's argmax after each prefix of that same text
-(one forward of prompt + text on the kernel), so every kernel is scored on the same text. Where the
-kernel's argmax leaves the fp32 text, deeper nodes are still judged on the fp32 prefix (an
-approximation at those positions only). In a chain(K) cell it also stores, per prompt, the exact replay of
-every chain(k), k = 1..K, on that text (`AcceptanceProfile.accepted_per_step`: steps and accepted tokens,
-each step starting after a correction as a real run's does) and each position's accepted depth; and, once
-per cell, a drafting probe: the drafted loop in chain(1) and chain(K) on the first prompt
-(`PROBE_TOKENS` tokens, `PROBE_REPEATS` times each, alternating), the median drafting seconds of the steps
-that drafted exactly that depth, stored in every row (`draft_probe_s`; in a paired cell the fp32 drafter's
-too, interleaved with it: `reference_draft_probe_s`). The held-out shape and kernel read them
-(`experiments.heldout`).
-Turn 1 is the question's text (chat template applied by
-`generate`); turn i > 1 is the chat so far, whose assistant messages are the kernel's plain answers.
-Batches (`batch` > 1): first turns only, in groups of `batch` consecutive questions; each of the four
-runs decodes a whole group with `specdec.generate_batch` (row b with the question's own seed), and a
-row of the cell is one group: its tokens/s are the batch's total (all rows' tokens over the batch's
-wall time), its MAL the mean over every row's steps, and teacher forcing is not measured.
+Teacher-forced acceptance (T = 0, `teacher_forced=True`): drafts along the fp32 plain continuation
+are judged against the kernel's argmax after each prefix of that text, so every kernel is scored on
+the same text; a chain(K) cell also stores the replay of every chain(k <= K) and a drafting probe
+(`draft_probe_s`, `reference_draft_probe_s`), which `experiments.heldout` reads. Turn i > 1 is the
+chat so far with the kernel's plain answers. Batches (`batch` > 1): first turns only, groups of
+`batch` questions decoded by `specdec.generate_batch`, one row per group, no teacher forcing.
 Returns plain dict rows; knows nothing about Hydra or where rows are stored.
 """
 

@@ -2,25 +2,13 @@
 
     python -m experiments.kv RESULTS [--prompts 4] [--context 2048] [--new-tokens 64] [--depth 12]
 
-Owns the reduced KV-retention curve the main job runs (`experiments.main` runs the command above after
-the grid, settings from the grid file's `kv:` entry) and its reading:
-
-- the long prompts (`long_prompts`): ledger texts of `experiments/prompts/long.jsonl` rebuilt at a token
-  budget, one per rotation of the ledger's sections, the needle note at a prompt-dependent depth,
-  alternating the suite's retrieval and summary questions;
-- per prompt, the target's greedy path and its next-token distributions (one prefill, one forward per
-  token); per KV policy x retention, the `self_draft` drafter walked along that path with its cache
-  synced to the target's exact K/V after every token, as in generation (`token_stats`): per token the
-  greedy acceptance (draft argmax == target argmax), the total-variation distance TV (sampled
-  acceptance at T = 1 is 1 - TV) and KL(target || draft); on the first `mal_prompts` prompts also the
-  measured mean acceptance length (MAL, bonus included) of `specdec.generate` with a greedy
-  `chain(depth)`, whose output must equal the path;
-- the verdict (`verdict`): per policy, the lowest retention at which per-token acceptance, as a ratio to
-  the full cache's on the same prompts, has a 95% bootstrap CI over prompts whose lower end is >=
-  1 - MARGIN at that retention and every larger one; the A/A control (a second full-cache drafter
-  against the first) must read "within";
-- the report's KV section (`report_parts`): RESULTS/kv_curve.json, plus the latest full sweep
-  (`scripts/bench_self_draft.py`, kind "self_draft" in `specdec.measure.records`) when one is recorded.
+Owns the reduced KV-retention curve the main job runs (settings from the grid file's `kv:` entry) and
+its reading: long ledger prompts (`long_prompts`); per KV policy x retention, the `self_draft` drafter
+walked along the target's greedy path with its cache synced to the target's exact K/V (`token_stats`:
+greedy acceptance, TV, KL, and on the first `mal_prompts` prompts the measured MAL); the verdict
+(`verdict`: per policy, the lowest retention whose acceptance ratio to the full cache has a 95%
+bootstrap CI with lower end >= 1 - MARGIN there and above; the A/A control must read "within"); and
+the report's KV section (`report_parts`).
 
 Retention r of a prompt of P tokens (`policy_spec`): `window` keeps 4 sink + rP - 4 recent entries,
 `snapkv` a budget of rP, `quantN` a window of rP N-bit entries (at 100% every entry quantized); 100%

@@ -1,29 +1,18 @@
 """Batches: where speculation stops paying as the batch grows, and where lossy-KV self-drafting starts.
 
 For each context length and batch size, every drafter x shape runs `specdec.generate_batch` on the
-same B rows (long-suite text cut to the context, each row its own slice of it), with plain decoding
-(drafter none) in the same rotation, `--repeats` times in rotating order so drift hits all alike.
-Every row decodes exactly `--tokens` tokens (EOS does not stop it). Per configuration it prints the
-total decode tokens/s (all rows, prefill excluded), the speedup over plain at the same batch and
-context (median of the per-repeat paired ratios, with their range), each row's MAL averaged, and
-the step-time split (target forward / draft / other). Then the crossovers:
-
-- (a) per drafter x shape x context: the smallest batch at which the speedup falls below 1 (having
-  been >= 1 at a smaller batch), or "pays at every batch" / "never pays";
-- (b) per lossy KV policy of `self_draft`: the (context, batch) cells where it beats plain decoding,
-  and where it beats `self_draft` with the full cache (the cells where compression pays), by
-  ascending batch x context.
-
-One JSON line closes the run, recorded through `specdec.measure.records` (kind `batch`). Not a test:
-a measurement; run it on quiet cores with one thread.
+same B rows, with plain decoding in the same rotation, `--repeats` times; every row decodes exactly
+`--tokens` tokens. Prints tokens/s, the paired speedup over plain, MAL and the step-time split per
+configuration, then the crossovers: (a) per drafter x shape x context, the smallest batch where the
+speedup falls below 1; (b) per lossy KV policy of `self_draft`, the cells where it beats plain and the
+full cache. One JSON line closes the run (`specdec.measure.records`, kind `batch`).
 
     python scripts/bench_batch.py [--model smollm2-135m] [--batches 1,2,4,8,16,32] [--contexts 256,2048]
         [--drafters "none,ngram,eagle,self_draft[kv=full],self_draft[kv=window@0.05],..."]
         [--shapes "chain(4);auto"] [--tokens 32] [--repeats 2] [--threads 1] [--cache static]
 
-In `--drafters`, `kv=POLICY@F` sizes a policy to keep a fraction F of the context: `window@F` ->
-`window(sink=4,recent=F*C-4)`, `snapkv@F` -> `snapkv(budget=F*C,window=16)`; other specs pass as is
-(`kv=quant(bits=4)`).
+In `--drafters`, `kv=window@F` -> `window(sink=4,recent=F*C-4)`, `snapkv@F` ->
+`snapkv(budget=F*C,window=16)`; other specs pass as is.
 """
 
 from __future__ import annotations

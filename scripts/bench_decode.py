@@ -1,29 +1,18 @@
 """Decoding speed: specdec's loop (plain and with drafters x shapes) against Hugging Face `generate`.
 
-Same target, prompts, lengths and greedy decoding. For every prompt all configurations run back to
-back (HF generate, HF prompt lookup, our plain loop, then each drafter x shape), so machine noise
-hits them alike. HF runs on the target's own model, so with its linear kernel (`--kernel`, default
-`auto`); when that is not `torch`, `hf_generate[torch kernel]` also runs HF on the same weights in
-transformers' own `nn.Linear`s (what a plain transformers user gets). Prints a card per
-configuration: tokens/s, ratio to HF `generate` greedy and to HF prompt lookup
-(`prompt_lookup_num_tokens`), mean acceptance length (MAL), the split of step time into target
-forward / draft (propose + commit) / everything else, and how many outputs equal our plain loop's
-(for those that differ, the first token that does); then one JSON line. Not a test: a measurement.
+Same target, prompts, lengths and greedy decoding; for every prompt all configurations run back to
+back (HF generate, HF prompt lookup, our plain loop, then each drafter x shape). Prints a card per
+configuration (tokens/s, ratios to HF, MAL, step-time split, outputs equal to our plain loop's),
+then one JSON line. Not a test: a measurement.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto]
         [--drafters "eagle,eagle[head_dtype=bfloat16],ngram"]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
         [--new-tokens 64] [--threads 1] [--cache auto] [--latency 1,2,4,...,128]
 
---cache: the loop's (cache, forward) pair (`specdec.runtime.forwards.CACHES`; `auto` = `graphs`, the CUDA
-graph fast path, on CUDA, else `dynamic`); when it is not `dynamic`, a `plain[cache=dynamic]` row
-runs the plain loop without it, for comparison. --latency W,W,...: first print the target's forward
-time per width through that pair and through `dynamic` (`specdec.measure.latency.measure_latency`, 256
-cached tokens).
-
---prompts: `chat_heldout` (experiments/prompts/chat_heldout.jsonl: chat prompts no training or
-evaluation set contains) or `FILE.jsonl[:category,category]` (e.g.
-`experiments/prompts/default.jsonl:retrieval,summarization`); the first turn of each prompt is used.
+--cache: the loop's (cache, forward) pair (`specdec.runtime.forwards.CACHES`); when it is not
+`dynamic`, a `plain[cache=dynamic]` row runs for comparison. --latency first prints the forward time
+per width. --prompts: `chat_heldout` or `FILE.jsonl[:category,category]`.
 """
 
 from __future__ import annotations

@@ -3,27 +3,19 @@ model, becomes the chain the target verifies.
 
 Owns `HierarchicalDrafter`, registered as `hierarchical`. Each step:
 1. the *top* drafter (default `eagle`) proposes a tree in the requested shape;
-2. the *intermediate* model (default: a `torchao_int4` copy of the target; any `Target`) runs the
-   committed tokens it has not seen, the root and the tree in one tree forward on its own KV cache,
-   and accepts greedily against its own argmax (`verifier.accept_greedy`);
-3. the draft handed to the loop is the intermediate's accepted path plus its own next token: a
-   point-mass chain, so the target's verification stays exact at any temperature (the target never
-   sees the intermediate's probabilities, only its proposal).
-On `commit` the intermediate keeps, in its cache, the root and the tree nodes the target accepted,
-and the top drafter hears a `Step` in *its own* draft's node ids: its tree, extended by the
-intermediate's next token as one extra leaf (node id `EXTRA_NODE_ID`, which no drafter issues)
-under the last path node, with the accepted path translated back to tree nodes.
+2. the *intermediate* model (default: a `torchao_int4` copy of the target) runs its unseen committed
+   tokens, the root and the tree in one tree forward and accepts greedily against its own argmax;
+3. the draft handed to the loop is that accepted path plus the intermediate's next token: a
+   point-mass chain, so the target's verification stays exact at any temperature.
+On `commit` the top drafter hears a `Step` in its own node ids: its tree plus the intermediate's
+next token as one extra leaf (`EXTRA_NODE_ID`) under the last path node.
 
 Worked example: the tree has nodes 0..5, the intermediate accepts tree nodes [1, 4] and adds token
 x, so the chain is [tok1, tok4, x]. The target accepts 3 chain nodes and adds y: the top drafter's
 Step has draft = tree + leaf 6 (token x, parent 4, id EXTRA_NODE_ID), path [1, 4, 6], next token y.
 Had the target accepted 1 chain node: path [1], next token = the target's.
-Batches: a hierarchical drafter batches when its top drafter does (`batchable`). The top drafts
-every row (`propose_batch`), the intermediate runs every row's pending tokens, root and tree in one
-tree forward (per-row parents, padded; padding becomes holes in its cache) and accepts per row; on
-`commit` each row keeps its own entries (`keep_rows`) and the top drafter hears one B-row Step in
-its own node ids.
-Knows nothing about how the top drafter drafts or how the target verifies.
+Batches when its top drafter does (`batchable`). Knows nothing about how the top drafter drafts or
+how the target verifies.
 """
 
 from __future__ import annotations

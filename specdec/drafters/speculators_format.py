@@ -1,13 +1,9 @@
 """EAGLE-3 heads in the speculators format (what vLLM serves): `Eagle3Head`, reading and writing its directory.
 
-Owns `Eagle3Head` (the EAGLE-3 architecture as the `speculators` package defines it, speculators_model_type
-"eagle3"), `Eagle3Config` (what a head was built for), `load_speculators` (a checkpoint directory ->
-head, every field checked) and `save_speculators` (head -> a directory the package loads), `export_speculators` (a
-trained head rewritten for a verifier in a dtype, read back) and `package_check` (the package's parse of
-a directory). Knows nothing about drafting (specdec/drafters/eagle.py runs any head) and imports the
-`speculators` package only in `package_check`: the directory is JSON + safetensors, read and written
-here; the package (`pip install specdec[speculators]`) is needed only to load the directory there
-(tests/test_speculators.py does both ways).
+Owns `Eagle3Head` (speculators_model_type "eagle3"), `Eagle3Config`, `load_speculators` (a directory
+-> head, every field checked), `save_speculators`, `export_speculators` and `package_check` (the
+package's own parse of a directory). Knows nothing about drafting (specdec/drafters/eagle.py runs any
+head) and imports the `speculators` package only in `package_check`.
 
 The architecture (speculators 0.9.0, `Eagle3DraftModel`), per pair i = (target features at i, token t_{i+1}):
 
@@ -17,14 +13,9 @@ The architecture (speculators 0.9.0, `Eagle3DraftModel`), per pair i = (target f
     x   = x + mlp(post_norm(x))                         #   hidden_norm(g)); then plain decoder layers 1..L-1
     logits_i = lm_head(norm(x))                         # [B, n, N] over the draft vocabulary
 
-A deeper draft node reads its parent's x (norm(x) with norm_output) in place of g. Draft column j is
-target token j + d2t[j]; t2d marks the target tokens that have a column. Unlike specdec's own `EagleHead`
-(fc over the embedding and the final feature, one plain decoder layer, scored by the target's lm_head),
-the token embedding never enters the residual stream here and the head owns its lm_head: neither
-architecture can express the other's function, so converting a head between them means training.
-
-Aux layer ids are the verifier's (vLLM's) layer ids: id k is the input of decoder layer k, i.e. HF
-`hidden_states[k]`, the index `Target.capture_layers` takes.
+A deeper node reads its parent's x in place of g. Draft column j is target token j + d2t[j]; t2d
+marks the target tokens that have a column. Aux layer id k is HF `hidden_states[k]`, the index
+`Target.capture_layers` takes.
 """
 
 from __future__ import annotations

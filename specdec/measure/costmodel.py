@@ -1,40 +1,25 @@
 """The cost model: a cell's speculation speedup predicted out of sample, and projections to other hardware.
 
-Owns `DraftProfile` (what drafting costs and how many target forwards of each width it needs per new
-token, measured on *other* runs), `PlainRun` (the plain loop's measured run on the target being
-predicted), `predict_speculation` (the held-out prediction and its flat-curve null), `RunParts` /
-`predict` / `project` (a cell's speedups with another device's curves), `mal_from_acceptance` /
-`chain_mal` / `drafting_scale` (a shorter chain's MAL and drafting cost from a deeper one's), and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline curve
-whose per-forward overhead is measured on the device, never assumed). Knows nothing about drafters,
-stores or reports.
+Owns `DraftProfile` (drafting cost and target forwards of each width per new token, measured on
+*other* runs), `PlainRun` (the plain run on the target being predicted), `predict_speculation` (the
+held-out prediction and its flat-curve null), `RunParts` / `predict` / `project` (speedups with
+another device's curves), `mal_from_acceptance` / `chain_mal` / `drafting_scale` (a shorter chain
+from a deeper one) and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline
+curve whose per-forward overhead is measured, never assumed). Knows nothing about drafters, stores
+or reports.
 
-The model, in one place. A drafted run of N new tokens on a target takes
+A drafted run of N new tokens takes
 
     T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta),      speculation = T_p / T_d
 
-- phi_w: target forwards of width w (1 + draft nodes) per new token, sum_w phi_w = 1 / MAL; and
-  delta: seconds per drafted step outside the target's forward (drafting, acceptance, bookkeeping).
-  Both come from a DraftProfile measured elsewhere: the fp32 runs of the same prompts, the drafting
-  part of delta scaled by a paired drafting probe (kernel / fp32, a held-out kernel), the other half of the prompts on the same kernel (held-out prompts), or a deeper chain of
-  the same drafter on the same kernel (a held-out shape: phi from its acceptance profile replayed in
-  the shorter chain, delta from its measured times with the drafting part scaled by `drafting_scale`).
-- P (prefill), t_1 (mean one-token forward), T_p (wall time) and N: the plain run on the target
-  being predicted (what any user measures before speculating; the drafted run is never read).
-- A batch of B rows: w is a step's padded width (its widest row), L the curve at B rows. Rows leave as
-  they finish, so where the runs recorded their steps by rows still decoding r, a step costs
-  f_r R_r(w, c) + the plain step's other seconds, with f_r the plain batch's one-token forward at r rows
-  and R_r the curve at r rows, timed with holes as a batch of unequal rows runs (`predict_speculation`).
-- R(w, c) = L(w, c) / L(1, c): the shape of the target's latency curve at the run's mean context c.
-  The curve is used as a ratio, anchored on t_1 measured in the same job, so a curve taken at another
-  time (or load) shifts neither side. The *flat-curve null* sets R = 1 (a wide verification free);
-  the *constant null* predicts speculation = 1.0x.
-
-Projection to other hardware (`project`): every target forward costed by the other device's curve
-(a file measured there, or `roofline_curve`), measured non-forward times scaled by the ratio of
-one-token forward times. A roofline forward: L(w, c) = overhead + max(bytes / bandwidth, flops /
-peak), bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w +
-4 * layers * hidden * w * (c + w); the overhead is measured (`measured_overhead`, from a curve file
-taken on that device), there is no default.
+with phi_w the target forwards of width w per new token (sum = 1 / MAL) and delta the seconds per
+step outside the target's forward, both from a DraftProfile measured elsewhere; P, t_1, T_p and N
+from the plain run; R(w, c) = L(w, c) / L(1, c) the shape of the latency curve at the mean context c
+(a ratio, so a curve taken under other load shifts neither side). A batch step costs f_r R_r(w, c)
++ the plain step's other seconds at r rows still decoding. Nulls: *flat curve* (R = 1) and
+*constant* (1.0x). A roofline forward: L(w, c) = overhead + max(bytes / bandwidth, flops / peak),
+bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w +
+4 * layers * hidden * w * (c + w).
 """
 
 from __future__ import annotations

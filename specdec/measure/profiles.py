@@ -1,27 +1,14 @@
 """Acceptance profiles: one greedy decode, every position's draft, and shape sweeps by replay.
 
 Owns `profile(target, drafter, prompt, shape=..., max_new_tokens=...)`, which runs the target's
-plain greedy decode once and, at every position of it, asks the drafter for a draft in `shape` and
-records how deep the target would accept it, and `AcceptanceProfile`, which keeps those drafts and
-the greedy tokens and answers two questions without running a model:
-- `simulate(other_shape)`: the mean acceptance length (MAL, bonus included) that a real greedy
-  `specdec.generate` run with `other_shape` would get, for every shape whose drafts can be cut out
-  of the recorded ones (`derive`);
-- `pooled_mal(profiles, shape)`: the same over several prompts, steps pooled;
-- `counts()`: how often the draft reached / the target accepted each depth, and which sibling rank
-  the accepted node had (for `auto` shapes and the cost model).
+plain greedy decode once (the one loop, under a policy that verifies no proposal) and records every
+position's draft, and `AcceptanceProfile`, which answers without running a model: `simulate(shape)`
+(the MAL a real greedy run in that shape gets, for shapes cut out of the recorded drafts),
+`pooled_mal(profiles, shape)` and `counts()` (reached / accepted per depth, sibling ranks).
 
-Greedy acceptance against a known continuation: the target's greedy tokens g are fixed, so a node
-at depth d of the draft made at position p is accepted iff the tokens on its path equal g[p:p+d].
-Equivalently `verifier.accept_greedy` with the "argmax" g[p + depth(i)] after node i.
-
-The drafter is driven by the one loop (`specdec.loop.decode.decode`) under a policy that verifies
-no proposal (each step commits the target's greedy token); the proposals are read from the loop's
-events, so a drafter
-whose draft depends only on the committed tokens (every drafter here at T = 0, EAGLE with its
-default refresh) proposes what it would in a real run at that position, up to float rounding
-(near-ties). Replays assume, as `grow_tree` and `ngram` do, that a narrower shape's draft is the
-wider one's top-ranked part (sibling order = rank). Knows nothing about latency or costs.
+A node at depth d of the draft made at position p is accepted iff the tokens on its path equal the
+greedy tokens g[p:p+d]. Replays assume a narrower shape's draft is the wider one's top-ranked part.
+Knows nothing about latency or costs.
 """
 
 from __future__ import annotations

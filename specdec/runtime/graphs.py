@@ -5,32 +5,19 @@ programs, one per width bucket), `check_buckets`, and `static_forward`, which ke
 `StaticForward` per target so graphs are captured once, not once per generation. Knows nothing
 about drafts or acceptance: it is given tokens and their tree `parents`, as `Target.forward` is.
 
-Why. On a GPU a forward of a small target costs about the same at any width, and almost all of it
-is kernel launches and Python. A CUDA graph replays a whole forward's kernels in one launch, but
-only with fixed shapes at fixed addresses. So every tensor a step's forward reads or writes is
-fixed here:
-- the KV cache is a `StaticKVCache` preallocated for `capacity` entries per layer; a forward writes
-  its W new entries at the slots held in a device tensor (`index_copy_`) and attention reads all
-  `capacity` entries, masked (`StaticKVCache.slot_writer`);
-- n new tokens are padded to the smallest bucket W >= n. Pad rows attend to entry 0 only and no
-  row attends to them; their entries land past the stored length, which `advance(n)` then moves
-  by n, so the next forward overwrites them;
-- the positions [1, W] and the additive tree mask [1, 1, W, capacity] are rebuilt in place on the
-  device each step from `parents` (`tree.ancestor_mask`), with no host sync; the only host values
-  used are the cache's length and position, which the host already knows.
+Every tensor a forward touches is fixed: the `StaticKVCache` holds `capacity` entries per layer,
+written at slots held in a device tensor; n new tokens are padded to the smallest bucket W >= n (pad
+rows attend to entry 0 only, no row attends to them, and the next forward overwrites their entries);
+positions and the tree mask are rebuilt in place from `parents` with no host sync.
 
 Worked example: 20 entries cached, a root plus a 4-node draft (n = 5), buckets (1, 2, 4, 8): W = 8;
 slots = [20, ..., 27]; rows 0-4 see entries 0..19 plus their ancestors among slots 20..24; rows 5-7
 see entry 0; after the forward the cache stores 25 entries and slots 25..27 hold garbage to be
 overwritten.
 
-`capture="cuda_graph"` (the default on CUDA) captures each bucket's forward the first time that
-width is used (two warm-up runs on a side stream, then the capture; the buckets share one memory
-pool) and replays it afterwards. `capture="eager"` (the default elsewhere) calls the very same
-function each time instead: it reads only the static buffers, so CI on a CPU tests everything but
-the capture itself (exactness, cache == prefill, padding). `torch.compile(mode="reduce-overhead")`
-would also build CUDA graphs, but recompiles per width and cannot be checked here; hand capture over
-an eager-testable function was chosen instead.
+`capture="cuda_graph"` (the default on CUDA) captures each bucket's forward on first use and replays
+it; `capture="eager"` (elsewhere) calls the very same function, so CI on a CPU tests everything but
+the capture itself.
 """
 
 from __future__ import annotations

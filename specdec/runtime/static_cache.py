@@ -1,29 +1,13 @@
 """A preallocated (static) KV cache: fixed-capacity buffers written in place, never reallocated.
 
-Owns `StaticKVCache`, which follows the `specdec.runtime.cache.Cache` protocol (absolute positions,
-`truncate`, `keep`, `tensors`, plus `tail` and `append` like `KVCache`) over per-layer buffers
-[B, kv_heads, capacity, head_dim] allocated on the first write (device and dtype from the model).
-A forward appends n entries per layer by a slice write; `keep` moves the accepted block entries
-into place with one gather per layer; no step allocates or concatenates cache tensors. This is the
-storage a captured (CUDA graph) or compiled forward needs; the capture itself is in
-`specdec.runtime.graphs`. Knows nothing about drafts or acceptance, and nothing about eviction (`evicted`
-stays 0).
-
-Two ways to write, one storage. A forward of any width through `hf` (the prefill, `cache="static"`)
-appends at the stored length by a slice write, and the model reads the filled views. A
-static-shape forward (`specdec.runtime.graphs`) goes through `slot_writer(slots)` instead: it writes its W
-entries at the cache slots held in a device tensor and hands the model the *whole* buffers (masked
-by the caller), so shapes and addresses never change between steps; the caller then says how many
-of those entries are real with `advance(n)`.
-
-Batches: every buffer keeps its batch dimension, with holes per row as in `specdec.runtime.cache.RowBook`
-(`keep_rows` gathers each row's kept block entries in place). `over` adopts buffers a caller filled
-(the EAGLE training rollouts prefill each prompt alone and lay the rows out left-padded), and
-`select_rows` moves the rows still generating to the front of the same buffers when others finish.
-
-The model sees a small object with the calls it makes: `update` and `get_seq_length` from the
-attention layers, and, when the caller leaves the causal mask to the model (a chain forward),
-`get_query_offset` and `get_mask_sizes` from transformers' mask builder.
+Owns `StaticKVCache`, which follows the `specdec.runtime.cache.Cache` protocol over per-layer buffers
+[B, kv_heads, capacity, head_dim] allocated on the first write; no step allocates or concatenates
+cache tensors. A forward of any width through `hf` appends at the stored length by a slice write; a
+static-shape forward (`specdec.runtime.graphs`) writes at device-held slots through
+`slot_writer(slots)`, reads the whole buffers under the caller's mask, then says how many entries
+were real with `advance(n)`. Batches keep holes per row as in `RowBook`; `over` adopts buffers a
+caller filled and `select_rows` moves the rows still generating to the front.
+Knows nothing about drafts, acceptance or eviction (`evicted` stays 0).
 """
 
 from __future__ import annotations

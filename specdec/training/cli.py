@@ -1,31 +1,16 @@
 """The `rollout` and `run` commands of `python -m specdec.training`: grow a rollout set, advance the one EAGLE run.
 
-    # every natural-* prompt, greedy, 192 new tokens, into the repository's set (rerun to resume)
     nice -n 19 python -m specdec.training rollout --out data/eagle/smollm2-135m/greedy-192 --minutes 85
-    # a sampled continuation per prompt, its own set
-    nice -n 19 python -m specdec.training rollout --temperature 0.7 --seed 1 --out data/eagle/smollm2-135m/t0.7-s1-192
-    # start (or, with --resume, continue) the run; stops after --steps more steps or --minutes
     nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 \\
         --init-head specdec/drafters/heads/smollm2-135m.safetensors --aux-layers 3 15 \\
         --out outputs/eagle-run --curve data/eagle/curve.jsonl --steps 500 --minutes 55 [--resume]
 
-`rollout`: the prompts are `specdec.training.prompts.collect` of the named sources (interleaved,
-deduplicated), checked against every evaluation suite (experiments/prompts/*.jsonl). The set
-(specdec/training/tokens.py) records which prompts are done, so a rerun with the same or a longer
-prompt list continues where the last one stopped; another target or other rollout settings in the same
-folder is an error naming the manifest. Prints one JSON line per shard and a summary line at the end.
-
-`run` (specdec/training/run.py): the target's features are recomputed from the tokens once per machine
-into --feature-cache (one file per shard, bf16), and read from there with --resident-shards shards in
-memory at a time. The validation prompts (`--num-validation`, by prompt id) are chosen when the run
-starts and kept in its checkpoint; their sequences never enter training. Resuming on sets that gained
-shards since the checkpoint needs --grow (recorded in the run's data_history); any other change is
-refused. `--out/run.pt` holds the whole run state (head, AdamW, step, batch order, generator, the shard
-set's checksum); `--out/head-best.safetensors` the best head by validation chain MAL; the curve is
-appended to --curve (one JSON line per validation). A checkpoint that exists without --resume is an
-error (a run is continued, never restarted by accident). When the session ends, --keep
-(data/eagle/run-state.pt, committed) receives the compact state (`Run.save(compact=True)`: bf16 head
-and second moment, ~20 MB): on a machine without --out's state, --resume continues from it.
+`rollout`: the prompts of the named sources, checked against every evaluation suite; a rerun with
+the same or a longer prompt list continues the set, and another target or other settings in the same
+folder is an error. `run` (specdec/training/run.py): features are cached once per machine
+(--feature-cache); the validation prompts are chosen at the start and kept in the checkpoint;
+resuming on sets that gained shards needs --grow, any other change is refused; a checkpoint that
+exists without --resume is an error; --keep receives the compact state that --resume can continue from.
 """
 
 from __future__ import annotations
