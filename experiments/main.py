@@ -1,7 +1,5 @@
 """The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the
-findings report, ending with the report's verdict. The default grid: eagle chain(4) on torchao_int4
-and on fp32_again (the A/A control), and eagle chain(2) on fp32 (quant=none, the cell the cost
-model's held-out shape predicts from the A/A control's chain(4) profile; grids/main.yaml says why).
+findings report, ending with the report's verdict (grids/main.yaml says which cells and why).
 
     python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
     python -m experiments.main max_new_tokens=24 results.dir=results/quick
@@ -9,16 +7,13 @@ model's held-out shape predicts from the A/A control's chain(4) profile; grids/m
     python -m experiments.main size=full             # the publication-size grid (grids/full.yaml)
     python -m experiments.main kv=off                # without the KV-retention curve (`kv:` of the grid)
 
-Owns the grids (`size=NAME` picks grids/NAME.yaml; default `main`): their blocks (each a Hydra
-multirun, `python -m experiments.run -m ...`, cells one at a time in one process), the drafters it names resolved against the registry at start (`others` =
-every registered drafter no block names and `exclude_drafters` does not exclude, so drafters added
-later join with no change here; named drafters that are not registered and quant presets whose
-backend is not registered are dropped with a note), its fixed settings, and command-line overrides
-(which replace the grid's value for the same key in every block). After the grid it writes the
-leaderboard (RESULTS/leaderboard/) and the report (RESULTS/REPORT.md) and prints only the report's
-verdict and, last, its JSON line with the grid's exit status added. A grid's `kv:` entry (option: value)
-adds the reduced KV-retention curve, `python -m experiments.kv RESULTS --option value ...`, run after
-the grid's blocks into the same results directory; the report reads it from there.
+Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of
+`experiments.run`), the drafters resolved against the registry at start (`others` = every registered
+drafter no block names and `exclude_drafters` does not exclude; unregistered drafters and quant
+presets are dropped with a note), fixed settings and command-line overrides (which replace the
+grid's value in every block). Afterwards it writes RESULTS/leaderboard/ and RESULTS/REPORT.md, runs
+the grid's `kv:` curve (`experiments.kv`) when set, and prints the report's verdict and its JSON line
+with the grid's exit status added.
 """
 
 from __future__ import annotations

@@ -5,21 +5,14 @@ or the rollout throughput of training-data generation per batch size.
     python scripts/bench_eagle.py --suite experiments/prompts/chat_heldout.jsonl \\
         --heads old=shipped new=outputs/eagle/head-best.safetensors          # old vs new side by side
     python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
-    python scripts/bench_eagle.py --prompts 1 --max-new-tokens 16  # a smoke run
     python scripts/bench_eagle.py --rollout-batches 1 32 --prompts 32 --max-new-tokens 64  # rollout tokens/s
-    python scripts/bench_eagle.py --rollout-batches 64 --rollout-attentions sdpa specdec_sdpa ...  # and per attention
     python scripts/bench_eagle.py --teacher-forced 6 --heads ...  # acceptance per depth on target rollouts, fast
 
-Prompts: the first turn of each question in `--suite` (default experiments/prompts/default.jsonl;
-chat template applied). At T = 0 every configuration must reproduce the plain greedy output (else
-AssertionError). For every prompt the plain loop and every EAGLE configuration run back to back, so
-load drift hits all of them alike. Prints a human card, then one JSON line.
-
-`--teacher-forced D` scores instead each head's greedy chain(D) acceptance per depth on the target's
-own greedy continuations of the prompts (computed once, batched), exactly as training's validation
-does (specdec/training/eagle.py `teacher_forced`): what a greedy chain(D) draft
-would get from every position of those sequences (a real run drafts only from the positions its
-steps reach, so its MAL differs a little), seconds per head rather than minutes, and no timings.
+Prompts: the first turn of each question in `--suite`. At T = 0 every configuration must reproduce
+the plain greedy output (else AssertionError); all configurations run back to back per prompt.
+`--teacher-forced D` scores each head's greedy chain(D) acceptance per depth on the target's own
+greedy continuations, as training's validation does (`specdec.training.eagle.teacher_forced`).
+Prints a human card, then one JSON line.
 """
 
 from __future__ import annotations

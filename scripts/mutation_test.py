@@ -3,22 +3,15 @@
     pip install mutmut==2.5.1        # the mutant generator (a venv with --system-site-packages will do)
     python scripts/mutation_test.py specdec/core/sampling.py specdec/core/tree.py
     python scripts/mutation_test.py specdec/core/tree.py --only 12,40   # rerun some mutants
-    # the page's "first run" column: a run with the tests before the contract files, then the rest
     python scripts/mutation_test.py MODULES --tests tests/test_sampling.py,... --out /tmp/first.md
     python scripts/mutation_test.py MODULES --resume /tmp/first.jsonl
 
-Owns the run: mutmut 2.5.1 lists every mutant of each module (its operators: numbers, strings,
-comparison / arithmetic / boolean operators, keywords, arguments, ...); each mutant is run in a
-forked child of one warm process (torch, pytest and the tests imported once) in which every function
-or method of the module whose code or defaults the mutant changes has its `__code__` / `__defaults__`
-swapped for the mutant's (`specdec.measure.mutation`): every importer
-sees it, no file is written. The tests run with `-x`; a mutant is *killed* when they fail, *timeout*
-(also killed) when they run past `--timeout-factor` x the unmutated run, *survived* when they pass,
-*not applied* when its edit changes nothing a running function reads (e.g. a docstring).
-Survivors are explained in `EQUIVALENT` (why no test can tell the mutant from the real code) or by
-a test added to kill them. Writes `docs/measurements/mutation-testing.md` (generated: one table per
-module with every survivor and its verdict, the score) and the raw per-mutant results beside it.
-
+Owns the run: mutmut 2.5.1 lists every mutant of each module; each runs in a forked child of one warm
+process with the changed functions' `__code__` / `__defaults__` swapped (`specdec.measure.mutation`),
+no file written. A mutant is *killed* when the tests (`-x`) fail, *timeout* past `--timeout-factor` x
+the unmutated run, *survived* when they pass, *not applied* when it changes nothing a running function
+reads. Survivors are explained in `EQUIVALENT` or killed by a new test. Writes
+`docs/measurements/mutation-testing.md` and the raw per-mutant results beside it.
 Knows nothing about what the modules compute: the tests decide.
 """
 

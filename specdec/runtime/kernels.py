@@ -1,23 +1,11 @@
 """Which kernel runs a model's plain linear layers: a registry, and a choice measured per machine.
 
-Owns the linear-kernel registry (`torch`: the modules as loaded, `F.linear`; `onednn`: each weight
-prepacked once into oneDNN's blocked layout and run by `torch.ops.mkldnn._linear_pointwise`, the op
-that torch.compile's CPU freezing pass emits for a linear; `hybrid`: `onednn`, except that a
-one-row product, a plain decoding step's, runs `F.linear` on the weight as loaded), the module
-swap and its inverse (`apply_kernel`, `plain_linears`), `measure_choice` (times the target's own
-forward at a plain-decoding width and a verification width under every kernel that can run it; run
-by `python -m specdec.tune`) and `use_kernel`, which sets a Target's kernel: `auto` looks the choice
-up in the machine's tune record (`specdec.machine`) and, with none stored, runs
-`specdec.machine.DEFAULT_KERNEL`. It never measures.
-
-Why it exists: the same fp32 weights cost very different time per forward depending on which
-library multiplies them, and the difference is largest at the small widths speculative decoding
-verifies (`scripts/bench_kernels.py` measures the curves). A kernel changes
-rounding in the last bits, never the weights: it is not a quantization.
-
-Touches only modules whose type is exactly `nn.Linear` with a dense float32 or bfloat16 weight that
-the kernel packs on this CPU (`why_not`: oneDNN refuses bf16 on AVX2-only CPUs, so those stay as
-loaded); a quantized layer (a torchao tensor subclass, bitsandbytes, HQQ, torch dynamic) keeps its own kernel.
+Owns the linear-kernel registry (`torch`, `onednn`, `hybrid`: see docs/library.md), the module swap
+and its inverse (`apply_kernel`, `plain_linears`), `measure_choice` (run by `python -m specdec.tune`)
+and `use_kernel`, which sets a Target's kernel: `auto` looks the choice up in the machine's tune
+record and, with none stored, runs `specdec.machine.DEFAULT_KERNEL`. It never measures. A kernel
+changes rounding in the last bits, never the weights. Touches only exact `nn.Linear`s with a dense
+fp32 / bf16 weight the kernel packs on this CPU (`why_not`); quantized layers keep their own kernel.
 Knows nothing about drafting, caches or quantization formats.
 """
 

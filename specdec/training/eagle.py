@@ -1,23 +1,18 @@
 """Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `Rollouts` (sequences and the target's features in memory), `rollout_batch` (the target's own
-greedy or sampled continuations of many prompts per forward, left-padded with an attention mask,
-KV-cached, recording its final hidden states), `TrainBatch`/`make_batch` (right-padded training
-batches), `unroll` (EAGLE-3's training-time test: the head's own predictions fed back for depths
-2..k), `depth_losses` (EAGLE's feature regression + cross-entropy against the target's distribution,
-per depth) and
-`acceptance_per_depth` (validation; `teacher_forced` runs it for saved heads on fresh rollouts). Knows nothing about files or drafting: prompt sources live in
-specdec/training/prompts.py, rollout sets in specdec/training/tokens.py, features recomputed from them
-in specdec/training/features.py, and specdec/training/run.py drives a run.
+Owns `Rollouts`, `rollout_batch` (the target's own continuations of many prompts per forward,
+left-padded, recording its final hidden states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's
+training-time test), `depth_losses` (feature regression + cross-entropy per depth) and
+`acceptance_per_depth` (validation; `teacher_forced` for saved heads). Knows nothing about files or
+drafting (prompts.py, tokens.py, features.py and run.py own those).
 
 Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
 pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
 (predicted feature of depth s-1, token t_{j+s}) at position j+s-1, attending to the depth-1 entries
-0..j (the committed context at drafting time) and to its own chain's entries of depths 2..s-1, and
-predicts h_{j+s}. With s = 3 and j = 4: position 6 reads (out_2[4], t_7), attends depth-1 keys 0..4,
-the depth-2 key of j = 4 and itself, and is scored against h_7 (whose lm_head argmax is t_8). That is
-exactly what a chain draft from root t_5 computes at its third node, so validation acceptance per depth
-below equals chain drafting's greedy acceptance on the same sequences.
+0..j and to its own chain's entries of depths 2..s-1, and predicts h_{j+s}. With s = 3 and j = 4:
+position 6 reads (out_2[4], t_7), attends depth-1 keys 0..4, the depth-2 key of j = 4 and itself, and
+is scored against h_7. That is what a chain draft from root t_5 computes at its third node, so
+validation acceptance per depth equals chain drafting's greedy acceptance on the same sequences.
 """
 
 from __future__ import annotations

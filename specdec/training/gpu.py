@@ -5,19 +5,13 @@ wall-time budget.
     python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
     python -m specdec.training gpu --smoke --work W --sources S    # CPU: tiny target (the tests')
 
-Nothing here rolls out or trains by itself: it calls the `rollout` and `run` commands
-(specdec/training/cli.py) on the same shards (data/eagle/<target>/...), the same compact run
-state (--keep, data/eagle/run-state.pt) and the same curve (data/eagle/curve.jsonl) a CPU session uses, so a
-lent GPU continues that run rather than starting another; a run that has ended is followed by a new one
-(`--init-head` its best head, with its own --out, --curve and --keep), never restarted in place, and a
-call with neither a run state nor --init-head is refused before it rolls out anything. Stage 1 rolls out
-the prompts the first set lacks, --gen-batch rows per batch, starting no batch after --rollout-share of
-the budget; stage 2 resumes
-the run with `--grow` (the features are recomputed on the device from the tokens) for what is left of the
-budget less a margin, and writes the compact state back to --keep. With --probe-steps, stage 2 first
-trains that many steps, then sets the run's schedule so that it ends (anneal included) inside the budget
-at the measured rate: a GPU session can finish a run a CPU would take days over. A failed stage 1 is reported and stage 2
-still runs on the shards there are. Prints one JSON summary line (both stages' summaries).
+It calls the `rollout` and `run` commands (specdec/training/cli.py) on the same shards, compact run
+state (--keep) and curve a CPU session uses; an ended run is followed by a new one (`--init-head`),
+and a call with neither a run state nor --init-head is refused before rolling out. Stage 1 rolls out
+what the first set lacks (no batch starts after --rollout-share of the budget); stage 2 resumes the run
+with `--grow` for the rest of the budget less a margin (with --probe-steps, first measuring the rate
+and fitting the schedule to end inside the budget). A failed stage 1 is reported and stage 2 still
+runs. Prints one JSON summary line.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
-Owns `TokenSet` (open / verify / append / read a set), `source_prompts` (a source list's prompts in
-a fixed order), `target_identity` (what names a target: its
-name, quantization, dtype and the SHA-256 of its weights and tokenizer), `prompt_id` (a prompt's
-content hash, the unit of resumption), `fill_token_set` (roll out every prompt the set lacks, in the
-given order, a shard at a time) and `set_checksum` (one hash of the shard set, for a training run's
-state). Knows nothing about features or training: `specdec.training.features` turns the tokens back
-into the target's hidden states.
+Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name,
+quantization, dtype and the SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash,
+the unit of resumption), `fill_token_set` (roll out every prompt the set lacks, a shard at a time)
+and `set_checksum`. Knows nothing about features or training (`specdec.training.features`).
 
-Layout of a set folder (committed to the repository; 2 bytes per token):
+Layout of a set folder (2 bytes per token):
     manifest.json       format, target identity, rollout settings, runs, and per shard: file, bytes,
                         sha256, prompt_ids, sources, prompt_len, length (tokens per sequence)
-    shard-00000.u16     every sequence of the shard (chat-formatted prompt + the target's
-                        continuation), concatenated, little-endian uint16; sequence s of a shard is
-                        tokens[sum(length[:s]) : sum(length[:s + 1])]
-A shard file is written to a temporary name, renamed into place, then recorded in the manifest
-(itself replaced atomically), so a killed run loses at most the shard it was writing and the next
-run rolls those prompts out again. A prompt is done when a recorded shard names its id; a run rolls
-out, in the order given, only the prompts not done, so no prompt is duplicated or skipped however
-often a run is cut. One writer at a time (`<set>/write.lock` holds its pid).
+    shard-00000.u16     the shard's sequences (prompt + continuation) concatenated, little-endian
+                        uint16; sequence s is tokens[sum(length[:s]) : sum(length[:s + 1])]
+A shard is renamed into place before the manifest (replaced atomically) records it, so a killed run
+loses at most one shard and no prompt is duplicated or skipped. One writer at a time
+(`<set>/write.lock` holds its pid).
 """
 
 from __future__ import annotations
