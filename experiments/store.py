@@ -9,21 +9,12 @@ Layout of a store RESULTS/ (version 1):
     RESULTS/.partial/                  cells being written (or left behind by a killed run)
     RESULTS/hydra/                     Hydra's own logs, never read by the store
 
-A cell is written in full under .partial/, every file fsynced, `done` last, then renamed into
-cells/ in one `rename` (atomic on POSIX filesystems) and the directory entry fsynced. A run killed
-at any point leaves finished cells intact and at most a stray folder in .partial/, which readers
-ignore. Nothing in cells/ is ever overwritten or deleted by the store. Owns none of the measuring:
-rows arrive as plain dicts.
-
-Concurrency: any number of processes (a joblib or SLURM launcher, two grids started by hand) may
-write one store. The rename is the per-cell claim: the first finished copy of a cell lands, a later
-copy of the same cell finds the directory taken and is dropped, so no cell is lost or stored twice
-and no writer fails (two writers may still both *compute* a cell that neither had finished).
-
-Damage: a finished cell whose files were damaged afterwards (a truncated `rows.jsonl`, a `cell.json`
-that is not JSON, a `done` marker without rows) is named by `damaged_cells`, and `load_rows` skips
-it with a `DamagedCellWarning` naming the cell and what is wrong (or raises `DamagedCellError` with
-`on_damage="raise"`): a damaged cell is never silently averaged.
+A cell is written in full under .partial/ (fsynced, `done` last), then renamed into cells/ in one
+atomic `rename`, which is also the per-cell claim between concurrent writers: the first finished
+copy lands, a later one is dropped, and nothing in cells/ is ever overwritten. A damaged finished
+cell is named by `damaged_cells`; `load_rows` skips it with a `DamagedCellWarning` (or raises
+`DamagedCellError` with `on_damage="raise"`), never silently averaging it. Owns none of the
+measuring: rows arrive as plain dicts.
 """
 
 from __future__ import annotations

@@ -4,18 +4,11 @@
     python scripts/bench_self_draft.py --contexts 2048 --prompts 2 --retentions 25,100 --new-tokens 16 \\
         --mal-prompts 0                                                  # a small version, minutes
 
-The main job's reduced curve (`experiments.kv`, 4 prompts at 2K, 5 / 25 / 100%) at full size: for each
-context (prompt tokens at most; default 2K / 4K / 7K), `--prompts` ledger prompts (retrieval and
-summary alternating, `experiments.kv.long_prompts`), each KV policy (window, snapkv, quant4, quant8)
-at each retention (default 5 / 10 / 25 / 50 / 100%): per-token greedy acceptance, TV (sampled
-acceptance = 1 - TV) and KL(target || draft) along the target's 64 greedy tokens, the draft's cache
-synced with the target's exact K/V after every token; MAL of a greedy chain(`--depth`) generation on
-the first `--mal-prompts` prompts; and per context the verdict (`experiments.kv.verdict`: the lowest
-retention within 5% of the full cache's per-token acceptance, CI over prompts, with the A/A control).
-
-Prints one line per prompt x policy x retention, then the result as its JSON line, recorded through
-`specdec.measure.records` (kind "self_draft"); the main job's report shows the newest such record of
-this machine when present.
+The main job's reduced curve (`experiments.kv`) at full size: per context, prompt, KV policy and
+retention, per-token acceptance, TV and KL along the target's greedy tokens, MAL on the first
+`--mal-prompts` prompts, and per context the verdict (`experiments.kv.verdict`). Prints one line per
+prompt x policy x retention, then the JSON line, recorded through `specdec.measure.records` (kind
+"self_draft").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The width effect: how far a drafted run's next-token law is from the plain loop's on the same text.
 
 Owns the measurement behind the promise "exact with respect to the target's computation at the
-verification width". A drafted run computes each committed token's law in a verification forward
-of width 1 + N (root + draft nodes) over a cache written by such forwards; the plain loop computes it
-in width-1 forwards. In fp32/fp64 the two laws agree to rounding; in bf16/fp16 or a low-bit kernel
-they differ, so the drafted run samples from a (slightly) different law than the plain loop.
-
-- `token_laws`: one real decode, read through its events: the logits row each committed token was
-  decided on and the width of its forward; with `force=` tokens, the run is teacher-forced onto
-  another run's text (its own forwards and cache, the sampled tokens replaced by the forced ones);
-- `prompt_width_effect`: a drafted run at temperature T, then the plain loop teacher-forced on its
-  text; per position the total variation distance between softmax(logits / T) of the two, the shift
-  of the plain top-2 logit gap and whether the argmax differs;
-- `width_effect`: that over prompts x shapes, with a t-interval over prompts of the per-prompt mean
-  TV per token (`mean_ci`), and the largest top-2 gap shift (what a greedy near-tie allowance must
-  exceed: a greedy drafted run can leave the plain one only where the plain top-2 gap is below it).
-Knows nothing about certificates or records: `specdec.certify` and `scripts/bench_width_effect.py`
-report what it measures.
+verification width" (docs/library.md): `token_laws` (one real decode read through its events: each
+committed token's logits row and forward width, optionally teacher-forced with `force=`),
+`prompt_width_effect` (a drafted run at temperature T, then the plain loop forced on its text: per
+position the TV between the two laws, the shift of the plain top-2 gap, argmax changes) and
+`width_effect` (over prompts x shapes, a t-interval over prompts of the mean TV per token, and the
+largest top-2 gap shift). Knows nothing about certificates or records.
 """
 
 from __future__ import annotations

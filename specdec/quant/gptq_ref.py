@@ -2,22 +2,13 @@
 
 Owns `gptq_quantize` (a pure function: weight [O, I] + Hessian [I, I] -> quantized-then-dequantized
 weight), `layer_hessians` (H = 2/n sum x x^T of every quantizable linear's inputs over calibration
-token sequences) and the backend `gptqref`, which calibrates on `specdec.quant.texts` (the same set
-the `gptq` backend hands gptqmodel) and stores the weights dequantized in the model's dtype, as
-`rtn` does: it changes acceptance, never speed. It plays RTN's role in the grid for the question
-"does the quantization *method* change acceptance at the same bit-width?".
+sequences) and the backend `gptqref`, which calibrates on `specdec.quant.texts` and stores the weights
+dequantized, as `rtn` does: it changes acceptance, never speed (the `gptq` backend needs CUDA).
 
-Why hand-written: the `gptq` backend goes through gptqmodel, which needs CUDA and a newer torch than
-this project's CPU machine has, so its path never runs here. This is the algorithm of Frantar et
-al. (2022), as in their reference code: damped Hessian (`DAMPING`), upper Cholesky factor of its inverse,
-column-by-column rounding with the error fed back into the columns not yet quantized, in lazy
-blocks of 128 columns; group scales are fitted when a group's first column is reached (on the
-error-updated weights), act-order off. The quantization grid is RTN's (asymmetric min/max with a
-float offset, or symmetric), so RTN and GPTQ differ only in how they round.
-
-Choice where the paper leaves room: every layer's Hessian comes from one pass of the *unquantized*
-model over the calibration set (not the sequential variant, where layer l sees the outputs of the
-already quantized layers < l). Knows nothing about drafting or kernels.
+Frantar et al. (2022) as in their reference code: damped Hessian (`DAMPING`), upper Cholesky factor
+of its inverse, column-by-column rounding with error feedback in lazy blocks of 128 columns, group
+scales fitted at a group's first column, act-order off, RTN's grid, and every layer's Hessian from one
+pass of the *unquantized* model (not the sequential variant). Knows nothing about drafting or kernels.
 """
 
 from __future__ import annotations

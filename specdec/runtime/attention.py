@@ -4,19 +4,10 @@ Owns `sdpa_gqa`, registered with transformers' `AttentionInterface` as `specdec_
 `use_gqa_attention`, which `specdec.load_target` applies to every model loaded with the default
 attention. Knows nothing about caches, trees or drafting.
 
-Why it exists: a grouped-query model (SmolLM2: 9 query heads over 3 key/value heads) reads each
-key/value head for several query heads. transformers' SDPA path lets the kernel do that
-(`enable_gqa`) only when the forward carries no mask, since CUDA's fused kernels need that; with
-a mask it first copies every layer's cached keys and values once per query head (`repeat_kv`).
-(A single query under a mask, a padded batch's decoding step, it avoids the copy by folding the
-query heads instead.) Every tree verification carries a mask, so on a CPU that copy is a visible
-share of a verification (`scripts/bench_attention.py` measures it). torch's CPU SDPA reads
-grouped heads under a mask as well, so here the masked multi-query CPU case passes the mask and
-`enable_gqa` straight to `F.scaled_dot_product_attention`: the same logits bit for bit in our
-tests (`tests/test_attention.py`). Everything else (no mask, one query, CUDA or another device,
-dropout, position biases, soft-capping, attention outputs) goes to transformers' own
-`sdpa_attention_forward` unchanged, and transformers builds the same masks for both names.
-`scripts/bench_attention.py` measures the saving.
+Under a mask, transformers' SDPA path copies every layer's keys and values once per query head
+(`repeat_kv`); here the masked multi-query CPU case passes the mask and `enable_gqa` straight to
+`F.scaled_dot_product_attention` instead, the same logits bit for bit (`tests/test_attention.py`).
+Everything else goes to transformers' own `sdpa_attention_forward` unchanged.
 """
 
 from __future__ import annotations

@@ -4,19 +4,12 @@ Owns: `Cache`, the small protocol every KV cache here follows (entries stored, *
 position, the two rollbacks speculative decoding needs, read access per layer), and `KVCache`, the
 full cache over a Hugging Face `DynamicCache`. Knows nothing about drafts or acceptance.
 
-Positions are absolute and belong to the cache, not to how many entries it stores: a lossy cache
-(a window, a selection of tokens) stores fewer entries than the positions it has seen, and says so
-through `evicted`. A forward of n new tokens reads `length` (how wide the attention mask is) and
-`next_position` (where RoPE places them) and appends exactly n entries; nothing else moves it.
-Rollback is always an explicit call by the cache's owner: `truncate` (a chain) or `keep` (the
-accepted path of a tree), both in absolute positions.
-
-Batches (`RowBook`): all rows share one stored length S. A row that stored fewer entries than the
-longest row (a shorter prompt, fewer accepted tokens in a step) has *holes*: slots marked invalid in
-`valid` [B, S] and masked out of every later query (`specdec.runtime.model`). Each row's absolute next
-position is its valid entries plus its evictions (`next_positions`, [B]); `keep_rows` is the per-row
-tree rollback and `select_rows` drops finished rows. Without holes `valid` is None and a batch of one
-runs exactly as before (`next_position`, `keep`, `truncate`).
+Positions are absolute and belong to the cache: a lossy cache stores fewer entries than the
+positions it has seen (`evicted`). A forward of n new tokens reads `length` and `next_position` and
+appends exactly n entries; rollback is an explicit call by the owner, `truncate` (a chain) or `keep`
+(a tree's accepted path). Batches (`RowBook`): rows share one stored length S; a row that stored
+fewer entries has *holes*, marked invalid in `valid` [B, S] and masked out of every later query, its
+next position its valid entries plus its evictions; `keep_rows` and `select_rows` act per row.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Training prompt sources for the EAGLE head and the n-gram disjointness check.
 
 Owns the prompt-source registry (`SOURCES`: name -> function(n, seed) -> prompts), `Prompt` (a chat
-as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (prompts from
-several sources, deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint` (the n-gram
-overlap test used against the evaluation suites and between training and validation prompts).
-Knows nothing about targets, tokenizers or rollouts.
-
-Sources:
-- `natural-<name>`: chat prompts written for this project one by one, as people type them, one
-  source per file `data/prompts/natural_<name>.jsonl` (that folder's README says who wrote what).
-  The files are data, not code: they live in the repository's data/ folder, found from this
-  package's source checkout (an editable install); elsewhere `prompts_dir` says what is missing.
-- `templates-v1`: the templates the first shipped head was trained on (specdec/training/templates_v1.py).
-
-The evaluation suites (experiments/prompts/*.jsonl) are never read here; tests/test_eagle_training.py
-checks every source against all of them, and `python -m specdec.training rollout` re-checks the
-prompts it rolls out.
+as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (several sources,
+deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint`. Sources: `natural-<name>`
+(data/prompts/natural_<name>.jsonl, found from the source checkout; `prompts_dir` says what is
+missing) and `templates-v1` (specdec/training/templates_v1.py). The evaluation suites are never read
+here; the tests and `rollout` check every source against them. Knows nothing about targets,
+tokenizers or rollouts.
 """
 
 from __future__ import annotations

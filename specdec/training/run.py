@@ -1,21 +1,16 @@
 """One EAGLE training run, cut and resumed across machines and days, never restarted.
 
-Owns `RunConfig` (the run's fixed settings), `lr_factor` (linear warm-up, a constant rate, then a
-cosine anneal to `final_lr_fraction` between `anneal_start` and `max_steps`: the rate at a step
-depends on the step alone, so the constant phase can be extended on resume without changing its past),
-`validation_prompts` (validation chosen by prompt id, fixed for the run's life), and `Run`: head +
-AdamW + step + batch order + generator + the shard set's checksum, saved as one checkpoint file
-(written atomically) from which `Run.resume` continues exactly where `Run.save` stopped, and the
-validation curve appended as JSON lines. `Run.save(path, compact=True)` writes the state small enough
-to keep in the repository (half the full one: the head's matrices and AdamW's moments in bf16, the rest
-as is), so a run outlives the machine it ran on; resuming from it rounds them to bf16 once (a matrix
-entry, |w| < 0.1, by less than 2^-9 |w|, under one step's update at the run's rates; the norms' weights,
-near 1, stay fp32, where bf16 would move them by more than a step). Knows nothing about how data is made or read: it trains on
-`Rollouts` (specdec/training/features.py makes them from token shards) and `TrainBatch`es.
+Owns `RunConfig`, `lr_factor` (warm-up, a constant rate, then a cosine anneal to `final_lr_fraction`
+between `anneal_start` and `max_steps`: a function of the step alone, so the constant phase can be
+extended on resume), `validation_prompts` (fixed for the run's life) and `Run`: head + AdamW + step +
+batch order + generator + the shard set's checksum, one atomically written checkpoint from which
+`Run.resume` continues exactly. `Run.save(path, compact=True)` keeps the head's matrices and AdamW's
+moments in bf16 (norm weights stay fp32), small enough for the repository. Knows nothing about how
+data is made or read: it trains on `Rollouts` and `TrainBatch`es.
 
 Resuming refuses, naming the checkpoint: another head geometry, other training settings (only the
-schedule's length may change, and only while the run has not reached the old or new `anneal_start`),
-and a shard set whose checksum differs from the one the run trained on.
+schedule's length may change, and only before the old or new `anneal_start`), and a shard set whose
+checksum differs.
 """
 
 from __future__ import annotations
