@@ -2,16 +2,11 @@
 
     python -m experiments.report RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
 
-Owns, over the cells of a store (`experiments.stored`: rows, stored statistics and curves), the
-verdict lines (rules in `experiments.verdict`: the paired interaction per drafter x shape x kernel,
-an A/A control that must read compound), the out-of-sample cost-model score and projections (`experiments.costs`),
-acceptance apart from cost (text identity with fp32, teacher-forced beside free-running acceptance,
-the rate per draft position),
-and REPORT.md with its PNGs (`experiments.figures`).
-Everything comes from the store: the same store gives the same REPORT.md, byte for byte (fixed
-bootstrap seed, sorted cells, no timestamps). Knows nothing about how cells were measured beyond the
-row and metadata fields the runner writes. "Numerics only" rows (weights stored dequantized: rtn,
-gptqref) say only how acceptance changes: they get no speed verdict and sit apart in every table.
+Owns, over a store's cells (`experiments.stored`), the verdict lines (`experiments.verdict`), the
+cost-model score and projections (`experiments.costs`), acceptance apart from cost, and REPORT.md with
+its PNGs (`experiments.figures`). The same store gives the same REPORT.md byte for byte. "Numerics
+only" rows get no speed verdict and sit apart in every table. Knows nothing about how cells were
+measured beyond the fields the runner writes.
 """
 
 from __future__ import annotations

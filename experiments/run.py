@@ -3,14 +3,10 @@
     python -m experiments.run drafter=eagle shape=chain4 dataset=quick          # one cell (~1 min)
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
-Owns: a cell's identity (`cell_key`: everything that changes a measured number, hashed into the
-cell id, with the measuring protocol), the per-process cache of loaded targets shared by the cells of
-one multirun, the latency curves a cell times between its prompts (`CellCurves`), the cell's labels (the
-bit-width and "numerics only" derived from the quantization registry, never hand-kept), its metadata
-(resolved config, those curves, the model's sizes for a roofline, git commit, hardware, library
-versions), the progress bar over cells and the one-line summary a cell prints when it ends. Never branches on a
-drafter or quantization name: they are handed to `specdec.drafters.build` and `specdec.load_target`
-as they are.
+Owns a cell's identity (`cell_key`, hashed into the cell id), the per-process cache of loaded
+targets, the latency curves a cell times between its prompts (`CellCurves`), the cell's labels
+(bit-width and "numerics only" from the quantization registry), its metadata and the progress and
+summary lines. Never branches on a drafter or quantization name.
 """
 
 from __future__ import annotations

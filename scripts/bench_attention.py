@@ -4,13 +4,8 @@
     python scripts/bench_attention.py --caches dynamic,static --widths 1,5,9 --repeats 3
     python scripts/bench_attention.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
 
-`specdec_sdpa` (specdec.runtime.attention) differs from `sdpa` only where a forward carries a mask on CPU:
-it lets the kernel read grouped K/V heads instead of copying them per query head. A width-w
-forward here is a tree block of w nodes (masked for w > 1), as `specdec.measure.latency` times it. For
-each cache kind and context: one prefilled cache, then r times per width one forward under each
-attention in turn, so drift hits both alike; print forward milliseconds per attention and width, and the ratio of the two;
-then check that both give the same logits on one tree forward; then one JSON line. Timing runs
-must not overlap with other heavy work on the machine.
+Per cache kind and context: forward milliseconds per attention and width (a width-w forward is a
+masked tree block) and their ratio, a check that both give the same logits, then one JSON line.
 """
 
 from __future__ import annotations

@@ -4,14 +4,9 @@
     python scripts/bench_kernels.py --specs none --widths 1,4,8 --repeats 3
     python scripts/bench_kernels.py --target tiny-llama --specs none --widths 1,4 --contexts 8 --repeats 1   # smoke
 
-For each quantization spec: the target loaded once with its plain linears packed (`onednn`), and
-timed with them, with them except one-row products on the weights as loaded (`hybrid`), and with the
-same weights in transformers' own `nn.Linear` (`torch`): repeat r
-times every kernel at every width in turn, so drift hits all alike. Prints, per spec and context,
-forward milliseconds per kernel and width, the ratio of each to the `torch` kernel at width 1 (what
-a plain decoding step costs as loaded), and which kernel `auto` picks here; then one JSON line.
-Kernels that cannot run a spec here (its dtype, the device, the torch build) are listed with the
-reason. Timing runs must not overlap with other heavy work on the machine.
+Per spec and context: forward milliseconds per kernel (`onednn`, `hybrid`, `torch`) and width, each
+relative to `torch` at width 1, and the kernel `auto` picks here; kernels that cannot run a spec are
+listed with the reason; then one JSON line. Run on a quiet machine.
 """
 
 from __future__ import annotations

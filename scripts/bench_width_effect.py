@@ -4,13 +4,9 @@ the plain loop's (TV per token, 95% CI over prompts), and the bf16 near-tie allo
     python scripts/bench_width_effect.py                      # bf16, eagle, 12 prompts x 32 tokens
     python scripts/bench_width_effect.py --dtype float32      # the control: fp32 has no width effect
 
-For each prompt x shape x temperature: one drafted run (`specdec.measure.width_effect`), then the
-plain loop teacher-forced on its text; per committed token the total variation distance between
-the two softmax(logits / T). The greedy near-tie allowance of `tests/test_embedded.py` is derived
-as NEAR_TIE_MARGIN x the largest shift of the plain top-1 minus top-2 logit gap seen in any
-drafted run: a greedy drafted run can leave the plain loop only at a position whose plain top-2 gap
-is below that shift. The result is recorded (`specdec.measure.records`, kind `width_effect`) and
-printed as one JSON line; `python scripts/measurements.py` renders it.
+The greedy near-tie allowance of `tests/test_embedded.py` is NEAR_TIE_MARGIN x the largest shift of
+the plain top-2 logit gap seen in any drafted run. Recorded (`specdec.measure.records`, kind
+`width_effect`) and printed as one JSON line.
 """
 
 from __future__ import annotations

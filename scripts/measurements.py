@@ -1,20 +1,17 @@
 """Generate docs/measurements/<machine>.md from the stored result records, or record a command's result.
 
-Owns the rendering of records (`specdec.measure.records`) into one markdown file per machine: the
-machine as `lscpu` names it, then per kind of measurement each record, newest first, with its date,
-command, threads, versions and result. Knows nothing about what any benchmark measures: a result is
-rendered generically (scalars as a list, lists of objects as tables).
+Owns the rendering of records (`specdec.measure.records`) into one markdown file per machine, each
+record newest first with its date, command, threads, versions and result, rendered generically.
+Knows nothing about what any benchmark measures.
 
     python scripts/measurements.py                        # regenerate docs/measurements/*.md
     python scripts/measurements.py --check                # exit 1 if a generated file is out of date
     python scripts/measurements.py record KIND -- python scripts/bench_kernels.py --specs none
         # run the command, show its output, and store its last stdout line (a JSON object) as a record
     python scripts/measurements.py --publish results/main
-        # copy the main job's records (RESULTS/records/*.jsonl, which the job writes instead of touching
-        # the checkout) into docs/measurements/results/, once each, and regenerate the pages
+        # copy the main job's RESULTS/records/*.jsonl into docs/measurements/results/ and regenerate
 
-Bad input (a record without machine or command, a line that is not JSON, a record filed under
-another machine's key) prints one `error:` line naming file:line and exits with status 2.
+Bad input prints one `error:` line naming file:line and exits with status 2.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The machine a measurement belongs to, specdec's cache folder, and the one store of tuned choices.
 
-Owns `machine_name` (what a person reads: `lscpu`'s model name, or the CUDA device's name),
-`machine_key` (what changes a measured answer: the CPU's vendor, family, model and the ISA flags
-that decide which kernels run, or the GPU's name and compute capability), `cache_root`, and the
-tune store: one JSON record per machine key x target (label, device, dtype) under
-`cache_root()/tune/<machine key>/`, read by `load_record` and written by `update_record`
-(read-modify-write under a lock on the folder, then an atomic rename: a reader never sees half
-a file).
-
-A record holds whatever `python -m specdec.tune` measured (`specdec.tune`): the thread count, the
-linear kernel, the EAGLE head dtype per head geometry, latency curves. Constructors only read it
-(`load_target`, `build("eagle")`, `shape="auto"`); with no record they use the fixed defaults named
-here, and say "not tuned". A record that cannot be trusted (unreadable, another schema, another
-machine's key) is a `TuneError` naming the file, never a silent change of what runs.
-
-Knows nothing about what the fields mean or how they are measured.
+Owns `machine_name` (`lscpu`'s model name, or the CUDA device's), `machine_key` (what changes a
+measured answer: CPU vendor, family, model and kernel-relevant ISA flags, or GPU name and compute
+capability), `cache_root`, and the tune store: one JSON record per machine key x target under
+`cache_root()/tune/<machine key>/`, read by `load_record` and written by `update_record` (under a
+lock, then an atomic rename). Constructors only read it; with no record they use the defaults named
+here and say "not tuned". A record that cannot be trusted is a `TuneError` naming the file, never a
+silent change of what runs. Knows nothing about what the fields mean or how they are measured.
 """
 
 from __future__ import annotations

@@ -4,15 +4,11 @@
     python -m specdec.tune smollm2-135m --threads 1 --quant torchao_int4 --drafter none
     python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
-Owns the measuring that constructors used to do on first use: the torch thread count that decodes
-fastest (plain decoding, counts 1 .. cores, interleaved), the linear kernel
-(`specdec.runtime.kernels.measure_choice`), the EAGLE head dtype (`specdec.tune.
-measure_head_dtypes`, when `--drafter eagle` and a shipped head exists) and the latency curve that
-`shape="auto"` plans with (`specdec.measure.latency.measure_latency`). Each run writes one fresh
-record per target (and per `--quant` target) in the machine's store (`specdec.machine`), prints a
-short card, and ends with one JSON line naming what it chose and where it wrote it. `load_target`,
-`build("eagle")` and `generate(shape="auto")` then look these up; they never measure.
-Knows nothing about drafting or acceptance.
+Owns the measuring: the fastest torch thread count, the linear kernel (`kernels.measure_choice`),
+the EAGLE head dtype (`measure_head_dtypes`) and the latency curve `shape="auto"` plans with. Each
+run writes one fresh record per target in the machine's store (`specdec.machine`), prints a card and
+one JSON line; constructors then look these up and never measure. Knows nothing about drafting or
+acceptance.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Model-based drafting: a second causal LM (or a cheaper copy of the target) drafts in any shape.
 
-Owns `ModelDrafter`, which runs a draft `Target` with its own KV cache: before each draft it feeds
-the committed tokens it has not seen yet, then grows the requested shape with `grow_tree`, scoring
-each expanded level in one tree forward. On `commit` it keeps, in its own cache, exactly the draft
-nodes on the accepted path that it had run, found by node id (`BlockSlots`); the rest of the path
-is fed with the next request.
-
-`small` builds one from `model=` (a built-in name, path, hub id or a loaded `Target`); without
-one it is the `self_draft` preset `layers=first(k)`: the target's first k decoder layers with the
-target's own final norm and lm_head (weights shared, no training: an early-exit self-draft).
-
-Batches: one cache for every row, with holes. `propose_batch` feeds each row's unseen committed
-tokens in one forward (right-padded, padding becomes holes), then grows each row's own draft with
-`grow_rows` (`self_draft.score_rows`: one tree forward per depth for all rows); `commit` keeps each
-row's accepted run nodes with `keep_rows`.
+Owns `ModelDrafter`, which runs a draft `Target` with its own KV cache: it feeds the committed tokens
+it has not seen, grows the requested shape with `grow_tree` (one tree forward per level) and, on
+`commit`, keeps exactly the accepted-path nodes it had run, by node id (`BlockSlots`). `small` builds
+one from `model=`, or without one is the `self_draft` preset `layers=first(k)`. Batches: one cache
+with holes for every row, each row's draft grown by `grow_rows`, kept with `keep_rows`.
 """
 
 from __future__ import annotations

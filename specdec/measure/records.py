@@ -1,20 +1,15 @@
 """Result records: what a benchmark measured, with the machine, date and command it ran under.
 
 Owns the record format (one JSON object per line), `append` (add one record to
-`<root>/<machine key>.jsonl`, the machine described and keyed by `specdec.machine`: `lscpu` model
-name, vendor, family, model and the ISA flags that change which kernels run, or the GPU) and
-`read` / `validate` (parse a records file, refusing a record that does not say where and how it was
-measured). Knows nothing about what a benchmark measures or how
-records are rendered: `scripts/measurements.py` turns the files into `docs/measurements/<key>.md`.
-
-A benchmark records its final JSON result and prints it with one call:
+`<root>/<machine key>.jsonl`, keyed by `specdec.machine`) and `read` / `validate` (refusing a record
+that does not say where and how it was measured). Knows nothing about what a benchmark measures or
+how records are rendered (`scripts/measurements.py`).
 
     from specdec.measure import records
     records.emit("decode", result)            # result: the dict the script prints as its JSON line
 
 The root is `root=` if given, else `$SPECDEC_RECORDS`, else `docs/measurements/results/` of the
-source checkout. Under pytest the root must be given (`root=` or `$SPECDEC_RECORDS`): a test never
-writes into the checkout's records.
+source checkout; under pytest it must be given, so a test never writes into the checkout's records.
 """
 
 from __future__ import annotations

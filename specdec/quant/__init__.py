@@ -5,15 +5,9 @@
     specdec.quant.availability("bnb_nf4", "cpu")                          # ok + reasons
     report = specdec.quant.quant_report(target, draft)                    # agreement, KL, latency curve
 
-Backends (see `names()`; each declares bits, group sizes, devices, library and pip extra):
-`none`, `bf16`, `fp16`, `rtn<2..8>[_g<N>|_pc][_sym]` (the project's own round-to-nearest, stored
-dequantized), `torchao_int4[_g<N>]`, `torchao_int8`, `dynamic_int8`, `dynamic_fp16`, `bnb_int8`,
-`bnb_nf4[_g<N>]`, `bnb_fp4[_g<N>]`, `hqq<1|2|3|4|8>[_g<N>]`, `gptq<2|3|4|8>[_g<N>|_pc][_asym]`
-(gptqmodel, CUDA), `gptqref<3|4>[_g<N>]` (the project's own GPTQ, stored dequantized).
-The default group size is 32 (`DEFAULT_GROUP_SIZE`); `rtn` and `gptqref` default to 64, off the
-embedded model's own Q4_1 g32 grid. Importing this package imports every backend
-module, so each registers itself; optional libraries are imported only when a backend is applied
-or its availability is checked.
+Backends: see `names()` and docs/library.md; each declares bits, group sizes, devices, library and
+pip extra. Importing this package imports every backend module, so each registers itself; optional
+libraries are imported only when a backend is applied or its availability is checked.
 """
 
 import importlib

@@ -1,19 +1,12 @@
 """Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's features.
 
-Owns `new_eagle3_head` (a fresh head for a target: one Llama decoder layer of the target's geometry,
-fusing the given aux layers, its own lm_head over a draft vocabulary initialised from the target's
-lm_head rows), `eagle3_loss` (EAGLE-3's objective over the training-time test unroll: per depth, the
-cross-entropy of the head's draft-vocabulary logits against the target's distribution on that
-vocabulary at the position the prediction stands for; no feature regression), `train_step` (one AdamW
-step on a batch) and `eagle3_acceptance` (greedy chain acceptance per depth on validation batches,
-drafting as the `eagle` drafter does: argmax of the head's own lm_head). Knows nothing about files,
-schedules or where the features come from: `unroll`, `depth_targets` and `TrainBatch` are
-specdec/training/eagle.py's. `main` is the `eagle3` command of `python -m specdec.training` (below).
-
-Alignment is unroll's: entry j of depth s predicts the target's feature h_{j+s}, whose distribution
-over the next token (softmax(h_{j+s} @ lm_head rows)) is the distribution of t_{j+s+1}. Restricted to
-the draft vocabulary and renormalised there, it is the teacher the head's logits are scored against
-(speculators trains against the target's logits mapped through t2d in the same way).
+Owns `new_eagle3_head` (one Llama decoder layer of the target's geometry, its lm_head over a draft
+vocabulary initialised from the target's rows), `eagle3_loss` (per depth of the training-time-test
+unroll, cross-entropy of the draft-vocabulary logits against the target's distribution restricted
+and renormalised to that vocabulary; no feature regression), `train_step` and `eagle3_acceptance`
+(greedy chain acceptance per depth, drafting as the `eagle` drafter does). `main` is the `eagle3`
+command of `python -m specdec.training`. Knows nothing about files, schedules or where the features
+come from (`unroll`, `depth_targets`, `TrainBatch`: specdec/training/eagle.py).
 """
 
 from __future__ import annotations
