@@ -1,45 +1,29 @@
 """The cost model scored out of sample: each cell's speculation speedup predicted only from runs it
 was not measured in, beside two nulls.
 
-Owns which runs predict which (the model itself, its inputs and its nulls are in
-`specdec.measure.costmodel`) and the per-prediction errors (scored in `experiments.costs.score`):
-- *kernel* (held-out kernel): the fp32 drafted runs of a paired cell's prompts (acceptance per verify
-  width, drafting and bookkeeping per step) + the drafter's cost on the kernel relative to fp32, from the
-  cell's paired drafting probe (the kernel's and fp32's drafters interleaved at the cell's depth, a
-  micro-measurement apart from the drafted runs: `kernel_profile` scales fp32's drafting by their
-  ratio) + the kernel's latency-curve shape + the kernel's plain runs predict speculation on the kernel.
-  A cell without both probes (a tree, or stored before them) takes fp32's drafting per step as it is,
-  and its part says so (a drafter that reads the target, e.g. self_draft through its layers, costs more
-  or less on another kernel).
-- *prompts* (held-out prompts): a cell's questions split in two halves (alternating, sorted by id);
-  the drafted runs of one half predict the other half's speculation on the same kernel, both ways.
-- *shape* (held-out shape): a cell in chain(k) is predicted from the nearest deeper chain(K) cell of
-  the same drafter on the same kernel (an A/A control counts as fp32) over the same questions: MAL of
-  chain(k) = the deeper cell's teacher-forced profile replayed in chain(k) (`tf_chain_steps` /
-  `tf_chain_accepted`, pooled: 1 + accepted / steps; `experiments.cell.teacher_forced`, T = 0), one
-  forward of width k + 1 per step, and delta = the deeper cell's bookkeeping per step + its drafting
-  per step x `costmodel.drafting_scale(k, K, probe)` (a fixed part and a part per depth, the line
-  through the deeper cell's own drafting probe `draft_probe_s`); the smaller cell's plain runs and
-  curve as above, its drafted runs never read. A deeper cell stored before those fields falls back to
-  `costmodel.chain_mal` of its per-position counts (`tf_reached_by_depth` / `tf_accepted_by_depth`: they
-  average over every position, while a real step starts after a correction, so they overstate MAL)
-  and to drafting x k / K (no fixed part, so it understates drafting); the note names such cells. Trees and dynamic shapes are not predicted: cutting
-  a smaller tree out of a recorded one needs the profile's drafts (sibling ranks), which cells do not store.
-Errors are |predicted / measured - 1| of the pooled speculation speedup (tokens/s over the summed runs).
-Shown apart, never scored: the *MAL error* (the MAL taken from elsewhere against the predicted runs' own)
-and the *in-sample error* (the model fed the predicted runs' own phi and delta), which split an error into
-its acceptance part and its cost part; for *prompts*, the MAL error expected from the seen half's per-prompt
-spread (`expected_transfer`): the flat-curve null takes the same MAL, so that part is common to both.
-Nulls: *constant* (speculation = 1.0x) and *flat curve* (the same inputs, R(w) = 1). Numerics-only
-cells (fp32 cost) are listed apart and left out of the score. A kind that no cell allows is absent
-from the score, with a note saying why (never a zero). Batch cells (`batch` > 1) are predicted by
-kernel and by prompts (halves of their groups) from their batch steps (`steps`): a step's width is the
-padded width of its widest row. Rows leave a batch as they finish, so a step is priced by the rows still
-decoding too (`shapes`, `costmodel.predict_speculation`): f_r, the plain batch's one-token forward with r
-rows (`batch_shape_forward_s`), times R_r(w) of the cell's curve at r rows. A batch cell stored before
-its curves by rows and forward times by shape is priced by width alone, on its curve at the batch with
-t_1 the plain batch's mean step (as if the drafted run left rows as the plain run did); one stored before
-its batch steps is not predicted. Knows nothing about files or figures.
+Owns which runs predict which (the model, its inputs and nulls are `specdec.measure.costmodel`'s) and
+the per-prediction errors (scored in `experiments.costs.score`):
+- *kernel*: the fp32 drafted runs of a paired cell (acceptance per verify width, drafting and
+  bookkeeping per step), fp32's drafting scaled by the cell's paired drafting probe (`kernel_profile`;
+  without both probes fp32's drafting stands, and the part says so), and the kernel's curve and plain
+  runs predict speculation on the kernel;
+- *prompts*: a cell's questions split in alternating halves (sorted ids); each half's drafted runs
+  predict the other's speculation on the same kernel;
+- *shape*: a chain(k) cell predicted from the nearest deeper chain(K) cell of the same drafter and
+  kernel (an A/A control counts as fp32) over the same questions: MAL = the deeper cell's
+  teacher-forced profile replayed in chain(k) (`tf_chain_steps` / `tf_chain_accepted`), one forward of
+  width k + 1 per step, and delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K,
+  probe)`. A deeper cell stored before those fields falls back to `costmodel.chain_mal` of its
+  per-position counts and to drafting x k / K, and the note names it. Trees and dynamic shapes are
+  not predicted (cells do not store the drafts a smaller tree would be cut from).
+Errors are |predicted / measured - 1| of the pooled speculation speedup. Shown apart, never scored:
+the *MAL error*, the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for
+*prompts*, the MAL error expected from the seen half's per-prompt spread (`expected_transfer`). Nulls:
+*constant* (1.0x) and *flat curve* (R(w) = 1). Numerics-only cells are left out of the score; a kind
+no cell allows is absent, with a note (never a zero). Batch cells are predicted by kernel and prompts
+from their batch steps (a step's width is its widest row's), priced by the rows still decoding
+(`shapes`: f_r R_r(w)); one stored before its curves by rows is priced by width alone, one stored
+before its batch steps is not predicted. Knows nothing about files or figures.
 """
 
 from __future__ import annotations
