@@ -1,13 +1,9 @@
 """The experiment's structured configs: one dataclass per Hydra group, registered in the ConfigStore.
 
-Owns the schema every composed config is checked against (strict: an unknown key or a value of the
-wrong type fails at composition), the registration of that schema, and one auto-generated `drafter`
-preset per registered drafter that has no YAML preset, so a drafter added to the registry can be
-selected as `drafter=NAME` with no change here. Presets (`conf/<group>/<name>.yaml`) only fill in
-values. The composed config is made read-only by the runner; these dataclasses are not declared
-`frozen` because Hydra merges presets into them while composing. The `sampling` group is the
-library's own `specdec.SamplingConfig` (frozen): `register_configs` lifts its read-only flag in the
-schema so presets can be merged into it, and `OmegaConf.to_object` builds (and validates) it.
+Owns the strict schema every composed config is checked against, its registration, and one
+auto-generated `drafter` preset per registered drafter without a YAML preset. The dataclasses are not
+`frozen` because Hydra merges presets into them (the runner makes the composed config read-only); the
+`sampling` group is `specdec.SamplingConfig`, built and validated by `OmegaConf.to_object`.
 """
 
 from __future__ import annotations

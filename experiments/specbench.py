@@ -2,12 +2,9 @@
 
 Owns the mapping from stored rows to Spec-Bench's answer records (one line per question:
 `question_id`, `category`, `answer_id`, `model_id` and `choices: [{index, turns, decoding_steps,
-new_tokens, wall_time, accept_lengths}]`, per turn except `accept_lengths`, which lists every step's
-acceptance length, bonus included, over all turns), so Spec-Bench's `evaluation/speed.py` and other
-published tables read our runs. Spec-Bench's question files are read as a dataset source by
-`experiments.questions` (`dataset=specbench dataset.source=PATH/question.jsonl`). The leaderboard
-writes the files (RESULTS/leaderboard/spec_bench/). Knows nothing about how rows were measured; rows
-written before the `text` / `accept_lengths` fields are refused.
+new_tokens, wall_time, accept_lengths}]`, per turn except `accept_lengths`, every step's acceptance
+length over all turns), written by the leaderboard. Knows nothing about how rows were measured; rows
+without `text` / `accept_lengths` are refused.
 """
 
 from __future__ import annotations

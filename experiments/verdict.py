@@ -44,11 +44,6 @@ class Interaction:
     settle: int | None
     """Prompts that would settle an inconclusive interval (None when settled or unpaired)."""
 
-    @property
-    def half_width(self) -> float:
-        """Half the interval's width, in interaction units."""
-        return (self.hi - self.lo) / 2
-
     def text(self) -> str:
         if self.label == "unpaired":
             return "unpaired (no fp32 drafted run per prompt: an older store; rerun for a verdict)"

@@ -4,11 +4,9 @@
     python scripts/bench_quant.py --specs bf16,torchao_int4,rtn4 --repeats 3
     python scripts/bench_quant.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
 
-For each spec: a quantized copy of the target, then `specdec.quant.quant_report` against the
-unquantized target (timed interleaved with it in the same run). Specs whose backend cannot run here
-are listed as unavailable, and specs this model's layer widths do not allow as invalid, each with
-the reason. Prints a human card first and one JSON object as the very last line.
-Timing runs must not overlap with other heavy work on the machine.
+Per spec, `specdec.quant.quant_report` of a quantized copy against the unquantized target (timed
+interleaved); unavailable and invalid specs are listed with the reason. Prints a card, then one JSON
+object as the last line.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """One draft per batch row from the batch-of-one grower, with one batched model call per depth.
 
-Owns `grow_rows`: every row of a batch grows its own draft with `specdec.core.grow.grow_tree` (the
-very code a batch of one runs, so a row's draft equals the one it would get alone, its randomness
-drawn only from its own generator), while the rows' `score` calls are answered together: when
-every row still growing waits on a score, one `score_rows` call runs all of them in one forward.
-Rows of one shape ask at the same depths with the same node counts (a grower's structure depends
-on the shape and the depth limit, not on the logits), so each depth costs one forward for the
-batch; a row that asks less often (a lower depth limit) sits out the later calls. Each row's
-grower runs in a thread of its own only to be suspended at its score calls: the caller's thread
-hands the turn to one row at a time and runs the model itself, so nothing runs concurrently. Knows nothing about any model or cache: the drafter's
-`score_rows` does the forward.
+Owns `grow_rows`: every row grows its own draft with `specdec.core.grow.grow_tree` (so a row's draft
+equals the one it would get alone, its randomness from its own generator), while the rows' `score`
+calls are answered together by one `score_rows` call per depth. Each row's grower runs in a thread
+only to be suspended at its score calls; nothing runs concurrently. Knows nothing about any model or
+cache: the drafter's `score_rows` does the forward.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Low-bit self-draft: a quantized copy of the target drafts for the target.
 
-Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV): the draft model is
-`specdec.quant.quantized_copy(target, quant)`, the target itself is left untouched, so the verifier
-stays exact w.r.t. the unquantized target; the draft reads the target's exact K/V for committed
-tokens (see `self_draft`). Knows nothing about quantization beyond the spec string it passes on.
-
-Default spec `torchao_int4` (int4 weight-only, group 32, bf16 activations; see `DEFAULT_QUANT`). Tiny
-test models use `rtn8_pc`, which needs no optional library and fits any layer width. It batches as
-`self_draft` does (one forward per depth for every row).
+Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV); the target is left
+untouched, so verification stays exact. Default `torchao_int4` (`DEFAULT_QUANT`); tiny test models
+use `rtn8_pc`. Knows nothing about quantization beyond the spec string it passes on.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
-Owns `CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes over all widths that
-can be spread over time), `measure_latency` (a timer's passes in a row),
-`cached_latency` (measure once per target x kernel x attention x threads x grid and keep it in the
-machine's tune record, `specdec.machine`). The curve itself is data (`specdec.core.curve.LatencyCurve`);
-`shape="auto"` looks it up, never measuring (`specdec.loop.tuned`). The curve is what turns acceptance into speed: the `auto` draft shape and
-the grid's cost model both read it. Knows nothing about drafters or shapes.
-
-Width w is a tree block of w tokens (all children of the cached prefix): the same attention work
-as any tree of w nodes, so one curve serves chains and trees.
+Owns `CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes that can be
+spread over time), `measure_latency` (passes in a row) and `cached_latency` (kept in the machine's
+tune record). The curve itself is data (`specdec.core.curve.LatencyCurve`). Width w is a tree block of
+w tokens, so one curve serves chains and trees. Knows nothing about drafters or shapes.
 """
 
 from __future__ import annotations

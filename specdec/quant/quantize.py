@@ -1,15 +1,11 @@
 """Quantizing a Target: the entry points the core and the drafters call.
 
-Owns `quantize_target` (quantize a target's model in place and return the quantized Target, with
-the spec and a weight report in `info["quant"]`) and `quantized_copy` (the same on a deep copy, the
-original left untouched: a low-bit self-draft). Checks, in order, that the spec parses, that the
-target is not quantized already (in a packed format: an rtn target, whose weights are stored
-dequantized, may be quantized again, e.g. a low-bit self-draft of an rtn target), that the backend takes the model's dtype, that the group size
-divides every quantized layer (errors in the spec, whatever is installed), and that the backend can
-run on the target's device with the libraries installed here; then applies the backend and checks that it quantized every layer it was given.
-Never substitutes another backend. Backends see plain `nn.Linear`s: a target whose linears are
-packed for another kernel (`specdec.runtime.kernels`) is unpacked first, and the quantized target gets the
-kernel that was asked for when the target was loaded (`auto`: measured again for the new spec).
+Owns `quantize_target` (in place, the spec and a weight report in `info["quant"]`) and
+`quantized_copy` (on a deep copy, the original untouched). Checks that the spec parses, that the
+target is not already in a packed format, that the backend takes the dtype and the group size divides
+every layer, and that the backend runs here; then applies it and checks every layer was quantized.
+Never substitutes another backend. A kernel-packed target is unpacked first and the quantized target
+gets the kernel that was asked for at load.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The quantization registry: spec strings, backends, availability.
 
-Owns: `QuantSpec` (one parsed spec string such as `rtn3_g64_sym`), `Backend` (what a backend
-supports: bit-widths, group sizes, devices, the library and pip extra it needs) and the name
-registry (`backend`, `get`, `names`, `parse_spec`, `availability`). Knows nothing about any
-particular quantization algorithm and never imports an optional library itself: each backend
-module registers itself with the decorator `backend(...)` on the function that applies it.
+Owns: `QuantSpec` (one parsed spec string), `Backend` (bit-widths, group sizes, devices, library and
+pip extra) and the name registry (`backend`, `get`, `names`, `parse_spec`, `availability`). Knows
+nothing about any algorithm and never imports an optional library; each backend module registers
+itself with `backend(...)`.
 
-Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g64: rtn and gptqref default to group 64),
-`rtn3_g64_sym`, `rtn8_pc` (per output channel: one group per row), `torchao_int4_g64`, `hqq3`.
-Backends whose name carries the bit-width (`rtn`, `hqq`, `gptq`) take the digits after the name.
+Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g64),
+`rtn3_g64_sym`, `rtn8_pc` (one group per output row), `torchao_int4_g64`, `hqq3`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
 
-Owns `token_sequences` (every sequence of some rollout sets, with its prompt id and source),
-`recompute` (the target's final hidden state, and the hidden states of aux layers, at every token of
-a sequence: one causal prefill per sequence, the states a rollout's KV-cached steps computed, up to
-rounding), `token_rollouts` (sets -> `Rollouts` in memory, checked against the target, optionally
-cached per shard) and `token_features` (the same rows as `ShardedRollouts`, whose features stay in
-the cache files with a few shards in memory: data larger than memory). Knows nothing about how sets are written (specdec/training/tokens.py) or trained on.
-
-The feature cache is disposable (never committed): `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
--<layers>.safetensors`, keyed by the target's weights and the shard's checksum, so a changed shard or
-target can never be paired with stale features. A cache file that cannot be read is computed again.
+Owns `token_sequences`, `recompute` (final and aux-layer hidden states at every token: one causal
+prefill per sequence), `token_rollouts` (sets -> in-memory `Rollouts`) and `token_features` (the same
+as `ShardedRollouts`, a few shards in memory at a time). Knows nothing about how sets are written or
+trained on. The feature cache is disposable: `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
+-<layers>.safetensors`, so a changed shard or target never meets stale features; an unreadable file
+is computed again.
 """
 
 from __future__ import annotations

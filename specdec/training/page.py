@@ -4,12 +4,9 @@ the EAGLE training runs as their data says.
     python -m specdec.training page            # from data/eagle/curve*.jsonl and the rollout sets' manifests
     python -m specdec.training page --check    # exit 1 when the page is out of date
 
-Owns nothing but the rendering: the rollout sets (prompts and tokens, and every rollout run with its
-machine and seconds), and per training run (`data/eagle/curve.jsonl` the first, `curve-<name>.jsonl`
-each run after it, e.g. one started from the first's head by the `gpu` command's `--init-head`) the training
-compute per device (the time between consecutive curve points of one session, a gap over an hour
-counted as a cut between sessions) and the validation curve (validation chain MAL and top-1 per step,
-the learning rate). Knows nothing about how a run trains.
+Owns nothing but the rendering: the rollout sets and, per training run (`data/eagle/curve.jsonl`,
+then `curve-<name>.jsonl`), the compute per device (a gap over an hour between curve points cuts
+sessions) and the validation curve. Knows nothing about how a run trains.
 """
 
 from __future__ import annotations
