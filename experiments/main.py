@@ -123,10 +123,8 @@ def commands(blocks: list[list[str]]) -> list[list[str]]:
 
 def tune_command(blocks: list[list[str]]) -> list[str]:
     """`python -m specdec.tune MODEL --reuse --threads N --quant SPECS`: this machine's kernel, head dtype and
-    curve for the grid's target and for each real-kernel quantized target of the grid (each runs its own
-    measured kernel, so a kernel comparison is not one tuned target against an untuned one; numerics-only
-    backends run the reference's cost and are not tuned), measured first (or the stored records reused,
-    and said so)."""
+    curve for the grid's target and each real-kernel quantized target of the grid (numerics-only backends
+    run the reference's cost and are not tuned), measured first or reused, and said so."""
     from specdec import quant as quantization  # torch: only when the grid is run
 
     settings = dict(o.split("=", 1) for o in blocks[0])

@@ -184,10 +184,8 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
 
 def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
     """The widths of a cell's latency curve: `runner.latency_widths` plus the width of the shape's full
-    draft (root + `max_nodes`, for chain, tree and dynamic shapes; `auto` plans its own widths), the width
-    most of its verifications have. A kernel's cost can step between two of the grid's widths (a GEMM
-    tiled by 8 costs at 5 what it costs at 8), and the cost model's interpolation across such a step
-    would misprice every full verification."""
+    draft (root + `max_nodes`; `auto` plans its own widths), so the cost model never interpolates across a
+    kernel's cost step at the width most verifications have."""
     shape = specdec.parse_shape(cfg.shape.spec)
     extra = set() if isinstance(shape, AutoShape) else {shape.max_nodes + 1}
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
@@ -195,13 +193,10 @@ def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
 
 class CellCurves:
     """The latency curves a cell stores: its target's and (for a kernel's cell) its reference's, at the
-    cell's batch and, for a batch, at every fewer rows too (rows leave a batch as they finish, and the
-    steps after cost what fewer rows do). Timed through the forward the cell's loop runs (`cache="auto"`:
-    the CUDA graph fast path on CUDA; a batch's preallocated cache, with the holes its rows of different
-    lengths leave), in passes of `CurveTimer` taken between the cell's units (a prompt's runs; at a
-    batch, a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each
-    curve sees the machine its runs saw, not the moment the cell began, and every unit's first run
-    follows the same pause (the run orders of `experiments.cell.ORDERS` stay balanced)."""
+    cell's batch and, for a batch, at every fewer rows too. Timed through the forward the cell's loop runs
+    (`cache="auto"`), in `CurveTimer` passes taken between the cell's units (a prompt's runs; at a batch,
+    a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each curve sees
+    the machine its runs saw and every unit's first run follows the same pause."""
 
     def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], units: int) -> None:
         self.per_unit = -(-cfg.runner.latency_repeats // units)

@@ -27,12 +27,10 @@ def _sync(device: torch.device) -> None:
 
 class CurveTimer:
     """Times a latency curve in passes: each `sample()` times one forward of every width after every
-    context (the widths' order rotated pass by pass, so no width always follows the widest), and
-    `curve()` is the median of the passes so far. The caches are filled, and one untimed pass warms
-    them, at construction. `measure_latency` takes its passes in a row; a caller pricing runs that
-    last minutes (a grid cell) takes them between the runs, so that the curve sees the machine the
-    runs saw: a shared machine's speed drifts by several percent over minutes, and a curve taken in
-    one go sees only its own few seconds (see `measure_latency` for the arguments)."""
+    context (the widths' order rotated pass by pass), and `curve()` is the median of the passes so far.
+    The caches are filled, and one untimed pass warms them, at construction. A caller pricing runs that
+    last minutes takes its passes between the runs, so the curve sees the machine the runs saw
+    (arguments: `measure_latency`)."""
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                  contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
@@ -97,17 +95,11 @@ class CurveTimer:
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """Time one forward of each width after each context (median of `repeats` passes taken in a row,
-    `CurveTimer`: all widths and contexts in every pass, so drift hits all alike; one warm-up pass
-    first). `cache` names the (cache, forward) pair to time (`specdec.runtime.forwards.CACHES`;
-    `graphs`: the bucketed static forward, captured on CUDA, with the default buckets widened to the
-    widest width). `batch` > 1 times `batch` rows at once (the rows' prefixes differ; the forward is
-    the batched tree forward `specdec.generate_batch` verifies with, and `cache="auto"` resolves as a
-    batch's does: `static`). `holes` times each forward as a batch whose rows hold holes runs it
-    (prompts of different lengths: the explicit mask over real entries) rather than through the
-    model's own causal mask, which a batch of equal rows takes for chains and for every one-token step
-    (the two can cost differently, most at width 1: `scripts/batch_rows_check.py` shows what that
-    does to a batch's price)."""
+    """Time one forward of each width after each context (median of `repeats` passes in a row of a
+    `CurveTimer`, one warm-up pass first). `cache` names the (cache, forward) pair to time
+    (`specdec.runtime.forwards.CACHES`). `batch` > 1 times `batch` rows at once through the batched tree
+    forward `specdec.generate_batch` verifies with (`cache="auto"` resolving to `static`); `holes` times
+    each forward under the explicit mask a batch with holes runs rather than the model's causal mask."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = CurveTimer(target, widths, contexts, seed=seed, cache=cache, batch=batch, holes=holes)

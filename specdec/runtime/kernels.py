@@ -33,13 +33,10 @@ from specdec.runtime.model import Target
 class OneDNNLinear(nn.Module):
     """`nn.Linear`'s forward over a weight prepacked for oneDNN.
 
-    `weight` and `bias` are the original Parameters (shared, not copied), so code that reads them
-    (tied embeddings, a drafter's rows of the lm_head) sees the same tensors; `packed` is derived from
+    `weight` and `bias` are the original Parameters (shared, not copied); `packed` is derived from
     `weight` at construction (and again after `.to()` / a dtype cast) and is not a parameter: after
-    changing `weight` in place, build a new module. Holds the packed copy beside the weight, so the
-    layer's memory doubles. With `plain_one_row` (the `hybrid` kernel) a one-row product runs
-    `F.linear` on `weight` instead: on some CPUs MKL's one-row product is the faster one while oneDNN
-    wins from a few rows on (`scripts/bench_kernels.py` measures both).
+    changing `weight` in place, build a new module. With `plain_one_row` (the `hybrid` kernel) a one-row
+    product runs `F.linear` on `weight` instead.
     """
 
     def __init__(self, linear: nn.Linear, plain_one_row: bool = False) -> None:

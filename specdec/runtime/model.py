@@ -321,11 +321,9 @@ class Target:
         return ForwardOut(logits=logits, hidden=hidden, aux=aux)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V].
-
-        A plain bias-free `nn.Linear` head is computed as W @ rows^T: on one CPU thread MKL runs a
-        [V, H] x [H, n] product faster than the [n, H] x [H, V] one `F.linear` issues at the small n
-        of a verification; same product, rounding may differ in the last bit."""
+        """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V]; a plain
+        bias-free head is computed as W @ rows^T (faster at a verification's small n on one CPU thread;
+        rounding may differ in the last bit)."""
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]

@@ -104,16 +104,9 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     """Let `target` continue every prompt at once (temperature 0 = greedy): each prompt prefilled
     alone, then one left-padded batch with an attention mask over the padding and a preallocated KV
     cache. A sequence ends at EOS (dropped) or after `max_new_tokens`; the token whose hidden state was
-    never computed (the last) is dropped. A row that ends leaves the batch (its cache rows are
-    dropped), so long answers do not make short ones pay for padding steps.
-    Hidden states come back on the CPU as float32; `prompt_index` is left to the caller (empty).
-    With `aux_layers`, `aux` holds the hidden states of those layers at every kept position (bf16),
-    taken from the rollout's own forwards (what features.recompute's prefill must reproduce).
-
-    Why prefill one prompt at a time: a padded [64, 222]-token prefill spends more time in its
-    elementwise ops over [64, 222, 1536] activations than in its matrix products on a CPU, and pads
-    every prompt to the longest; why a preallocated cache: a growing one copies every layer's keys
-    and values at every step."""
+    never computed (the last) is dropped, and a row that ends leaves the batch. Hidden states come back
+    on the CPU as float32; `prompt_index` is left to the caller (empty). With `aux_layers`, `aux` holds
+    those layers' hidden states at every kept position (bf16), from the rollout's own forwards."""
     device = target.device
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
