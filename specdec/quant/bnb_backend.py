@@ -90,20 +90,10 @@ def _swap(model: nn.Module, spec: QuantSpec) -> nn.Module:
 _BNB = {"library": "bitsandbytes", "extra": "bnb", "dtypes": (torch.float16, torch.bfloat16, torch.float32)}
 
 
-@backend("bnb_int8", description="bitsandbytes LLM.int8 (int8 per-row weights, fp16 outlier columns)",
-         bits=(8,), **_BNB)
-def apply_bnb_int8(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    return _swap(model, spec)
-
-
-@backend("bnb_nf4", description="bitsandbytes 4-bit NormalFloat, absmax per block, model-dtype compute",
-         bits=(4,), grouped=True, group_sizes=(32, 64, 128, 256), **_BNB)
-def apply_bnb_nf4(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    return _swap(model, spec)
-
-
-@backend("bnb_fp4", description="bitsandbytes 4-bit float (e2m1), absmax per block, model-dtype compute",
-         bits=(4,), grouped=True, group_sizes=(32, 64, 128, 256), **_BNB)
-def apply_bnb_fp4(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    return _swap(model, spec)
-
+# One swap serves all three formats: `_swap` reads the format from the spec's name.
+backend("bnb_int8", description="bitsandbytes LLM.int8 (int8 per-row weights, fp16 outlier columns)",
+        bits=(8,), **_BNB)(_swap)
+backend("bnb_nf4", description="bitsandbytes 4-bit NormalFloat, absmax per block, model-dtype compute",
+        bits=(4,), grouped=True, group_sizes=(32, 64, 128, 256), **_BNB)(_swap)
+backend("bnb_fp4", description="bitsandbytes 4-bit float (e2m1), absmax per block, model-dtype compute",
+        bits=(4,), grouped=True, group_sizes=(32, 64, 128, 256), **_BNB)(_swap)
