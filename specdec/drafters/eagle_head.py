@@ -135,6 +135,32 @@ def fit_problems(target, hidden_size: int, vocab_size: int, aux_layers: tuple[in
     return problems
 
 
+def full_mask(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """The additive mask [1 or B, 1, n, past + n] in x's dtype from [n, past + n] or [B, 1, n, past + n];
+    None = plain causal over x's n rows (training)."""
+    if mask is None:
+        n = x.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
+    return (mask[None, None] if mask.dim() == 2 else mask).to(device=x.device, dtype=x.dtype)
+
+
+def attend(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+           cache: DynamicCache | None, layer_idx: int) -> torch.Tensor:
+    """`attn`'s (a LlamaAttention) self-attention on normed x [B, n, W], written out: its module wiring
+    costs more than its products at one or a few rows."""
+    b, n, _ = x.shape
+    shape = (b, n, -1, attn.head_dim)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)  # [B, heads, n, D]
+    k = attn.k_proj(x).view(shape).transpose(1, 2)  # [B, kv_heads, n, D]
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if cache is not None:
+        k, v = cache.update(k, v, layer_idx)  # [B, kv_heads, past + n, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+    return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
 class EagleHead(nn.Module):
     """fc(2H -> H) (+ fc_aux(kH -> H) over k normed aux layers) + one Llama decoder layer + RMS norm.
     Holds no embedding and no lm_head."""
@@ -189,32 +215,11 @@ class EagleHead(nn.Module):
             x = x + self.fc_aux(torch.cat([norm(a) for norm, a in zip(self.aux_norms, aux)], -1))
         position_ids = (positions[None] if positions.dim() == 1 else positions).to(x.device)  # [1 or B, n]
         cos, sin = self.rotary(x, position_ids)
-        if mask is None:
-            n = x.shape[1]
-            causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-            mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
-        mask = mask[None, None] if mask.dim() == 2 else mask  # [1 or B, 1, n, past + n]
-        mask = mask.to(device=x.device, dtype=x.dtype)
+        mask = full_mask(mask, x)
         layer = self.layer
-        x = x + self._attention(layer.input_layernorm(x), cos, sin, mask, cache)
+        x = x + attend(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, 0)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
-
-    def _attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                   cache: DynamicCache | None) -> torch.Tensor:
-        """The decoder layer's self-attention on normed x [B, n, H] (what LlamaAttention computes,
-        written out: its module wiring costs more than its products at one or a few rows)."""
-        attn = self.layer.self_attn
-        b, n, _ = x.shape
-        shape = (b, n, -1, self.config.head_dim)
-        q = attn.q_proj(x).view(shape).transpose(1, 2)  # [B, heads, n, D]
-        k = attn.k_proj(x).view(shape).transpose(1, 2)  # [B, kv_heads, n, D]
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(k, v, 0)  # [B, kv_heads, past + n, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
     # ---- files ---------------------------------------------------------------------------------
     def save(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -28,12 +28,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.nn import functional as F
 from transformers import DynamicCache, LlamaConfig
-from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb)
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specdec.drafters.eagle_head import fit_problems
+from specdec.drafters.eagle_head import attend, fit_problems, full_mask
 
 MODEL_TYPE = "eagle3"
 """The speculators_model_type this module reads and writes."""
@@ -127,7 +125,6 @@ class Eagle3Head(nn.Module):
         rope = copy.copy(llama)
         rope.hidden_size *= 2  # as speculators builds it (head_dim is explicit, so the frequencies do not change)
         self.rotary = LlamaRotaryEmbedding(rope)
-        self.head_dim = llama.head_dim
         vocab = torch.arange(config.draft_vocab_size) if draft_vocab is None else draft_vocab.long()
         self.register_buffer("draft_vocab", vocab, persistent=False)  # [N] target id of each draft column
 
@@ -160,40 +157,21 @@ class Eagle3Head(nn.Module):
                 aux = torch.cat([norm(a) for norm, a in zip(self.fc_norm, aux.split(hsize, -1))], -1)
             g = self.fc(aux)
         cos, sin = self.rotary(g, (positions[None] if positions.dim() == 1 else positions).to(g.device))
-        if mask is None:
-            n = g.shape[1]
-            causal = torch.ones(n, n, dtype=torch.bool, device=g.device).tril()
-            mask = torch.zeros(n, n, dtype=dtype, device=g.device).masked_fill(~causal, torch.finfo(dtype).min)
-        mask = (mask[None, None] if mask.dim() == 2 else mask).to(device=g.device, dtype=dtype)  # [B, 1, n, past + n]
+        mask = full_mask(mask, g)  # [B, 1, n, past + n]
         first = self.layers[0]
         hidden = first.hidden_norm(g)
         residual = hidden if self.config.norm_before_residual else g
         both = torch.cat([first.input_layernorm(token_embeds.to(dtype)), hidden], -1)  # [B, n, 2H]
-        x = residual + self._attention(0, both, cos, sin, mask, cache)
+        x = residual + attend(first.self_attn, both, cos, sin, mask, cache, 0)
         x = x + first.mlp(first.post_attention_layernorm(x))
         for i, layer in enumerate(self.layers[1:], start=1):
-            x = x + self._attention(i, layer.input_layernorm(x), cos, sin, mask, cache)
+            x = x + attend(layer.self_attn, layer.input_layernorm(x), cos, sin, mask, cache, i)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x) if self.config.norm_output else x
 
     def logit_features(self, x: torch.Tensor) -> torch.Tensor:
         """What lm_head scores for a `forward` output x [B, n, H]."""
         return x if self.config.norm_output else self.norm(x)
-
-    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                   cache: DynamicCache | None) -> torch.Tensor:
-        """Layer i's self-attention on its normed input x [B, n, 2H or H] (LlamaAttention, written out)."""
-        attn = self.layers[i].self_attn
-        b, n, _ = x.shape
-        shape = (b, n, -1, self.head_dim)
-        q = attn.q_proj(x).view(shape).transpose(1, 2)  # [B, heads, n, D]
-        k = attn.k_proj(x).view(shape).transpose(1, 2)  # [B, kv_heads, n, D]
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(k, v, i)  # [B, kv_heads, past + n, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
 def is_speculators_dir(path: str | Path) -> bool:
