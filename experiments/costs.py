@@ -1,11 +1,9 @@
 """The report's cost-model parts: the out-of-sample score of the cost model and projections to other hardware.
 
-Owns the held-out predictions of a store's cells and their score (the rules in `experiments.heldout`,
-the model in `specdec.measure.costmodel`), their verdict line and REPORT.md section, how well each cell's
-curves match its own runs (`curve_fit`), the projection curves and table for other hardware, and
-`md_table`, the markdown table every report section uses.
-Knows nothing about verdicts, acceptance or figures; a cell is what `experiments.stored.Cell` gives
-(`cell_id`, `labels`, `rows`, `meta`, `name`, `numerics_only`, `curves()`, `parts()`).
+Owns the held-out predictions of a store's cells and their score, their verdict line and REPORT.md
+section, `curve_fit` (how each cell's curves match its own runs), the projection curves and table,
+and `md_table`. Knows nothing about verdicts, acceptance or figures; a cell is an
+`experiments.stored.Cell`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The report's and the leaderboard's figures: latency curves per kernel with their spread, heatmaps
-(compound speedup; MAL and speculation), acceptance per draft position, the interaction per cell with its
-interval, and the held-out cost model's predictions against measurement.
+"""The report's and the leaderboard's figures: latency curves per kernel, heatmaps, acceptance per draft
+position, the interaction per cell, and the held-out cost model's predictions against measurement.
 
-Owns their layout only: sizes grow with the cells present, labels and titles are never clipped
-(constrained layout, figure size from the label count, titles wrapped to the figure's width),
-kernels get distinct colour + line style + marker, numerics-only kernels are drawn apart (hatched
-column, hollow markers). No figure warns, whatever the grid size.
-Knows nothing about stores: it draws the frames and curves it is given.
+Owns their layout only: sizes grow with the cells present, labels and titles are never clipped,
+kernels get distinct colour + line style + marker, numerics-only kernels are drawn apart. No figure
+warns, whatever the grid size. Knows nothing about stores: it draws the frames and curves it is given.
 """
 
 from __future__ import annotations

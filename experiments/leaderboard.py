@@ -1,17 +1,12 @@
 """The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
 
-Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, heatmap and
-acceptance-curve PNGs), and the one-line summary of a cell. A *board* is one setting: model, prompt
-selection, sampling (T = 0 and T > 0 never share a board) and max_new_tokens; its *entries* are
-drafter x shape x quant. Statistics are pooled, not averaged over prompts:
-- MAL = 1 + (accepted draft tokens) / (target forwards), summed over the entry's turns;
-- speedup = (new tokens / wall time of the drafted runs) / (the same for their plain-loop runs on the
-  same target): speculation alone;
-- speedup_quant = plain-loop tokens/s on the target over the unquantized reference's: quantization alone;
-- speedup_compound = drafted tokens/s over the reference's plain loop: both, measured directly;
-- acceptance at depth d = (steps whose accepted path reached d) / (steps whose draft reached d).
-Intervals are 95% percentile bootstraps over questions (a question's turns are resampled together).
-Knows nothing about how rows were measured; reads them through `experiments.store.load_rows`.
+Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, PNGs), and the
+one-line summary of a cell. A *board* is one setting (`SETTING`); its *entries* are drafter x shape x
+quant. Statistics are pooled over the entry's turns, not averaged over prompts: MAL = 1 + accepted /
+target forwards; speedup (drafted / plain, same target), speedup_quant (plain / reference plain) and
+speedup_compound (drafted / reference plain) are tokens/s ratios; acceptance at depth d = steps whose
+accepted path reached d / steps whose draft did. Intervals are 95% percentile bootstraps over
+questions. Knows nothing about how rows were measured (`experiments.store.load_rows`).
 
     python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """

@@ -1,11 +1,9 @@
 """Prompt suites: questions in the Spec-Bench / MT-bench format, from a file or the `datasets` hub.
 
-Owns `Question` (an id, a category and one or more user turns), reading the format
-`{"question_id": ..., "category": ..., "turns": ["first user message", "follow-up", ...]}` one JSON
-object per line (extra keys, such as Spec-Bench's `reference`, are ignored), resolving suite names to
-the files in `experiments/prompts/`, and selecting questions by category, id, count and turns.
-Knows nothing about models: how turns become token ids (the chat template, the model's previous
-answers) is the cell's business.
+Owns `Question`, reading `{"question_id": ..., "category": ..., "turns": [...]}` one JSON object per
+line (extra keys ignored), resolving suite names to `experiments/prompts/`, and selecting questions by
+category, id, count and turns. Knows nothing about models: how turns become token ids is the cell's
+business.
 """
 
 from __future__ import annotations

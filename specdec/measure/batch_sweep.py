@@ -1,12 +1,8 @@
 """The batch sweep behind scripts/bench_batch.py: decode tokens/s per drafter x shape x context x batch,
 paired with plain decoding, and the crossovers read from its cells.
 
-Owns `rows_at` (B rows of exactly C tokens of the long suite), `sized` (`kv=POLICY@F` sized to the
-context), `sweep` (every configuration `--repeats` times in rotating order; per cell the median
-tokens/s, the median paired speedup over plain with its range, the rows' MAL and the step-time split)
-and `crossovers` ((a) the batch at which speculation stops paying, (b) the cells where lossy-KV
-self-drafting beats plain decoding and the full cache). Knows nothing about argument parsing, tuning
-or records: the script does those.
+Owns `rows_at`, `sized` (`kv=POLICY@F` sized to the context), `sweep` and `crossovers` (see the
+script's docstring). Knows nothing about argument parsing, tuning or records: the script does those.
 """
 
 from __future__ import annotations

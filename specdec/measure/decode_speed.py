@@ -1,11 +1,9 @@
 """Decoding speed of specdec's loop against Hugging Face `generate`: the configurations and the race
-behind scripts/bench_decode.py (its docstring says what is measured and how to read the card).
+behind scripts/bench_decode.py (its docstring says what is measured).
 
-Owns `parse` (the bench's options, every bad one a SystemExit naming it before anything loads),
-`load_prompts`, `hf_generate` (HF greedy by the plain loop's rule), `configurations` (HF generate, HF
-prompt lookup, our plain loop, each drafter x shape), `race` (every configuration back to back per
-prompt: tokens, seconds, outputs equal to plain's, the first token where they part, loop stats) and
-`rows` (one result row per configuration). Knows nothing about tuning, printing or records.
+Owns `parse` (every bad option a SystemExit before anything loads), `load_prompts`, `hf_generate`,
+`configurations`, `race` (every configuration back to back per prompt) and `rows`. Knows nothing
+about tuning, printing or records.
 """
 
 from __future__ import annotations

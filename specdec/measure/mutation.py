@@ -1,12 +1,10 @@
 """Mutants of a module patched in memory: what scripts/mutation_test.py runs the tests against.
 
-Owns `list_mutants` (every mutmut 2.5.1 mutant of a module's source: id, line, the edited line and
-the mutated source), `swaps` (the real functions and methods whose code or defaults a mutated source
-changes, paired with the mutant's: setting `__code__` / `__defaults__` patches every importer at once)
-and `rebind` (for an edit outside any function body: the edited class or constant replaced wherever a
-loaded module holds it). No file is written. Knows nothing about tests or verdicts: the script forks,
-patches, runs pytest and renders the page; `specdec.certify.mutants` holds hand-written mutants of the
-acceptance rules for the exactness certificate.
+Owns `list_mutants` (every mutmut 2.5.1 mutant of a module's source), `swaps` (the real functions
+whose `__code__` / `__defaults__` a mutant changes, paired with the mutant's) and `rebind` (an edited
+class or constant replaced wherever a loaded module holds it). No file is written. Knows nothing
+about tests or verdicts: the script forks, patches, runs pytest and renders the page;
+`specdec.certify.mutants` holds hand-written mutants of the acceptance rules for the certificate.
 """
 
 from __future__ import annotations

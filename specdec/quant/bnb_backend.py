@@ -1,12 +1,9 @@
 """bitsandbytes adapters: LLM.int8 (`bnb_int8`) and 4-bit NF4 / FP4 (`bnb_nf4`, `bnb_fp4`).
 
-Owns the module swap from `nn.Linear` to bitsandbytes' `Linear8bitLt` / `Linear4bit` and the
-mapping from a spec to their arguments (`bnb_linear_kwargs`, kernel-free and tested without the
-library). 4-bit blocks ("groups") run over the flattened weight, so a group size that divides the
-input width is a group along each row, as elsewhere (default 32, the project's; bitsandbytes' own
-is 64). Compute
-runs in the model's dtype (LLM.int8 casts activations to fp16 inside its matmul). Runs on CPU and
-CUDA; on this CPU it dequantizes in PyTorch on every forward: a numerics backend, not a speed one.
+Owns the module swap from `nn.Linear` to bitsandbytes' `Linear8bitLt` / `Linear4bit` and the mapping
+from a spec to their arguments (`bnb_linear_kwargs`, tested without the library). A group size that
+divides the input width is a group along each row (default 32). Compute runs in the model's dtype;
+on a CPU it dequantizes on every forward: a numerics backend, not a speed one.
 """
 
 from __future__ import annotations

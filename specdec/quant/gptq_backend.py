@@ -1,12 +1,9 @@
 """GPTQ adapter (`gptq2` .. `gptq8`) through gptqmodel, calibrated on the project's own texts.
 
 Owns the mapping from a spec to gptqmodel's `QuantizeConfig` (`gptq_config`), the calibration
-examples handed to it (`gptq_calibration`, from `specdec.quant.texts`), and the round trip that
-quantizes a loaded model: save it to a temporary directory, `GPTQModel.load` + `quantize` on the
-calibration set, save, and load the packed model back on the target's device. A GPU path: gptqmodel
-needs torch >= 2.14 with CUDA and its CPU path is not supported here, so this backend declares
-CUDA only. The kernel-free parts are tested everywhere;
-the round trip itself runs only where gptqmodel and a GPU are present.
+examples (`gptq_calibration`, from `specdec.quant.texts`), and the round trip that quantizes a loaded
+model through a temporary directory and loads the packed model back. CUDA only (gptqmodel's CPU path
+is not supported here); the kernel-free parts are tested everywhere.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The quantization report: what a quantized target costs and how far it moved from the original.
 
-Owns `quant_report(reference, quantized)`, a JSON-ready dict for the grid results: weight bytes and
-bits per parameter (from `quantized.info["quant"]`), top-1 agreement and mean KL(reference ||
-quantized) on the fixed `EVAL_TEXT`, and the latency curve: forward time for 1, 2, 4, ... 64 new
-tokens after a cached context of a few lengths, for both models interleaved in the same run (so
-machine noise hits both), given as ratios quantized / reference (< 1 is faster). Knows nothing about
-how either model was quantized; the caller must keep other heavy work off the machine while it times.
+Owns `quant_report(reference, quantized)`, a JSON-ready dict: weight bytes and bits per parameter,
+top-1 agreement and mean KL(reference || quantized) on `EVAL_TEXT`, and the latency curve of both
+models timed interleaved, as ratios quantized / reference (< 1 is faster). Knows nothing about how
+either model was quantized.
 """
 
 from __future__ import annotations

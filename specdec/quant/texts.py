@@ -1,11 +1,8 @@
 """The fixed, project-written texts quantization uses: a calibration set and an evaluation text.
 
-Owns `CALIBRATION_PARAGRAPHS` (what calibrated backends such as GPTQ see, one sample per paragraph),
-`EVAL_TEXT` (the fixed text on which reports measure top-1 agreement and KL; never used for
-calibration), and `calibration_samples`, which tokenizes the calibration set. Both texts were
-written for this project, so results never depend on a downloaded data set, and their topics are
-kept disjoint from the evaluation prompt suites (experiments/prompts). Change a text and you
-change every result measured with it: `CALIBRATION_ID` / `EVAL_ID` name the versions in reports.
+Owns `CALIBRATION_PARAGRAPHS` (one calibration sample per paragraph), `EVAL_TEXT` (where reports
+measure top-1 agreement and KL; never used for calibration) and `calibration_samples`. Their topics
+are disjoint from the evaluation prompt suites; `CALIBRATION_ID` / `EVAL_ID` name the versions in reports.
 """
 
 from __future__ import annotations

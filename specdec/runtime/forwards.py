@@ -1,10 +1,9 @@
 """The (cache, forward) pairs a generation runs its target on, and how `generate` picks one.
 
-Owns `CACHES` (name -> factory of a target's KV cache and the forward that writes it),
-`resolve_cache` (`auto` -> a name), `verification_width` (the bucket set and padded width a
-cache kind verifies at) and `drafter_cache` (a model drafter's own pair). The loop and
-`specdec.measure.latency` both use it, so an `auto` shape's latency curve times the forward the loop will
-run. Knows nothing about drafts or acceptance.
+Owns `CACHES` (name -> factory of a target's KV cache and its forward), `resolve_cache`,
+`verification_width` and `drafter_cache` (a model drafter's own pair). The loop and
+`specdec.measure.latency` both use it, so a latency curve times the forward the loop runs. Knows
+nothing about drafts or acceptance.
 """
 
 from __future__ import annotations
