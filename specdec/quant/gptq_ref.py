@@ -21,7 +21,7 @@ from torch import nn
 
 from specdec.quant.layers import quantizable_linears
 from specdec.quant.registry import QuantSpec, backend
-from specdec.quant.rtn import _rtn_nominal_bits
+from specdec.quant.rtn import _rtn_nominal_bits, grid, group_width, snap
 from specdec.quant.texts import calibration_samples
 
 DAMPING = 0.1
@@ -30,23 +30,6 @@ uses 0.01). Stronger than the paper's because the calibration set is small (~1.5
 up to 1,536 wide); `specdec.quant.quant_report` measures agreement and KL for any setting."""
 BLOCK = 128
 """Columns per lazy batch (the error of a block reaches later blocks in one matrix product)."""
-
-
-def _grid(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, offset) per row [O, 1] of the group `w` [O, g], RTN's grid (see `rtn_quantize`)."""
-    if symmetric:
-        scale = w.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)
-        offset = torch.zeros_like(scale)
-    else:
-        offset = w.amin(-1, keepdim=True)
-        scale = (w.amax(-1, keepdim=True) - offset) / (2**bits - 1)
-    return torch.where(scale > 0, scale, torch.ones_like(scale)), offset
-
-
-def _round(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, symmetric: bool) -> torch.Tensor:
-    """Column(s) `w` [O, n] rounded onto the grid and dequantized."""
-    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
-    return offset + torch.clamp(torch.round((w - offset) / scale), lo, hi) * scale
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int | None,
@@ -65,9 +48,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
         raise ValueError(f"gptq_quantize needs weight [O, I] and hessian [I, I], got {tuple(weight.shape)} "
                          f"and {tuple(hessian.shape)}")
     out_features, in_features = weight.shape
-    group = in_features if group_size is None else group_size
-    if group < 1 or in_features % group:
-        raise ValueError(f"group size {group_size} does not divide the input width {in_features}")
+    group = group_width(in_features, group_size)
     compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.detach().to(compute).clone()  # [O, I]
     h = hessian.detach().to(compute).clone()  # [I, I]
@@ -87,9 +68,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
         u1 = u[start:end, start:end]
         for i in range(end - start):
             if (start + i) % group == 0:
-                scale, offset = _grid(w1[:, i:i + group], bits, symmetric)
+                scale, offset = grid(w1[:, i:i + group], bits, symmetric)
             col = w1[:, i:i + 1]  # [O, 1]
-            q[:, start + i:start + i + 1] = _round(col, scale, offset, bits, symmetric)
+            q[:, start + i:start + i + 1] = snap(col, scale, offset, bits, symmetric)
             e = (col - q[:, start + i:start + i + 1]) / u1[i, i]
             w1[:, i:] -= e @ u1[i:i + 1, i:]
             err[:, i:i + 1] = e

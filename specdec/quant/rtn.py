@@ -15,6 +15,31 @@ from specdec.quant.layers import quantizable_linears
 from specdec.quant.registry import QuantSpec, backend
 
 
+def group_width(in_features: int, group_size: int | None) -> int:
+    """The group width along a row (None: the whole row); ValueError when it does not divide the row."""
+    group = in_features if group_size is None else group_size
+    if group < 1 or in_features % group:
+        raise ValueError(f"group size {group_size} does not divide the input width {in_features}")
+    return group
+
+
+def grid(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, offset) [..., 1] of each group `w` [..., g] on RTN's grid (see `rtn_quantize`)."""
+    if symmetric:
+        scale = w.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)
+        offset = torch.zeros_like(scale)
+    else:
+        offset = w.amin(-1, keepdim=True)
+        scale = (w.amax(-1, keepdim=True) - offset) / (2**bits - 1)
+    return torch.where(scale > 0, scale, torch.ones_like(scale)), offset
+
+
+def snap(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, symmetric: bool) -> torch.Tensor:
+    """`w` rounded onto the grid (`grid`) and dequantized."""
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
+    return offset + torch.clamp(torch.round((w - offset) / scale), lo, hi) * scale
+
+
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None, symmetric: bool) -> torch.Tensor:
     """Round-to-nearest quantize `weight` [O, I] group-wise along I and return it dequantized.
 
@@ -31,21 +56,10 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None, symmet
     if not 2 <= bits <= 8:
         raise ValueError(f"rtn_quantize supports 2..8 bits, got {bits}")
     out_features, in_features = weight.shape
-    group = in_features if group_size is None else group_size
-    if group < 1 or in_features % group:
-        raise ValueError(f"group size {group_size} does not divide the input width {in_features}")
+    group = group_width(in_features, group_size)
     compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.detach().to(compute).reshape(out_features, in_features // group, group)  # [O, G, g]
-    if symmetric:
-        qmax = 2 ** (bits - 1) - 1
-        scale = w.abs().amax(-1, keepdim=True) / qmax  # [O, G, 1]
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        deq = torch.clamp(torch.round(w / scale), -qmax - 1, qmax) * scale
-    else:
-        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [O, G, 1]
-        scale = (hi - lo) / (2**bits - 1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        deq = lo + torch.clamp(torch.round((w - lo) / scale), 0, 2**bits - 1) * scale
+    deq = snap(w, *grid(w, bits, symmetric), bits, symmetric)
     return deq.reshape(out_features, in_features).to(weight.dtype)
 
 
