@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 
 import torch
 
 import specdec
 from specdec.measure import records
+from specdec.measure.latency import CurveTimer
 from specdec.runtime.attention import NAME
 from specdec.runtime.cache import KVCache
-from specdec.runtime.forwards import CACHES, verification_width
 from specdec.machine import machine_name
 
 ATTENTIONS = ("sdpa", NAME)
@@ -34,25 +32,17 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def curves(target: specdec.Target, widths: tuple[int, ...], context: int, repeats: int,
            cache: str) -> dict[str, list[float]]:
-    """Median forward seconds per attention and width: one cache prefilled once, then per repeat and
-    width one forward under each attention in turn (truncated back after each), as
-    `specdec.measure.latency.measure_latency` times a width (a tree block of w children of the prefix)."""
-    gen = torch.Generator().manual_seed(0)
-    padded, buckets = verification_width(cache, max(widths), None)
-    kv, forward = CACHES[cache](target, context + padded, buckets)
-    target.prefill(torch.randint(0, target.vocab_size, (context,), generator=gen).tolist(), kv)
-    times: dict[str, list[list[float]]] = {name: [[] for _ in widths] for name in ATTENTIONS}
-    for rep in range(repeats + 1):  # rep 0 warms up
-        for i, w in enumerate(widths):
-            tokens = torch.randint(0, target.vocab_size, (1, w), generator=gen)
-            for name in ATTENTIONS:
-                target.model.set_attn_implementation(name)
-                t0 = time.perf_counter()
-                forward(tokens, kv, torch.full((w,), -1, dtype=torch.long))
-                if rep:
-                    times[name][i].append(time.perf_counter() - t0)
-                kv.truncate(context)
-    return {name: [statistics.median(t) for t in rows] for name, rows in times.items()}
+    """Median forward seconds per attention and width: one `CurveTimer` per attention (a width is a tree
+    block of w children of the prefix, as `measure_latency` times it), their passes interleaved."""
+    timers = {}
+    for name in ATTENTIONS:
+        target.model.set_attn_implementation(name)
+        timers[name] = CurveTimer(target, widths, (context,), cache=cache)
+    for _ in range(repeats):
+        for name, timer in timers.items():
+            target.model.set_attn_implementation(name)
+            timer.sample()
+    return {name: list(timer.curve().seconds[0]) for name, timer in timers.items()}
 
 
 def same_logits(target: specdec.Target, width: int) -> bool:
