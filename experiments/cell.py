@@ -44,11 +44,7 @@ prompts run back to back, so a row's first run follows the previous row's last, 
 16 runs (cyclic; the warm-up ends as the last row does) is unchanged by swapping the kernel's runs
 with the reference's (drafted <-> reference_drafted, plain <-> reference) in every run's position and
 predecessor. A carry-over from one run to the next, or a drift with position, then biases the
-kernel's speculation and the reference's alike and cancels in the interaction.
-History: a plain rotation always ran the kernel's plain right after its drafted run (an A/A control
-read 0.90 [0.85, 0.96]); the Williams square that replaced it balanced the rows but not the seams
-between prompts (the reference's drafted run followed a drafted run twice per four prompts, the
-kernel's once), and its A/A control read 0.97-0.99 in four runs (0.97 [0.95, 1.00] in one)."""
+kernel's speculation and the reference's alike and cancels in the interaction."""
 PROBE_TOKENS = 32
 PROBE_REPEATS = 3
 """The drafting probe (module docstring): new tokens per run and runs per depth."""
