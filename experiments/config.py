@@ -117,9 +117,8 @@ class RunnerConfig:
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
     threads: int = 1
-    """torch intra-op threads (0 = torch's default). 1 by default: on a 2-core machine with anything
-    else running, 2 threads made the embedded model's decode >10x slower (OpenMP barriers). It does
-    change timings, so it is recorded in every cell's hardware metadata (`torch_threads`)."""
+    """torch intra-op threads (0 = torch's default); recorded in every cell's hardware metadata
+    (`torch_threads`)."""
 
 
 @dataclass

@@ -51,8 +51,7 @@ _TARGETS: OrderedDict[tuple, specdec.Target] = OrderedDict()
 _DRAFTERS: dict[tuple, specdec.drafters.Drafter] = {}  # (target key, name, options) -> drafter
 PROTOCOL = "paired-2x2/cell-curves"
 """The measuring protocol (in every cell key: cells of an older protocol never match): the paired runs of
-`experiments.cell`, and curves each cell times between its units (`CellCurves`; before, `paired-2x2`, a
-job's curves were timed once and shared)."""
+`experiments.cell`, and curves each cell times between its units (`CellCurves`)."""
 REFERENCE_QUANT = "none"
 """The quantization of every cell's reference target (the denominator of its quant and compound speedups)."""
 LIBRARIES = ["specdec", "torch", "transformers", "hydra-core", "omegaconf", "numpy", "pandas", "tqdm"]

@@ -13,8 +13,7 @@ from specdec.runtime.model import Target
 
 DEFAULT_QUANT = "torchao_int4"
 """The low-bit copy whose 1-4 token forward was the fastest of those tried on CPUs, with high top-1
-agreement (`scripts/bench_quant.py` measures them; earlier figures: docs/measurements/archive.md).
-Needs the `torchao` extra."""
+agreement (`scripts/bench_quant.py` measures them). Needs the `torchao` extra."""
 
 
 @register("lowbit")
