@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 import types
 from pathlib import Path
 
+from specdec.machine import machine_facts
 from specdec.measure.mutation import list_mutants, rebind, swaps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,13 +254,8 @@ def _cell(text: str) -> str:
 
 
 def _cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-        return (f"{fields.get('Model name', '?').strip()}, family {fields.get('CPU family', '?').strip()} "
-                f"model {fields.get('Model', '?').strip()}")
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
+    facts = machine_facts()
+    return f"{facts['name']}, family {facts['family']} model {facts['model']}"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
