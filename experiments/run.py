@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 import specdec
 from specdec import quant as quantization
 from specdec.core.shapes import AutoShape
+from specdec.machine import machine_name
 from specdec.measure.latency import CurveTimer
 from experiments.cell import run_cell
 from experiments.leaderboard import cell_summary
@@ -110,15 +111,10 @@ def git_state() -> dict[str, Any]:
 def hardware() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor()
-    if Path("/proc/cpuinfo").exists():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
     return {
         "host": platform.node(),
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": machine_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
