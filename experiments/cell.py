@@ -171,10 +171,9 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
 def drafting_probe(pairs: Sequence[tuple[specdec.Target, specdec.drafters.Drafter]], prompt, depth: int, seed: int,
                    options: dict) -> list[dict[str, float]]:
     """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes}
-    for d in (1, `depth`), from the drafted loop in chain(d) on `prompt`, `PROBE_REPEATS` runs of
-    `PROBE_TOKENS` tokens per depth and pair, depths and pairs alternating, so that pairs measured
-    together share the machine's state (their ratio is the paired measurement). A depth no step drafted
-    in full (a drafter that proposed less) is left out."""
+    for d in (1, `depth`), from `PROBE_REPEATS` chain(d) runs of `PROBE_TOKENS` tokens on `prompt`, depths
+    and pairs alternating so that paired drafters share the machine's state. A depth no step drafted in
+    full is left out."""
     times: list[dict[int, list[float]]] = [{1: [], depth: []} for _ in pairs]
     for repeat in range(PROBE_REPEATS):
         for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):

@@ -79,16 +79,11 @@ class PlainRun:
 
 def predict_speculation(draft: DraftProfile, plain: PlainRun, curve: LatencyCurve | None,
                         row_curves: Mapping[int, LatencyCurve] | None = None) -> float:
-    """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1). A batch is
-    predicted with the curve measured at its batch size (a batch's forward of w tokens per row costs
-    R(w, c) of that curve: rows widen a forward, so the batch-1 curve would understate it); the
-    profile's widths are then a step's padded width (1 + the most draft nodes of any row).
-
-    Rows leave a batch as they finish, so its steps are not all B rows wide. With the profile's steps
-    by (rows r, width w), the plain run's forward per row count f_r and the curves at each row count
-    (`row_curves`, {r: L_r}, B included), a step costs f_r R_r(w, c) + the plain step's other seconds
-    + delta; f_r of a row count the plain run never reached is f_B L_r(1, c) / L_B(1, c). The flat null
-    (`curve=None` with `row_curves`) takes R_r = 1 and f_B there."""
+    """T_p / T_d of the module docstring; `curve=None` is the flat-curve null (R = 1). A batch is priced on
+    the curve at its batch size, a step's width being its padded width. With the profile's steps by (rows
+    r, width w) and `row_curves` ({r: L_r}, B included), a step costs f_r R_r(w, c) + the plain step's
+    other seconds + delta, f_r of a row count the plain run never reached being f_B L_r(1, c) / L_B(1, c);
+    the flat null with `row_curves` takes R_r = 1 and f_B there."""
     if curve is not None and curve.batch != plain.batch:
         raise ValueError(f"the latency curve was measured at batch {curve.batch}, the run decodes batch {plain.batch}: "
                          f"measure one at that batch (python -m specdec.tune TARGET --batch {plain.batch})")

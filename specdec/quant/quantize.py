@@ -55,14 +55,9 @@ def _layer_signature(module: torch.nn.Module) -> tuple:
 
 
 def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
-    """Quantize `target` by `spec` (e.g. "rtn4_g32", "torchao_int4", "bnb_nf4") and return it.
-
-    The given target's model is modified in place (the returned Target wraps it): do not use the
-    given Target afterwards. For a quantized copy that leaves the original usable, see
-    `quantized_copy`. Raises what `check_quantizable` raises, and RuntimeError if a packed backend
-    left a layer it was given unquantized (never silently: torchao, for one, skips layers it cannot
-    take without an error).
-    """
+    """Quantize `target` by `spec` (e.g. "rtn4_g32", "torchao_int4", "bnb_nf4") and return it; the given
+    target's model is modified in place (see `quantized_copy` for a copy). Raises what `check_quantizable`
+    raises, and RuntimeError if a packed backend left a layer it was given unquantized."""
     spec = check_quantizable(target, spec)
     b = get(spec.backend)
     model = target.model

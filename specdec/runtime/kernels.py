@@ -245,10 +245,8 @@ def pick(seconds: dict[str, dict[int, float]]) -> str:
 
 def measure_choice(target: Target, names: list[str], repeats: int = 5, context: int = 64) -> dict:
     """Time `target`'s forward at `CHOICE_WIDTHS` after `context` cached tokens under each kernel of
-    `names` (at most one that packs: the others are views of the same weights), kernels and widths
-    interleaved in every repeat (one warm-up round first), median kept; leaves the model on the
-    fastest. The packing kernels (`onednn`, `hybrid`) share one packed copy of the weights. Returns
-    {"kernel", "seconds": {name: {width: s}}, ...}, the `kernel` field of a tune record."""
+    `names` (the packing kernels share one packed copy), interleaved per repeat after a warm-up round,
+    median kept; leaves the model on the fastest. Returns the `kernel` field of a tune record."""
     packing = [name for name in names if KERNELS[name].pack is not None]
     if packing:
         apply_kernel(target.model, packing[0])
@@ -280,14 +278,10 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
 
 def use_kernel(target: Target, kernel: str = "auto") -> Target:
     """`target` with its plain linears run by `kernel` (in place: the returned Target wraps the same
-    model; do not use the given one afterwards).
-
-    `auto` takes the only kernel that can run here, else the kernel stored for this machine x target
-    x device x dtype by `python -m specdec.tune` (`specdec.machine.load_record`), else
-    `specdec.machine.DEFAULT_KERNEL`, recorded as not tuned. It measures nothing. An explicit kernel
-    that cannot run here (wrong device or dtype, missing oneDNN), or a stored one that cannot, is a
-    ValueError naming it and why. The choice and where it came from go to `info["kernel"]`.
-    """
+    model; do not use the given one afterwards). `auto` takes the only kernel that can run here, else the
+    one `python -m specdec.tune` stored, else `specdec.machine.DEFAULT_KERNEL` (not tuned); it measures
+    nothing. A kernel that cannot run here, explicit or stored, is a ValueError naming why. The choice and
+    its source go to `info["kernel"]`."""
     chosen = resolve(kernel, target.device, target.dtype)
     record: dict = {"requested": kernel}
     if chosen is None:
