@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retentions", default=",".join(f"{100 * r:g}" for r in RETENTIONS), help="percent")
     args = ap.parse_args(argv)
     import specdec
+    from experiments.leaderboard import atomic_text
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -351,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()}
     path = Path(args.results) / CURVE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_text(path, json.dumps({"settings": settings, "rows": rows}, indent=1))
     print(f"kv curve: wrote {path} in {settings['seconds']:.0f} s")
     return 0
 
