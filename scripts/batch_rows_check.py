@@ -1,21 +1,12 @@
 """Does a batch step's price need its rows? A check on a `size=batch` store, not a benchmark.
 
-Owns one comparison, per batch cell and per drafted run (the kernel's and fp32's): the summed time of
-the drafted batch's target forwards as measured, against prices anchored on the same cell's plain batch
-(`experiments.heldout`'s rule: a curve as a ratio, scaled so the plain run's steps cost what they
-measured):
-- *width only* (the cost model's for a cell stored without its curves by rows): every step at the batch's
-  curve, L_B(w) / L_B(1) x the plain mean step;
-- *rows, linear*: a step with r rows left and width w at L_1(w) + (L_B(w) - L_1(w)) (r - 1) / (B - 1),
-  between the batch-1 cell's curve and the batch cell's, from `batch_verify_shapes`;
-- *rows, curves*: a step (r, w) at L_r(w), the cell's curve at r rows (`latency.target_rows`), scaled once;
-- *rows, anchored* (the cost model's forwards, `costmodel.predict_speculation` with `row_curves`): a step
-  (r, w) at f_r L_r(w) / L_r(1), f_r the plain batch's mean forward with r rows left
-  (`batch_shape_forward_s`; f_B L_r(1) / L_B(1) where the plain batch had no such step).
-The last two need a store written with the fewer rows' curves and the forward times per shape, and then
-the plain batch's one-token forward per row count is shown in the loop and on the curve. Last, per cell,
-each held-out speculation prediction (`experiments.heldout`) priced by rows and by width only.
-Knows nothing about reports; prints lines, not a page.
+Owns one comparison, per batch cell and per drafted run (the kernel's and fp32's): the measured time of
+the drafted batch's target forwards against prices anchored on the same cell's plain batch: *width
+only* (every step at L_B(w) / L_B(1) x the plain mean step), *rows, linear* (a step of r rows at
+L_1(w) + (L_B(w) - L_1(w)) (r - 1) / (B - 1)), *rows, curves* (L_r(w), the cell's curve at r rows) and
+*rows, anchored* (the cost model's f_r L_r(w) / L_r(1)); the last two need the fewer rows' curves and
+forward times per shape. Last, per cell, each held-out speculation prediction priced by rows and by
+width only. Knows nothing about reports; prints lines, not a page.
 
     python scripts/batch_rows_check.py results/batch     # after python -m experiments.main size=batch
 """
