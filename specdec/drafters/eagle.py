@@ -366,15 +366,14 @@ loss of acceptance (`scripts/bench_eagle.py` measures both)."""
 def build_eagle(*, target: Target, head: str | Path | EagleHead | Eagle3Head | None = None,
                 draft_vocab: int | str | None = "auto",
                 refresh: bool = True, head_dtype: str | torch.dtype | None = "auto") -> EagleDrafter:
-    """EAGLE drafter. head: None = the head shipped for this target, a path to a `.safetensors`
-    head (with its `.json`), a speculators EAGLE-3 checkpoint directory (config.json with
-    speculators_model_type 'eagle3': specdec/drafters/speculators_format.py), 'random' = untrained, or
-    an EagleHead / Eagle3Head. draft_vocab: score only the N most frequent training tokens (None = full
-    vocabulary; "auto" = DEFAULT_DRAFT_VOCAB when the head ranks that many); an EAGLE-3 head always
-    scores its own draft vocabulary (None, "auto" or its size). refresh: see the module docstring.
-    head_dtype: the dtype the head and the lm_head rows it scores run in: "auto" (the one `python -m specdec.tune` stored for this machine,
-    else the target's: `choose_head_dtype`; `drafter.head_dtype_tuned` says which), None = the target's, or a
-    dtype ('bfloat16' halves the bytes a draft depth reads). Drafts only: exactness does not depend on it."""
+    """EAGLE drafter. head: None = the head shipped for this target, a `.safetensors` head path (with
+    its `.json`), a speculators EAGLE-3 checkpoint directory, 'random' = untrained, or an EagleHead /
+    Eagle3Head. draft_vocab: score only the N most frequent training tokens (None = full vocabulary;
+    "auto" = DEFAULT_DRAFT_VOCAB when the head ranks that many); an EAGLE-3 head always scores its own
+    draft vocabulary (None, "auto" or its size). refresh: see the module docstring. head_dtype: the dtype
+    the head and the rows it scores run in: "auto" (the one `python -m specdec.tune` stored, else the
+    target's; `drafter.head_dtype_tuned` says which), None = the target's, or a dtype. Drafts only:
+    exactness does not depend on it."""
     auto_dtype = isinstance(head_dtype, str) and head_dtype == "auto"
     head_dtype = None if auto_dtype else parse_dtype(head_dtype)
     if head is None:
