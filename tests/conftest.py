@@ -10,8 +10,8 @@ import torch
 
 from specdec import machine
 
-# Tests never read or write the user's cache (tune records, curves) nor the checkout's result records
-# (docs/measurements/results): the session gets its own,
+# Tests never read or write the user's cache (tune records, curves), the checkout's result records
+# (docs/measurements/results) nor hypothesis' storage in the checkout (./.hypothesis): the session gets its own,
 # which the processes tests start inherit. The embedded model's converted copy, when the user's cache
 # has one, is linked in read-only rather than converted again (a deterministic conversion, not a
 # measurement); without one, the first test that needs it converts it into the temporary cache.
@@ -19,6 +19,7 @@ _USER_CACHE = machine.cache_root()
 _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
 os.environ["SPECDEC_CACHE"] = str(_SESSION_CACHE)
 os.environ["SPECDEC_RECORDS"] = str(_SESSION_CACHE / "records")  # benchmarks run by tests record here
+os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(_SESSION_CACHE / "hypothesis")
 if (_USER_CACHE / "smollm2-135m-instruct" / "model.safetensors").exists():
     (_SESSION_CACHE / "smollm2-135m-instruct").symlink_to(_USER_CACHE / "smollm2-135m-instruct")
 

@@ -10,7 +10,7 @@ from specdec.core.curve import LatencyCurve
 from specdec.loop import rows
 from specdec.core.draft import Draft
 from specdec.drafters.common import PerRow
-from specdec.drafters.registry import build_for_tests
+from specdec.drafters.registry import build_for_tests, names
 from specdec.runtime.cache import KVCache
 from specdec.runtime.static_cache import StaticKVCache
 
@@ -73,6 +73,24 @@ def test_sampled_rows_draw_only_their_own_randomness(tiny_llama64, prompts):
         alone = specdec.generate(tiny_llama64, drafter, prompt, shape="tree(2,2,1)", max_new_tokens=limit,
                                  temperature=1.0, seed=7 + b, chat=False)
         assert out.token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s != "auto"])
+def test_sampled_rows_equal_their_seed_alone_for_every_drafter(tiny_llama64, prompts, name, shape):
+    """`generate_batch`'s promise for a concrete shape: at T = 0.7 row b with seed s equals its prompt
+    alone with seed s + b, token for token, for every registered drafter: each row drafts from its
+    own generator only (a drafter that drew a row's draft from row 0's generator, or from a stream
+    of its own seeded per row, fails here). `auto` promises it at T = 0 only (one shape per step for
+    the whole batch): `test_greedy_rows_equal_their_prompt_alone`."""
+    drafter = build_for_tests(name, target=tiny_llama64)
+    for seed in (0, 7, 21):
+        outs = specdec.generate_batch(tiny_llama64, drafter, prompts, shape=shape, max_new_tokens=LIMITS,
+                                      temperature=0.7, seed=seed, chat=False)
+        for b, (prompt, out, limit) in enumerate(zip(prompts, outs, LIMITS)):
+            alone = specdec.generate(tiny_llama64, drafter, prompt, shape=shape, max_new_tokens=limit,
+                                     temperature=0.7, seed=seed + b, chat=False)
+            assert out.token_ids == alone.token_ids, f"row {b}, seed {seed}"
 
 
 def test_a_row_that_stops_on_eos_leaves_the_batch(tiny_llama64, prompts):

@@ -44,37 +44,29 @@ class NoDrafter:
 
 @register("random")
 class RandomDrafter(PerRow):
-    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape. In a batch
-    row b's copy draws its logits from its own stream, seeded `seed + b` (`PerRow`)."""
+    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape, drawn from
+    the request's random stream: in a batch row b draws from its own (`request.row(b).generator`), so
+    it drafts what its prompt alone with seed + b drafts. It keeps no state, so its row copies are
+    plain copies (`PerRow`)."""
 
     name = "random"
 
-    def __init__(self, *, target, seed: int = 1234) -> None:
+    def __init__(self, *, target) -> None:
         self.vocab_size = target.vocab_size
-        self.seed = seed
-        self.rng = torch.Generator().manual_seed(seed)
 
     def reset(self) -> None:
-        self.rng.manual_seed(self.seed)
-
-    def _logits(self, n: int) -> torch.Tensor:
-        return torch.randn(1, n, self.vocab_size, generator=self.rng)  # [B, n, V]
+        pass
 
     def propose(self, request: DraftRequest) -> Draft:
-        return grow_tree(
-            request.shape,
-            self._logits(1)[:, 0],
-            lambda node_ids, tokens, parents: self._logits(len(node_ids)),
-            request.sampling,
-            request.generator,
-            request.max_depth,
-        )
+        if request.max_depth < 1:  # a row asked for nothing draws nothing, as its run alone is not asked
+            return Draft.empty(device=request.token_ids.device)
+        generator = request.generator
+
+        def logits(n: int) -> torch.Tensor:  # [B, n, V]
+            return torch.randn(1, n, self.vocab_size, generator=generator, device=generator.device)
+
+        return grow_tree(request.shape, logits(1)[:, 0], lambda node_ids, tokens, parents: logits(len(node_ids)),
+                         request.sampling, generator, request.max_depth)
 
     def commit_one(self, step: Step) -> None:
         pass
-
-    def row_copy(self, row: int) -> RandomDrafter:
-        copy_ = RandomDrafter.__new__(RandomDrafter)
-        copy_.vocab_size, copy_.seed, copy_.rows = self.vocab_size, self.seed + row, []
-        copy_.rng = torch.Generator().manual_seed(copy_.seed)
-        return copy_

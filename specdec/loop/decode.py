@@ -212,8 +212,11 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[Pr
     prompt, its statistics, and the batch's. Rows accept different numbers of tokens, prompts may
     differ in length, and a finished row leaves the batch. A drafter must be batchable for more than
     one prompt (`specdec.core.draft.BatchDrafter`). `shape="auto"` picks one shape per step for the
-    whole batch. Row b draws only from its own generator, seeded `seed + b`: its output equals
-    `generate(..., seed=seed + b)` on its prompt alone in law, and token for token at T = 0."""
+    whole batch. Row b draws only from its own generator, seeded `seed + b`. With a concrete shape its
+    output equals `generate(..., seed=seed + b)` on its prompt alone token for token at any temperature
+    (every registered drafter drafts a row from the row's own generator, as it drafts the prompt alone);
+    with `shape="auto"` token for token at T = 0 and only in law at T > 0: a row's drafts, and the
+    random numbers its verification draws, may differ from its run alone."""
     config = replace(config, **options) if config is not None else DecodeConfig(**options)
     rows, stop = encode_prompts(target, prompts, config.chat), _stop_set(target, config)
     outputs, stats = [[] for _ in rows], [GenerationStats() for _ in rows]

@@ -88,9 +88,11 @@ def commit_step(drafts: list[Draft], acceptances: list[Acceptance], kept: list[l
     for b, k in enumerate(kept):
         index[b, : len(k)] = torch.tensor(k)
     gather = index.to(out.hidden.device)[..., None]
+    # [B, K]; `past` is [1] when the prefill wrote nothing (every prompt one token), as is the cache
+    positions = (past[:, None] + torch.arange(width)).expand(len(kept), width)
     return Step(
         token_ids=token_ids, num_new=[len(n) for n in news], draft=drafts[0], acceptances=acceptances,
-        positions=past[:, None] + torch.arange(width), target_hidden=out.hidden.gather(1, gather.expand(-1, -1, out.hidden.shape[-1])),
+        positions=positions, target_hidden=out.hidden.gather(1, gather.expand(-1, -1, out.hidden.shape[-1])),
         target_aux=None if out.aux is None else out.aux.gather(1, gather.expand(-1, -1, out.aux.shape[-1])),
         _kv=lambda: cache.tail(width), drafts=drafts, lengths=lengths, kept=[len(k) for k in kept],
     )
