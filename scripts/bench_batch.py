@@ -27,7 +27,7 @@ import specdec
 from specdec.drafters.registry import parse_specs
 from specdec.machine import machine_name
 from specdec.measure import records
-from specdec.measure.batch_sweep import crossovers, sweep
+from experiments.batch_sweep import crossovers, sweep
 from specdec.tune import ensure_tuned
 
 DEFAULT_DRAFTERS = ("none,ngram,eagle,self_draft[kv=full],self_draft[kv=window@0.05],"

@@ -25,7 +25,7 @@ import torch
 import specdec
 from specdec.machine import machine_name
 from specdec.measure import records
-from specdec.measure.decode_speed import configurations, load_prompts, parse, race, rows
+from experiments.decode_speed import configurations, load_prompts, parse, race, rows
 from specdec.measure.latency import measure_latency
 from specdec.runtime.forwards import resolve_cache
 from specdec.tune import ensure_tuned

@@ -1,7 +1,7 @@
-"""specdec.measure.batch_sweep (scripts/bench_batch.py): its crossovers read the cells the way its docstring says, and `kv=POLICY@F`
+"""experiments.batch_sweep (scripts/bench_batch.py): its crossovers read the cells the way its docstring says, and `kv=POLICY@F`
 sizes a policy to the context."""
 
-from specdec.measure import batch_sweep as bench_batch
+from experiments import batch_sweep as bench_batch
 
 
 def cell(drafter, batch, speedup, tok_s=1.0, context=256, shape="chain(4)"):

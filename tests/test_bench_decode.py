@@ -1,11 +1,11 @@
-"""specdec.measure.decode_speed (scripts/bench_decode.py): its HF baseline decodes by the same rule as our plain loop, and bad
+"""experiments.decode_speed (scripts/bench_decode.py): its HF baseline decodes by the same rule as our plain loop, and bad
 arguments fail before anything is loaded or generated."""
 
 import pytest
 import torch
 
 import specdec
-from specdec.measure import decode_speed as bench_decode
+from experiments import decode_speed as bench_decode
 
 
 @pytest.mark.parametrize("options", [{}, {"prompt_lookup_num_tokens": 3}], ids=["generate", "prompt_lookup"])

@@ -99,5 +99,5 @@ class ShiftedDrafter(RandomDrafter):
         super().__init__(target=target)
         self.offset, self.scale = offset, scale
 
-    def _logits(self, n: int) -> torch.Tensor:
-        return self.offset + self.scale * super()._logits(n)  # [B, n, V]
+    def _logits(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return self.offset + self.scale * super()._logits(n, generator)  # [B, n, V]

@@ -61,12 +61,13 @@ class RandomDrafter(PerRow):
         if request.max_depth < 1:  # a row asked for nothing draws nothing, as its run alone is not asked
             return Draft.empty(device=request.token_ids.device)
         generator = request.generator
-
-        def logits(n: int) -> torch.Tensor:  # [B, n, V]
-            return torch.randn(1, n, self.vocab_size, generator=generator, device=generator.device)
-
-        return grow_tree(request.shape, logits(1)[:, 0], lambda node_ids, tokens, parents: logits(len(node_ids)),
+        return grow_tree(request.shape, self._logits(1, generator)[:, 0],
+                         lambda node_ids, tokens, parents: self._logits(len(node_ids), generator),
                          request.sampling, generator, request.max_depth)
+
+    def _logits(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """[1, n, V] draft logits, drawn from `generator`."""
+        return torch.randn(1, n, self.vocab_size, generator=generator, device=generator.device)
 
     def commit_one(self, step: Step) -> None:
         pass
