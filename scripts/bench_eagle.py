@@ -1,11 +1,9 @@
-"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop, per head, draft shape and vocabulary;
-or the rollout throughput of training-data generation per batch size.
+"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop, per head, draft shape and vocabulary.
 
     python scripts/bench_eagle.py                                  # the shipped head on the default suite
     python scripts/bench_eagle.py --suite experiments/prompts/chat_heldout.jsonl \\
         --heads old=shipped new=outputs/eagle/head-best.safetensors          # old vs new side by side
     python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
-    python scripts/bench_eagle.py --rollout-batches 1 32 --prompts 32 --max-new-tokens 64  # rollout tokens/s
     python scripts/bench_eagle.py --teacher-forced 6 --heads ...  # acceptance per depth on target rollouts, fast
 
 Prompts: the first turn of each question in `--suite`. At T = 0 every configuration must reproduce
@@ -56,31 +54,6 @@ def parse_heads(items: list[str]) -> dict[str, str | None]:
     return heads
 
 
-def bench_rollouts(target, prompts: list[str], batches: list[int], max_new_tokens: int,
-                   attentions: list[str]) -> dict:
-    """Generated tokens/s of eagle_training.rollout_batch (greedy) over `prompts`, per attention
-    function (transformers' name) and batch size, interleaved batch by batch so that load drift hits
-    every configuration alike. Keys: 'attention@batch'."""
-    from specdec.training.eagle import rollout_batch
-
-    configs = [(a, b) for b in batches for a in attentions]
-    tokens = {c: 0 for c in configs}
-    seconds = {c: 0.0 for c in configs}
-    largest = max(batches)
-    rollout_batch(target, prompts[:1], max_new_tokens=4, temperature=0.0)  # warm-up
-    for start in range(0, len(prompts), largest):
-        group = prompts[start:start + largest]
-        for attention, b in configs:
-            target.model.set_attn_implementation(attention)
-            for s in range(0, len(group), b):
-                t0 = time.perf_counter()
-                out = rollout_batch(target, group[s:s + b], max_new_tokens=max_new_tokens, temperature=0.0)
-                seconds[attention, b] += time.perf_counter() - t0
-                tokens[attention, b] += sum(q.numel() - n for q, n in zip(out.sequences, out.prompt_len))
-    return {f"{a}@{b}": {"attention": a, "batch": b, "generated_tokens": tokens[a, b], "seconds": round(seconds[a, b], 2),
-                         "tokens_per_s": tokens[a, b] / seconds[a, b]} for a, b in configs}
-
-
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
@@ -96,32 +69,9 @@ def parser() -> argparse.ArgumentParser:
                         help="draft vocabularies: 'full' and/or sizes of the reduced one")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the tuned count)")
-    parser.add_argument("--rollout-batches", type=int, nargs="+", default=None,
-                        help="instead: measure training-rollout tokens/s at these batch sizes")
-    parser.add_argument("--rollout-attentions", nargs="+", default=None,
-                        help="with --rollout-batches: attention functions to compare, interleaved "
-                             "(e.g. sdpa specdec_sdpa; default: the target's own)")
     parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
                         help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
     return parser
-
-
-def rollout_card(args, target, prompts: list[str], machine: str) -> None:
-    """--rollout-batches: training-rollout tokens/s per attention and batch size, printed and recorded."""
-    started = time.perf_counter()
-    rows = bench_rollouts(target, prompts, args.rollout_batches, args.max_new_tokens,
-                          args.rollout_attentions or [target.attention])
-    print(f"Rollout bench: target {target.name}, {len(prompts)} prompts from {args.suite}, greedy, "
-          f"max_new_tokens = {args.max_new_tokens}, torch threads = {torch.get_num_threads()}, "
-          f"{time.perf_counter() - started:.0f} s")
-    first = next(iter(rows))
-    base = rows[first]["tokens_per_s"]
-    for name, row in rows.items():
-        print(f"{row['attention']:13s} batch {row['batch']:4d}: {row['generated_tokens']:6d} tokens in "
-              f"{row['seconds']:7.1f} s = {row['tokens_per_s']:7.1f} tok/s ({row['tokens_per_s'] / base:.2f}x {first})")
-    records.emit("eagle-rollouts", {"bench": "eagle-rollouts", "target": target.name, "prompts": len(prompts),
-                      "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-                      "machine": machine, "results": rows}, device=str(target.device))
 
 
 def teacher_forced_card(args, target, prompts: list[str], machine: str) -> None:
@@ -172,8 +122,8 @@ def main() -> None:
     target = specdec.load_target(args.target, threads=args.threads or "auto")
     prompts = load_prompts(args.suite, args.prompts, args.stride)
     machine = machine_name(target.device)
-    if args.rollout_batches or args.teacher_forced:
-        return (rollout_card if args.rollout_batches else teacher_forced_card)(args, target, prompts, machine)
+    if args.teacher_forced:
+        return teacher_forced_card(args, target, prompts, machine)
     started = time.perf_counter()
     merged = measure(args, target, prompts)
     plain_speed = merged["plain"].decode_tokens_per_s
