@@ -17,7 +17,7 @@ from specdec.runtime.cache import KVCache
 from specdec.drafters import DraftRequest, build
 from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead, widen
-from specdec.training.templates_v1 import training_prompts
+from specdec.training.prompts import template_prompts
 from specdec.loop.decode import prefill
 from specdec.loop.reference import reference_generate
 from specdec.core.sampling import SamplingConfig
@@ -176,11 +176,11 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 def test_training_prompts_share_no_long_ngram_with_the_evaluation_suite():
     """Reads the evaluation suite (it must exist: the check is not skipped) and every training prompt
-    the shipped head was trained on (runs over training_prompts(1280, seed=0); see heads/README.md)."""
+    the shipped head was trained on (runs over template_prompts(1280, seed=0); see heads/README.md)."""
     rows = [json.loads(line) for line in EVAL_PROMPTS.read_text().splitlines() if line.strip()]
     assert rows, f"{EVAL_PROMPTS} holds no prompts"
     evaluation = set().union(*(_ngrams(turn, 8) for row in rows for turn in row["turns"]))
-    shared = [p for p in training_prompts(1280, seed=0) if _ngrams(p, 8) & evaluation]
+    shared = [p for p in template_prompts(1280, seed=0) if _ngrams(p, 8) & evaluation]
     assert not shared, f"training prompts share an 8-word run with the evaluation suite: {shared[:3]}"
 
 

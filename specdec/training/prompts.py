@@ -4,7 +4,8 @@ Owns the prompt-source registry (`SOURCES`: name -> function(n, seed) -> prompts
 as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (several sources,
 deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint`. Sources: `natural-<name>`
 (data/prompts/natural_<name>.jsonl, found from the source checkout; `prompts_dir` says what is
-missing) and `templates-v1` (specdec/training/templates_v1.py). The evaluation suites are never read
+missing) and `templates-v1` (`template_prompts`, from data/prompts/templates_v1.json: the
+instructions the first shipped head was trained on, kept for LOG.md's runs 1-2). The evaluation suites are never read
 here; the tests and `rollout` check every source against them. Knows nothing about targets,
 tokenizers or rollouts.
 """
@@ -16,8 +17,6 @@ import random
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-from specdec.training import templates_v1
 
 Prompt = tuple[dict, ...]
 """A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn."""
@@ -81,7 +80,29 @@ def _natural(name: str):
 
 for _path in sorted(PROMPTS_DIR.glob("natural_*.jsonl")):
     SOURCES[f"natural-{_path.stem.removeprefix('natural_')}"] = _natural(_path.stem.removeprefix("natural_"))
-SOURCES["templates-v1"] = lambda n, seed=0: [user(p) for p in templates_v1.training_prompts(n, seed)]
+SOURCES["templates-v1"] = lambda n, seed=0: [user(p) for p in template_prompts(n, seed)]
+
+
+def template_prompts(n: int, seed: int = 0) -> list[str]:
+    """`n` distinct instructions filled from data/prompts/templates_v1.json's templates and topic lists,
+    deterministic for a given (n, seed)."""
+    lists = json.loads((prompts_dir() / "templates_v1.json").read_text())
+    rng = random.Random(seed)
+    prompts: list[str] = []
+    seen: set[str] = set()
+    while len(prompts) < n:
+        topic, topic2 = rng.sample(lists["topics"], 2)
+        text = rng.choice(lists["templates"]).format(
+            topic=topic, topic2=topic2, person=rng.choice(lists["people"]), skill=rng.choice(lists["skills"]),
+            lang=rng.choice(lists["langs"]), code=rng.choice(lists["code_tasks"]), a=rng.randint(3, 99),
+            b=rng.randint(2, 12),
+        )
+        if text not in seen:
+            seen.add(text)
+            prompts.append(text)
+        if len(seen) > 50 * n + 10_000:
+            raise ValueError(f"cannot make {n} distinct training prompts from the templates")
+    return prompts
 
 
 def collect(counts: dict[str, int], seed: int = 0) -> list[Prompt]:
