@@ -218,9 +218,9 @@ def test_validation_in_bf16_scores_a_bf16_copy_and_leaves_the_trained_head_fp32(
 
 
 def test_training_on_features_left_on_disk_equals_training_in_memory(tmp_path):
-    """token_features (a shard resident at a time) and token_rollouts give the same batches, so the
-    same run state after the same steps."""
-    from specdec.training.features import token_features, token_rollouts
+    """token_features with one shard resident at a time and with every shard resident give the same
+    batches, so the same run state after the same steps."""
+    from specdec.training.features import token_features
     from specdec.training.prompts import user
     from specdec.training.tokens import TokenSet, fill_token_set, rollout_settings, target_identity
 
@@ -229,7 +229,7 @@ def test_training_on_features_left_on_disk_equals_training_in_memory(tmp_path):
     tset = TokenSet(tmp_path / "set", identity, rollout_settings(temperature=0.0, seed=0, max_new_tokens=6))
     fill_token_set(tiny, tset, [("s", user(f"q{i} about w{i}")) for i in range(12)], shard_prompts=3, batch_size=3,
                    log=lambda s: None)
-    memory = token_rollouts(tiny, [tset], (1,), tmp_path / "cache", identity)
+    memory = token_features(tiny, [tset], (1,), tmp_path / "cache", identity, resident=len(tset.shards))
     disk = token_features(tiny, [tset], (1,), tmp_path / "cache", identity, resident=1)
     for rows in ([0, 11, 4], [7, 1]):
         a, b = make_batch(memory, rows, 24), make_batch(disk, rows, 24)

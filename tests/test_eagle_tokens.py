@@ -13,7 +13,7 @@ import torch
 
 import specdec
 from specdec.training.eagle import make_batch, rollout_batch
-from specdec.training.features import recompute, token_rollouts, token_sequences
+from specdec.training.features import recompute, token_features, token_sequences
 from specdec.training.prompts import user
 from specdec.training.tokens import ShardError
 from specdec.training.tokens import (LOCK, MANIFEST, TokenSet, fill_token_set, prompt_id, rollout_settings,
@@ -85,7 +85,7 @@ def test_another_target_or_other_settings_are_errors_naming_the_manifest(tiny, i
     with pytest.raises(ShardError, match=rf"{tmp_path / 'set' / MANIFEST}.*another rollout.*temperature"):
         TokenSet(tmp_path / "set", identity, rollout_settings(temperature=0.7, seed=0, max_new_tokens=6))
     with pytest.raises(ShardError, match=rf"{tmp_path / 'set' / MANIFEST}.*names another target"):
-        token_rollouts(tiny, [TokenSet.open(tmp_path / "set")], identity=other)
+        token_features(tiny, [TokenSet.open(tmp_path / "set")], (), tmp_path / "cache", identity=other)
 
 
 def test_a_truncated_altered_or_missing_shard_is_an_error_naming_it(tiny, identity, tmp_path):
@@ -133,7 +133,7 @@ def test_token_ids_beyond_uint16_are_refused(tiny, identity, tmp_path):
 def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_batches(tiny, identity, tmp_path):
     tset = fill(tiny, tmp_path / "set", identity)
     direct = rollout_batch(tiny, [p for _, p in PROMPTS], max_new_tokens=6, temperature=0.0, aux_layers=(1,))
-    data = token_rollouts(tiny, [tset], layers=(1,), identity=identity)
+    data = token_features(tiny, [tset], layers=(1,), cache_dir=tmp_path / "fresh", identity=identity)
     assert [s.tolist() for s in data.sequences] == [s.tolist() for s in direct.sequences]
     for got, want in zip(data.hidden, direct.hidden):
         assert got.dtype == torch.bfloat16
@@ -149,10 +149,10 @@ def test_features_recomputed_from_tokens_equal_the_rollouts_and_feed_training_ba
     batch = make_batch(data, [0, 1, 2], max_len=64)
     assert batch.aux is not None and int(batch.generated.sum()) == sum(
         data.sequences[r].numel() - data.prompt_len[r] for r in range(3))
-    cached = token_rollouts(tiny, [tset], layers=(1,), cache_dir=tmp_path / "cache", identity=identity)
+    cached = token_features(tiny, [tset], layers=(1,), cache_dir=tmp_path / "cache", identity=identity)
     files = sorted((tmp_path / "cache").rglob("*.safetensors"))
     assert len(files) == len(tset.shards)
-    again = token_rollouts(tiny, [tset], layers=(1,), cache_dir=tmp_path / "cache", identity=identity)
+    again = token_features(tiny, [tset], layers=(1,), cache_dir=tmp_path / "cache", identity=identity)
     for a, b, c in zip(cached.hidden, again.hidden, data.hidden):
         assert torch.equal(a, b) and torch.equal(a, c)
 

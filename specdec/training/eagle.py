@@ -52,11 +52,6 @@ class Rollouts:
     def num_tokens(self) -> int:
         return sum(s.numel() for s in self.sequences)
 
-    @staticmethod
-    def concat(parts: list[Rollouts]) -> Rollouts:
-        return Rollouts(*(sum((getattr(p, f) for p in parts), []) for f in
-                          ("sequences", "hidden", "prompt_index", "prompt_len", "temperature", "aux")))
-
 
 def _encode(target, prompt: Prompt | str | list[int]) -> list[int]:
     """Token ids of a chat (a one-turn chat encodes like its text), a string or a list of token ids."""

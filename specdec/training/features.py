@@ -1,11 +1,11 @@
 """The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
 
 Owns `token_sequences`, `recompute` (final and aux-layer hidden states at every token: one causal
-prefill per sequence), `token_rollouts` (sets -> in-memory `Rollouts`) and `token_features` (the same
-as `ShardedRollouts`, a few shards in memory at a time). Knows nothing about how sets are written or
+prefill per sequence) and `token_features` (sets -> `ShardedRollouts`, what make_batch reads of a
+`Rollouts`, a few shards in memory at a time). Knows nothing about how sets are written or
 trained on. The feature cache is disposable: `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
 -<layers>.safetensors`, so a changed shard or target never meets stale features; an unreadable file
-is computed again.
+is an error naming it (delete it to compute it again).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import specdec
-from specdec.training.eagle import Rollouts
 from specdec.training.prompts import prompt_text, shared_ngrams, user
 from specdec.training.tokens import MANIFEST, ShardError, TokenSet, prompt_id, source_prompts, target_identity
 
@@ -132,62 +131,20 @@ def _cache_path(cache: Path, sha256: str, layers: tuple[int, ...]) -> Path:
     return cache / f"{sha256}-{'-'.join(map(str, layers)) or 'final'}.safetensors"
 
 
-def _shard_features(target, tset: TokenSet, index: int, layers: tuple[int, ...], cache: Path | None,
-                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    info = tset.shards[index]
-    path = _cache_path(cache, info.sha256, layers) if cache else None
-    if path is not None and path.exists():
-        try:
-            t = load_file(str(path))
-            hidden = t["hidden"]
-            if hidden.shape[0] == info.num_tokens and hidden.dtype == torch.bfloat16:
-                aux = t.get("aux")
-                return list(hidden.split(info.length)), list(aux.split(info.length)) if aux is not None else []
-        except (SafetensorError, KeyError):
-            pass  # an unreadable cache file is computed again below
-    hidden, aux = [], []
-    seqs = tset.read(info)
+def _write_features(target, seqs: list[torch.Tensor], layers: tuple[int, ...], path: Path) -> None:
+    """One shard's features (bf16) written atomically to its cache file `path`."""
     if target.device.type == "cpu":
         states = [recompute(target, tokens, layers) for tokens in seqs]
     else:
         states = [x for i in range(0, len(seqs), BATCH_ON_DEVICE)
                   for x in recompute_batch(target, seqs[i:i + BATCH_ON_DEVICE], layers)]
-    for h, a in states:
-        hidden.append(h.to(torch.bfloat16))
-        if a is not None:
-            aux.append(a)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {"hidden": torch.cat(hidden)}
-        if aux:
-            tensors["aux"] = torch.cat(aux)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, path)
-    return hidden, aux
-
-
-def token_rollouts(target, sets: list[TokenSet], layers: tuple[int, ...] = (), cache_dir: str | Path | None = None,
-                   identity: dict | None = None) -> Rollouts:
-    """The sequences of `sets` with the target's features recomputed (see `recompute`), as `Rollouts`
-    (prompt_index = the sequence's position in `token_sequences(sets)`). Every set must name this
-    target (`identity`, default target_identity(target)). Features are held in bf16 (2 bytes per
-    number: make_batch casts each batch to float32); with `cache_dir` they are kept per shard and reused."""
-    identity = identity or target_identity(target)
-    check_target(sets, identity)
-    cache = Path(cache_dir) / identity["weights_sha256"][:16] if cache_dir else None
-    parts = []
-    for s in sets:
-        temperature = s.rollout["temperature"]
-        for index, info in enumerate(s.shards):
-            hidden, aux = _shard_features(target, s, index, tuple(layers), cache)
-            parts.append(Rollouts(sequences=s.read(info), hidden=hidden, prompt_len=list(info.prompt_len),
-                                  temperature=[temperature] * len(info.length), aux=aux))
-    if not parts:
-        raise ShardError(f"no recorded shards in {[str(s.root) for s in sets]}: roll out prompts first")
-    data = Rollouts.concat(parts)
-    data.prompt_index = list(range(len(data.sequences)))
-    return data
+    tensors = {"hidden": torch.cat([h.to(torch.bfloat16) for h, _ in states])}
+    if layers:
+        tensors["aux"] = torch.cat([a for _, a in states])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
 
 
 class _Column:
@@ -207,7 +164,7 @@ class _Column:
 class ShardedRollouts:
     """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the
     features left in the per-shard cache files and at most `resident` shards in memory (the least
-    recently used is dropped). The same rows and values as token_rollouts over the same cache."""
+    recently used is dropped)."""
 
     def __init__(self, sequences: list[torch.Tensor], prompt_len: list[int], temperature: list[float],
                  files: list[tuple[Path, list[int]]], has_aux: bool, resident: int = 16) -> None:
@@ -244,8 +201,10 @@ class ShardedRollouts:
 
 def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_dir: str | Path,
                    identity: dict | None = None, resident: int = 16) -> ShardedRollouts:
-    """The rows of token_rollouts(target, sets, layers, cache_dir) as a ShardedRollouts: every shard's
-    features computed into `cache_dir` first (those already there are kept), then read on demand."""
+    """The sequences of `sets` with the target's features recomputed (see `recompute`), as a ShardedRollouts
+    (row = the sequence's position in `token_sequences(sets)`): every shard's features computed into
+    `cache_dir` first (bf16, those already there are kept), then read on demand. Every set must name this
+    target (`identity`, default target_identity(target))."""
     identity = identity or target_identity(target)
     check_target(sets, identity)
     cache = Path(cache_dir) / identity["weights_sha256"][:16]
@@ -254,7 +213,7 @@ def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_
         for index, info in enumerate(s.shards):
             path = _cache_path(cache, info.sha256, tuple(layers))
             if not path.exists():
-                _shard_features(target, s, index, tuple(layers), cache)
+                _write_features(target, s.read(info), tuple(layers), path)
             sequences += s.read(info)
             prompt_len += list(info.prompt_len)
             temperature += [s.rollout["temperature"]] * len(info.length)
