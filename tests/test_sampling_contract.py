@@ -1,7 +1,7 @@
 """The contract of `specdec.core.sampling`, checked against a plain per-row reference: the target law
 softmax(logits / T) truncated by top-k and top-p, on any leading shape and dtype, and the settings'
 validation with its exact messages. These tests kill the mutants of sampling.py that the exactness
-tests let through (`scripts/mutation_test.py`, docs/measurements/mutation-testing.md)."""
+tests let through (the mutmut audit of docs/measurements/mutation-testing.md)."""
 
 import dataclasses
 import math

@@ -1,7 +1,7 @@
 """The contract of `specdec.core.tree` on random trees: depths, ancestor masks, paths, children,
 pruning and reindexing against their definitions, the device path of `depths`, and the exact error
 messages of `as_parents`. These tests kill the mutants of tree.py that the exactness tests let
-through (`scripts/mutation_test.py`, docs/measurements/mutation-testing.md)."""
+through (the mutmut audit of docs/measurements/mutation-testing.md)."""
 
 import random
 
