@@ -60,17 +60,12 @@ def load_target(
         dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
             checkpoint's own dtype for others.
         quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
-        kernel: what runs the plain linear layers (`specdec.runtime.kernels`): `auto` (the kernel
-            `python -m specdec.tune` stored for this machine x target, else
-            `specdec.machine.DEFAULT_KERNEL`), `torch` (the modules as loaded), `onednn` (weights
-            prepacked for oneDNN; CPU, fp32/bf16).
-        threads: torch intra-op threads, set here for the whole process (`torch.set_num_threads`):
-            an int, or `auto` (the count `specdec.tune` stored for this machine x target, else
+        kernel: what runs the plain linear layers: `auto` (the tuned kernel, else the machine default)
+            or one of `specdec.runtime.kernels.CHOICES` (docs/library.md, "Linear kernels").
+        threads: torch intra-op threads for the whole process: an int, or `auto` (the tuned count, else
             `specdec.machine.DEFAULT_THREADS`). Never left to torch's default.
-        attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None (default):
-            transformers' choice, and where that is `sdpa`, specdec's `specdec_sdpa`, which is
-            the same except that a masked forward on CPU reads grouped K/V heads without copying
-            them (`specdec.runtime.attention`).
+        attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None: transformers' choice,
+            with `sdpa` swapped for `specdec_sdpa` (docs/library.md, "Attention under a mask").
     """
     device = check_device(device)
     if kernel not in kernels.CHOICES:
@@ -129,17 +124,21 @@ def check_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def _load_hf(name_or_path: str, *, device, dtype, attn_implementation) -> Target:
+def _from_pretrained(path, dtype, attn_implementation) -> tuple[Any, Any]:
+    """(model, tokenizer) from a directory or hub id, without transformers' progress bars."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, Any] = {"dtype": dtype or "auto"}
+    kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    with no_progress_bars():  # a "Loading weights" bar on every load says nothing
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs), AutoTokenizer.from_pretrained(path)
+
+
+def _load_hf(name_or_path: str, *, device, dtype, attn_implementation) -> Target:
     is_dir = Path(name_or_path).is_dir()
     try:
-        with no_progress_bars():
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        model, tokenizer = _from_pretrained(name_or_path, dtype or "auto", attn_implementation)
     except (OSError, ValueError) as err:
         tried = "a local directory" if is_dir else "not a local directory; tried it as a Hugging Face hub id"
         raise OSError(
@@ -202,16 +201,10 @@ def embedded_model_dir() -> Path:
 
 @register_target("smollm2-135m")
 def _embedded(*, device, dtype, attn_implementation) -> Target:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = embedded_model_dir()
-    kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    with no_progress_bars():  # a "Loading weights" bar on every load says nothing
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    return Target(model, tokenizer, name="smollm2-135m", info={"source": str(embedded_gguf_path()), "cache": str(path)})
+    model, tokenizer = _from_pretrained(path, dtype or torch.float32, attn_implementation)
+    return Target(model.to(device), tokenizer, name="smollm2-135m",
+                  info={"source": str(embedded_gguf_path()), "cache": str(path)})
 
 
 # ---- tiny models for tests -----------------------------------------------------------------------
