@@ -15,6 +15,7 @@ from specdec.drafters.speculators_format import load_speculators, save_speculato
 from specdec.training.eagle import make_batch, rollout_batch, unroll
 from specdec.training.eagle3 import (eagle3_acceptance, eagle3_loss, new_eagle3_head, scored_targets, teacher_rows,
                                      train_step)
+from specdec.training.features import recompute
 
 AUX, DEPTH, STEPS = (0, 1), 3, 60
 
@@ -30,7 +31,8 @@ def batches(tiny):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 64, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
                for _ in range(24)]
-    data = rollout_batch(tiny, prompts, max_new_tokens=16, temperature=0.0, aux_layers=AUX)
+    data = rollout_batch(tiny, prompts, max_new_tokens=16, temperature=0.0)
+    data.aux = [recompute(tiny, seq, AUX)[1] for seq in data.sequences]
     vocab = rank_vocabulary(torch.cat(data.sequences), 64)[:48]
     return vocab, [make_batch(data, list(range(i, i + 8)), 32) for i in range(0, 24, 8)]
 

@@ -64,25 +64,16 @@ CACHE_KW = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameter
 """The name transformers' models take their KV cache by (`cache` from 5.24, `past_key_values` before)."""
 
 
-def aux_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
-    """The hidden states of `layers` (HF `hidden_states` indices) side by side, [..., kH] bf16 on the CPU."""
-    return torch.cat([hidden_states[k] for k in layers], -1).to(torch.bfloat16).cpu()
-
-
-def _prefill_rows(target, encoded: list[list[int]], extra: int, aux_layers: tuple[int, ...]
-                  ) -> tuple[StaticKVCache, list[torch.Tensor], list[torch.Tensor]]:
+def _prefill_rows(target, encoded: list[list[int]], extra: int) -> tuple[StaticKVCache, list[torch.Tensor]]:
     """Each prompt prefilled alone into one left-padded preallocated cache of width + `extra` columns;
-    returns the cache, each prompt's final hidden states [len, H] and its `aux_layers` states [len, kH]."""
+    returns the cache and each prompt's final hidden states [len, H]."""
     b, width = len(encoded), max(map(len, encoded))
-    prompt_h, prompt_aux = [], []
+    prompt_h = []
     keys, values = [], []  # per layer [b, kv_heads, width + extra, D], rows left-padded with zeros
     for row, e in enumerate(encoded):
         alone = KVCache()
-        out = target.base(input_ids=torch.tensor([e], device=target.device), **{CACHE_KW: alone.hf}, use_cache=True,
-                          output_hidden_states=bool(aux_layers))
+        out = target.base(input_ids=torch.tensor([e], device=target.device), **{CACHE_KW: alone.hf}, use_cache=True)
         prompt_h.append(out.last_hidden_state[0])
-        if aux_layers:
-            prompt_aux.append(aux_features(out.hidden_states, aux_layers)[0])
         for layer, (k, v) in enumerate(alone.tensors()):
             if row == 0:  # zeros in the padding: masked, but 0 x NaN garbage would still be NaN
                 shape = (b, k.shape[1], width + extra, k.shape[-1])
@@ -90,18 +81,18 @@ def _prefill_rows(target, encoded: list[list[int]], extra: int, aux_layers: tupl
                 values.append(v.new_zeros(shape))
             keys[layer][row, ..., width - len(e):width, :] = k[0]
             values[layer][row, ..., width - len(e):width, :] = v[0]
-    return StaticKVCache.over(keys, values, width), prompt_h, prompt_aux
+    return StaticKVCache.over(keys, values, width), prompt_h
 
 
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
-                  generator: torch.Generator | None = None, aux_layers: tuple[int, ...] = ()) -> Rollouts:
+                  generator: torch.Generator | None = None) -> Rollouts:
     """Let `target` continue every prompt at once (temperature 0 = greedy): each prompt prefilled
     alone, then one left-padded batch with an attention mask over the padding and a preallocated KV
     cache. A sequence ends at EOS (dropped) or after `max_new_tokens`; the token whose hidden state was
     never computed (the last) is dropped, and a row that ends leaves the batch. Hidden states come back
-    on the CPU as float32; `prompt_index` is left to the caller (empty). With `aux_layers`, `aux` holds
-    those layers' hidden states at every kept position (bf16), from the rollout's own forwards."""
+    on the CPU as float32; `prompt_index` is left to the caller (empty); `aux` stays empty (training
+    recomputes aux layers from the tokens: `specdec.training.features`)."""
     device = target.device
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
@@ -111,12 +102,11 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
     mask = (torch.arange(width, device=device)[None]
             >= torch.tensor([width - len(e) for e in encoded], device=device)[:, None]).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, width]
-    cache, prompt_h, prompt_aux = _prefill_rows(target, encoded, max_new_tokens, aux_layers)
+    cache, prompt_h = _prefill_rows(target, encoded, max_new_tokens)
     live = torch.arange(b)  # original row of each batch entry still generating
     last_h, last = torch.stack([x[-1] for x in prompt_h]), positions[:, -1]  # [live, H], [live]
     tokens = [[] for _ in range(b)]  # generated ids per row (EOS included)
     hidden = [[] for _ in range(b)]  # [H] per generated token fed back (all but EOS and the very last)
-    aux = [[] for _ in range(b)]  # [kH] per such token, with aux_layers
     for step in range(max_new_tokens):
         logits = target.lm_head(last_h).float()  # [live, V]
         if target.softcap:
@@ -138,12 +128,10 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, device=device)], 1)
         last = last + 1
         out = target.base(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None],
-                          **{CACHE_KW: cache.hf}, use_cache=True, output_hidden_states=bool(aux_layers))
+                          **{CACHE_KW: cache.hf}, use_cache=True)
         last_h = out.last_hidden_state[:, -1]  # [live, H]
         for row, vec in zip(live.tolist(), last_h.float().cpu()):
             hidden[row].append(vec)
-        for row, vec in zip(live.tolist(), aux_features(out.hidden_states, aux_layers)[:, -1] if aux_layers else []):
-            aux[row].append(vec)
     result = Rollouts([], [])
     for row, e in enumerate(encoded):
         keep = len(hidden[row])  # generated tokens whose hidden state exists (EOS and the last one have none)
@@ -152,8 +140,6 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
         result.hidden.append(torch.cat([prompt_h[row].float().cpu(), gen_h]))
         result.prompt_len.append(len(e))
         result.temperature.append(float(temperature))
-        if aux_layers:
-            result.aux.append(torch.cat([prompt_aux[row], torch.stack(aux[row]) if keep else prompt_aux[row][:0]]))
     return result
 
 

@@ -88,7 +88,7 @@ def split_rows(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) 
 @torch.no_grad()  # not inference_mode: the features become training inputs
 def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(final hidden states [L, H] float32, aux-layer states [L, kH] bf16 or None) of `tokens` [L]: the
-    features rollout_batch records (`last_hidden_state`; aux = HF `hidden_states` at `layers`)."""
+    final states rollout_batch records (`last_hidden_state`; aux = HF `hidden_states` at `layers`)."""
     out = target.base(input_ids=tokens[None].to(target.device), output_hidden_states=bool(layers))
     hidden = out.last_hidden_state[0].float().cpu()
     aux = torch.cat([out.hidden_states[k] for k in layers], -1)[0].to(torch.bfloat16).cpu() if layers else None
