@@ -4,12 +4,9 @@
     python scripts/bench_eagle.py --suite experiments/prompts/chat_heldout.jsonl \\
         --heads old=shipped new=outputs/eagle/head-best.safetensors          # old vs new side by side
     python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
-    python scripts/bench_eagle.py --teacher-forced 6 --heads ...  # acceptance per depth on target rollouts, fast
 
 Prompts: the first turn of each question in `--suite`. At T = 0 every configuration must reproduce
 the plain greedy output (else AssertionError); all configurations run back to back per prompt.
-`--teacher-forced D` scores each head's greedy chain(D) acceptance per depth on the target's own
-greedy continuations, as training's validation does (`specdec.training.eagle.teacher_forced`).
 Prints a human card, then one JSON line.
 """
 
@@ -25,7 +22,6 @@ import torch
 import specdec
 from specdec.measure import records
 from specdec.machine import machine_name
-from specdec.training.eagle import teacher_forced
 from specdec.tune import ensure_tuned
 
 SUITE = Path(__file__).resolve().parents[1] / "experiments" / "prompts" / "default.jsonl"
@@ -69,26 +65,7 @@ def parser() -> argparse.ArgumentParser:
                         help="draft vocabularies: 'full' and/or sizes of the reduced one")
     parser.add_argument("--shapes", nargs="+", default=SHAPES)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the tuned count)")
-    parser.add_argument("--teacher-forced", type=int, default=None, metavar="D",
-                        help="instead: greedy chain(D) acceptance per depth on the target's rollouts (first --vocabs entry)")
     return parser
-
-
-def teacher_forced_card(args, target, prompts: list[str], machine: str) -> None:
-    """--teacher-forced D: greedy chain(D) acceptance per depth of every head, printed and recorded."""
-    started = time.perf_counter()
-    vocab = None if args.vocabs[0] == "full" else int(args.vocabs[0])
-    rows = teacher_forced(target, parse_heads(args.heads), prompts, args.max_new_tokens, args.teacher_forced, vocab)
-    print(f"Teacher-forced acceptance: target {target.name}, {len(prompts)} prompts from {args.suite} "
-          f"(stride {args.stride}), greedy rollouts of {args.max_new_tokens} tokens, draft vocab "
-          f"{vocab or target.vocab_size}, {time.perf_counter() - started:.0f} s")
-    for label, row in rows.items():
-        accs = " ".join(f"{row[f'acc@{s}']:.3f}" for s in range(1, args.teacher_forced + 1))
-        print(f"{label:20s} acc@1..{args.teacher_forced} {accs}  chain({args.teacher_forced}) MAL "
-              f"{row['chain_mal']:.3f}  ({row['positions']} positions)")
-    records.emit("eagle-teacher-forced", {"bench": "eagle-teacher-forced", "target": target.name, "prompts": len(prompts),
-                      "source": str(args.suite), "stride": args.stride, "max_new_tokens": args.max_new_tokens,
-                      "depth": args.teacher_forced, "vocab": vocab, "machine": machine, "results": rows}, device=str(target.device))
 
 
 def measure(args, target, prompts: list[str]) -> dict[str, specdec.GenerationStats]:
@@ -122,8 +99,6 @@ def main() -> None:
     target = specdec.load_target(args.target, threads=args.threads or "auto")
     prompts = load_prompts(args.suite, args.prompts, args.stride)
     machine = machine_name(target.device)
-    if args.teacher_forced:
-        return teacher_forced_card(args, target, prompts, machine)
     started = time.perf_counter()
     merged = measure(args, target, prompts)
     plain_speed = merged["plain"].decode_tokens_per_s

@@ -1,7 +1,6 @@
 """EAGLE training: batched rollouts equal one-at-a-time ones, the training-time-test unroll equals chain
 drafting, the multi-depth loss decreases, every prompt source is disjoint from every evaluation suite,
-teacher-forced acceptance scores heads as validation does, and bad inputs give clear errors. Tiny fp32
-models only. (Rollout sets on disk: tests/test_eagle_tokens.py; the run: tests/test_eagle_run.py.)
+and bad inputs give clear errors. Tiny fp32 models only. (Rollout sets on disk: tests/test_eagle_tokens.py; the run: tests/test_eagle_run.py.)
 """
 
 import json
@@ -212,33 +211,3 @@ def test_unroll_with_aux_layers_predicts_what_a_fused_head_drafts(tiny, monkeypa
     outs = unroll(head, tiny.base.get_input_embeddings(), make_batch(data, [0], 64), depth)
     j = len(prompt) - 2
     assert [int(tiny.lm_head(o[0, j]).argmax()) for o in outs] == draft
-
-
-def test_bench_eagle_teacher_forced_scores_heads_as_validation_does_with_their_aux_layers(tiny, tmp_path,
-                                                                                          monkeypatch):
-    """teacher_forced (scripts/bench_eagle.py --teacher-forced): every head is scored by acceptance_per_depth on the
-    target's greedy rollouts (equal to calling it directly); a fused head's batches carry the
-    target's hidden states of its aux layers, a plain head's none."""
-    import specdec.training.eagle as training
-    from specdec.drafters.eagle_head import widen
-    plain = random_head(tiny).float()
-    paths = {"plain": plain.save(tmp_path / "plain", dtype=torch.float32),
-             "fused": widen(plain, (1,)).save(tmp_path / "fused", dtype=torch.float32)}
-    seen = []
-
-    def recording(head, embed, weight, vocab, batches, depth):
-        seen.append(batches)
-        return acceptance_per_depth(head, embed, weight, vocab, batches, depth)
-    monkeypatch.setattr(training, "acceptance_per_depth", recording)
-    got = training.teacher_forced(tiny, {k: str(v) for k, v in paths.items()}, PROMPTS[:4], 10, 3, None)
-    data = rollout_batch(tiny, PROMPTS[:4], max_new_tokens=10, temperature=0.0)
-    batch = make_batch(data, [0, 1, 2, 3], 10**6)
-    want = acceptance_per_depth(EagleHead.load(paths["plain"]).float().eval(), tiny.base.get_input_embeddings(),
-                                tiny.lm_head.weight.detach().float(), torch.arange(tiny.vocab_size), [batch], 3)
-    assert got["plain"] == pytest.approx(want) and want["positions"] > 0
-    (plain_batch,), (fused_batch,) = seen
-    assert plain_batch.aux is None and torch.equal(plain_batch.tokens, batch.tokens)
-    for row, seq in enumerate(data.sequences):
-        with torch.inference_mode():
-            states = tiny.base(input_ids=seq[None], output_hidden_states=True).hidden_states
-        torch.testing.assert_close(fused_batch.aux[row, :seq.numel()], states[1][0].float())

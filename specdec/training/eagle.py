@@ -3,7 +3,7 @@
 Owns `Rollouts`, `rollout_batch` (the target's own continuations of many prompts per forward,
 left-padded, recording its final hidden states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's
 training-time test), `depth_losses` (feature regression + cross-entropy per depth) and
-`acceptance_per_depth` (validation; `teacher_forced` for saved heads). Knows nothing about files or
+`acceptance_per_depth` (validation). Knows nothing about files or
 drafting (prompts.py, tokens.py, features.py and run.py own those).
 
 Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
@@ -24,8 +24,6 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaModel
 
-from specdec.drafters.eagle import HEADS_DIR
-from specdec.drafters.eagle_head import EagleHead
 from specdec.runtime.cache import KVCache
 from specdec.runtime.static_cache import StaticKVCache
 from specdec.training.prompts import Prompt
@@ -279,33 +277,3 @@ def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_t
     stats["chain_mal"] = float(1 + reach[1:].sum() / reach[0]) if reach[0] > 0 else 1.0
     stats["positions"] = int(reach[0])
     return stats
-
-
-def teacher_forced(target, heads: dict[str, str | None], prompts: list[str], max_new_tokens: int, depth: int,
-                   vocab: int | None) -> dict:
-    """Greedy chain acceptance per depth (acc@s, chain MAL) of every head ({label: path, None = the
-    target's shipped head}) on the target's greedy continuations of `prompts`, teacher-forced: one
-    batched rollout, one prefill per sequence for the aux layers of fused heads, then
-    `acceptance_per_depth` per head, over the first `vocab` tokens of its draft vocabulary (None = all)."""
-
-    loaded = {label: EagleHead.load(path or HEADS_DIR / f"{target.name}.safetensors").float().eval()
-              for label, path in heads.items()}
-    layers = sorted({k for h in loaded.values() for k in h.config.aux_layers})
-    data = rollout_batch(target, prompts, max_new_tokens=max_new_tokens, temperature=0.0)
-    states = []  # per sequence: {layer: [n, H]}, only the layers some head fuses
-    with torch.inference_mode():
-        for seq in data.sequences if layers else []:
-            hidden = target.base(input_ids=seq[None].to(target.device), output_hidden_states=True).hidden_states
-            states.append({k: hidden[k][0].float().cpu() for k in layers})
-    embed = target.base.get_input_embeddings()
-    lm_weight = target.lm_head.weight.detach().float()
-    out = {}
-    for label, head in loaded.items():
-        own = head.config.aux_layers
-        data.aux = [torch.cat([s[k] for k in own], -1) for s in states] if own else []
-        batches = [make_batch(data, list(range(b, min(len(data.sequences), b + 8))), 10**6)
-                   for b in range(0, len(data.sequences), 8)]
-        ids = head.draft_vocab[:vocab] if vocab else torch.arange(target.vocab_size)
-        out[label] = acceptance_per_depth(head, embed, lm_weight[ids.to(lm_weight.device)], ids.to(lm_weight.device),
-                                          batches, depth)
-    return out
