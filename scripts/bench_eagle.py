@@ -13,13 +13,13 @@ Prints a human card, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
 import specdec
+from experiments.questions import read_jsonl
 from specdec.measure import records
 from specdec.machine import machine_name
 from specdec.tune import ensure_tuned
@@ -29,14 +29,10 @@ SHAPES = ["chain(4)", "tree(4,2,1,1)", "dynamic(top_k=8,depth=6,budget=32)"]
 
 
 def load_prompts(suite: Path, limit: int, stride: int = 1) -> list[str]:
-    if not suite.exists():
-        raise FileNotFoundError(f"prompt suite {suite} does not exist (give --suite a .jsonl of {{'turns': [...]}} rows)")
-    rows = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"prompt suite {suite} holds no prompts")
+    """The first turn of every `stride`-th question of `suite` (experiments.questions' format), at most `limit`."""
     if stride < 1:
         raise ValueError(f"--stride must be >= 1, got {stride}")
-    return [row["turns"][0] for row in rows][::stride][:limit]
+    return [q.turns[0] for q in read_jsonl(suite)][::stride][:limit]
 
 
 def parse_heads(items: list[str]) -> dict[str, str | None]:
