@@ -5,7 +5,8 @@
     python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
 Owns the measuring: the fastest torch thread count, the linear kernel (`kernels.measure_choice`),
-the EAGLE head dtype (`measure_head_dtypes`) and the latency curve `shape="auto"` plans with. Each
+the EAGLE head dtype (`measure_head_dtypes`), the latency curve `shape="auto"` plans with, and the
+physics beside it (`memory_limit`: the 1-token forward against the time to read the weights once). Each
 run writes one fresh record per target in the machine's store (`specdec.machine`), prints a card and
 one JSON line; constructors then look these up and never measure. Knows nothing about drafting or
 acceptance.
@@ -25,7 +26,7 @@ import torch
 
 import specdec
 from specdec import machine
-from specdec.quant import parse_spec
+from specdec.quant import parse_spec, weight_bytes
 from specdec.runtime import kernels
 from specdec.runtime.forwards import resolve_cache
 from specdec.drafters import eagle
@@ -104,8 +105,33 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
         kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
         curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch, holes=batch > 1)
         curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch, batch > 1)] = curve.to_json()
-    record = machine.update_record(label, dev, dtype, threads=count, curves=curves)
+    first = next(iter(curves.values()))  # the first batch size's: a 1-token forward at context 256
+    physics = memory_limit(target, first["seconds"][0][0]) if dev.type == "cpu" else {}
+    record = machine.update_record(label, dev, dtype, threads=count, curves=curves, physics=physics)
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
+
+
+def read_seconds(nbytes: int, repeats: int = 7) -> float:
+    """Median seconds to read a resident buffer of `nbytes` once (a float32 sum over it) on torch's
+    threads, after one warm read: the memory-read limit of a forward whose weights take `nbytes`."""
+    buffer = torch.ones(max(1, nbytes // 4))
+    times = []
+    for rep in range(repeats + 1):
+        t0 = time.perf_counter()
+        buffer.sum()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_limit(target: specdec.Target, forward_seconds: float) -> dict:
+    """The `physics` field of a record: the weights' stored bytes (`weight_bytes`: each tensor once, tied
+    embeddings once, packed formats at their packed size), the time to read that many bytes once on
+    the same threads, and the 1-token forward's ratio to it (1.0 = at the memory limit)."""
+    nbytes = weight_bytes(target.model)
+    limit = read_seconds(nbytes)
+    return {"weight_bytes": nbytes, "read_seconds": limit, "read_gb_s": nbytes / limit / 1e9,
+            "forward_seconds": forward_seconds, "ratio": forward_seconds / limit, "threads": torch.get_num_threads()}
 
 
 def stored_record(name: str, threads: int | None = None, device: str = "cpu",
@@ -162,6 +188,10 @@ def card(record: dict) -> list[str]:
         ratios = " ".join(f"{t / row[0]:.2f}" for t in row)
         lines.append(f"  curve    widths {'/'.join(map(str, curve['widths']))}: {ratios} x a 1-token forward "
                      f"({1e3 * row[0]:.0f} ms; {key})")
+    if p := record.get("physics"):
+        lines.append(f"  memory   {p['weight_bytes'] / 1e6:.1f} MB as stored, read once in {1e3 * p['read_seconds']:.2f} ms "
+                     f"({p['read_gb_s']:.1f} GB/s); 1-token forward {1e3 * p['forward_seconds']:.2f} ms = "
+                     f"{p['ratio']:.2f}x the limit ({p['threads']} thread(s))")
     lines += [f"  note     {n}" for n in record.get("notes", [])]
     lines.append(f"  record   {record['path']}")
     return lines
@@ -232,7 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                "threads": records[0]["threads"], "seconds": round(time.perf_counter() - started, 1),
                "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
                                          "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
-                                         "curves": list(r.get("curves", {})), "record": r["path"]} for r in records}}
+                                         "curves": list(r.get("curves", {})), "record": r["path"],
+                                         **{k: r["physics"][k] for k in ("weight_bytes", "read_gb_s", "forward_seconds",
+                                                                         "ratio") if k in r.get("physics", {})},
+                                         "width_ms": {w: round(1e3 * t, 2) for c in list(r.get("curves", {}).values())[:1]
+                                                      for w, t in zip(c["widths"], c["seconds"][0])}}
+                           for r in records}}
     print(json.dumps(summary), flush=True)
     return 0
 
