@@ -28,7 +28,7 @@ import specdec
 from specdec import machine
 from specdec.quant import parse_spec, weight_bytes
 from specdec.runtime import kernels
-from specdec.runtime.forwards import resolve_cache
+from specdec.runtime.forwards import CACHES, resolve_cache
 from specdec.drafters import eagle
 from specdec.loop.decode import generate
 from specdec.measure.latency import curve_key, measure_latency
@@ -65,7 +65,7 @@ def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
-                device: str = "cpu", batches: Sequence[int] = (1,)) -> dict:
+                device: str = "cpu", batches: Sequence[int] = (1,), compiled: bool = False) -> dict:
     """Measure and store one target's choices; returns the record written (plus `notes`)."""
     notes: list[str] = []
     probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
@@ -100,6 +100,11 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
             machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
                 "dtype": str(best).removeprefix("torch."),
                 "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
+    if compiled and dev.type == "cpu":  # the compiled forward runs plain linears: its choice is the kernel's too
+        choice = machine.update_record(label, dev, dtype, cache=measure_compiled(target))["cache"]
+        if choice["cache"] == "compiled":
+            machine.update_record(label, dev, dtype, kernel={"kernel": "torch", "compiled": True})
+        target = specdec.load_target(name, device=device, quant=quant, threads=count)
     curves = {}
     for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
         kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
@@ -111,9 +116,34 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 
 
+def measure_compiled(target: specdec.Target, repeats: int = 5, context: int = 64) -> dict:
+    """Median seconds of a 1- and an 8-token forward after `context` cached tokens, eager on the target's
+    kernel, then `compiled` (plain linears, which inductor packs itself; buckets 1 and 8, compiled on the
+    warm-up round or read from the on-disk cache): the `cache` field of a record, naming the faster.
+    Leaves the target on the `torch` kernel, which the compiled forward needs."""
+    prompt = torch.randint(0, target.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    seconds = {}
+    for kind in ("dynamic", "compiled"):
+        if kind == "compiled":
+            kernels.apply_kernel(target.model, "torch")
+        cache, forward = CACHES[kind](target, context + 16, kernels.CHOICE_WIDTHS)
+        forward(prompt, cache)
+        times: dict[int, list[float]] = {w: [] for w in kernels.CHOICE_WIDTHS}
+        for rep in range(repeats + 1):
+            for w in kernels.CHOICE_WIDTHS:
+                t0 = time.perf_counter()
+                forward(prompt[:, :w], cache)
+                if rep:
+                    times[w].append(time.perf_counter() - t0)
+                cache.truncate(context)
+        seconds[kind] = {str(w): statistics.median(ts) for w, ts in times.items()}
+    return {"cache": min(seconds, key=lambda k: sum(seconds[k].values())), "seconds": seconds,
+            "widths": list(kernels.CHOICE_WIDTHS)}
+
+
 def read_seconds(nbytes: int, repeats: int = 7) -> float:
-    """Median seconds to read a resident buffer of `nbytes` once (a float32 sum over it) on torch's
-    threads, after one warm read: the memory-read limit of a forward whose weights take `nbytes`."""
+    """Fastest of `repeats` reads of a resident buffer of `nbytes` (a float32 sum over it) on torch's
+    threads after one warm read: the memory-read limit of a forward whose weights take `nbytes`."""
     buffer = torch.ones(max(1, nbytes // 4))
     times = []
     for rep in range(repeats + 1):
@@ -121,7 +151,7 @@ def read_seconds(nbytes: int, repeats: int = 7) -> float:
         buffer.sum()
         if rep:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)  # the limit: interference only slows a read
 
 
 def memory_limit(target: specdec.Target, forward_seconds: float) -> dict:
@@ -188,6 +218,9 @@ def card(record: dict) -> list[str]:
         ratios = " ".join(f"{t / row[0]:.2f}" for t in row)
         lines.append(f"  curve    widths {'/'.join(map(str, curve['widths']))}: {ratios} x a 1-token forward "
                      f"({1e3 * row[0]:.0f} ms; {key})")
+    if c := record.get("cache"):
+        ms = ", ".join(f"{k} " + "/".join(f"{1e3 * t:.1f}" for t in ts.values()) for k, ts in c["seconds"].items())
+        lines.append(f"  forward  {c['cache']}   (ms at widths {'/'.join(map(str, c['widths']))}: {ms})")
     if p := record.get("physics"):
         lines.append(f"  memory   {p['weight_bytes'] / 1e6:.1f} MB as stored, read once in {1e3 * p['read_seconds']:.2f} ms "
                      f"({p['read_gb_s']:.1f} GB/s); 1-token forward {1e3 * p['forward_seconds']:.2f} ms = "
@@ -225,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", default="1", help="batch sizes to measure latency curves at (comma-separated; "
                         "`generate_batch(shape='auto')` plans with the curve of its batch size)")
+    parser.add_argument("--compile", action="store_true", help="also time the compiled forward (torch.compile: "
+                        "minutes on a first run, then cached on disk) against the eager one; `cache='auto'` runs the faster")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
                         "(and --quant target) when it has one for these threads (print where it is), else tune it now")
     args = parser.parse_args(argv)
@@ -250,9 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           .get("kernel", "only")} for r in quantized}}
                                  if specs else {})}))
             return 0
-        records = [tune_target(args.target, None, args.threads, drafters, args.device, batches)]
+        records = [tune_target(args.target, None, args.threads, drafters, args.device, batches, args.compile)]
         for spec in specs:
-            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches))
+            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches,
+                                       args.compile))
     except (ValueError, OSError, KeyError) as err:
         print(f"specdec.tune: error: {err}", file=sys.stderr)
         return 2
@@ -263,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
                                          "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
                                          "curves": list(r.get("curves", {})), "record": r["path"],
+                                         **({"compiled": r["cache"]} if "cache" in r else {}),
                                          **{k: r["physics"][k] for k in ("weight_bytes", "read_gb_s", "forward_seconds",
                                                                          "ratio") if k in r.get("physics", {})},
                                          "width_ms": {w: round(1e3 * t, 2) for c in list(r.get("curves", {}).values())[:1]
