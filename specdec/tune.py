@@ -5,7 +5,8 @@
     python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
 Owns the measuring: the fastest torch thread count, the linear kernel (`kernels.measure_choice`),
-the EAGLE head dtype (`measure_head_dtypes`) and the latency curve `shape="auto"` plans with. Each
+the EAGLE head dtype (`measure_head_dtypes`), the latency curve `shape="auto"` plans with, and the
+physics beside it (`memory_limit`: the 1-token forward against the time to read the weights once). Each
 run writes one fresh record per target in the machine's store (`specdec.machine`), prints a card and
 one JSON line; constructors then look these up and never measure. Knows nothing about drafting or
 acceptance.
@@ -25,9 +26,9 @@ import torch
 
 import specdec
 from specdec import machine
-from specdec.quant import parse_spec
+from specdec.quant import parse_spec, weight_bytes
 from specdec.runtime import kernels
-from specdec.runtime.forwards import resolve_cache
+from specdec.runtime.forwards import CACHES, resolve_cache
 from specdec.drafters import eagle
 from specdec.loop.decode import generate
 from specdec.measure.latency import curve_key, measure_latency
@@ -64,7 +65,7 @@ def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
-                device: str = "cpu", batches: Sequence[int] = (1,)) -> dict:
+                device: str = "cpu", batches: Sequence[int] = (1,), compiled: bool = False) -> dict:
     """Measure and store one target's choices; returns the record written (plus `notes`)."""
     notes: list[str] = []
     probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
@@ -99,13 +100,68 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
             machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
                 "dtype": str(best).removeprefix("torch."),
                 "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
+    if compiled and dev.type == "cpu":  # the compiled forward runs plain linears: its choice is the kernel's too
+        choice = machine.update_record(label, dev, dtype, cache=measure_compiled(target))["cache"]
+        if choice["cache"] == "compiled":
+            machine.update_record(label, dev, dtype, kernel={"kernel": "torch", "compiled": True})
+        target = specdec.load_target(name, device=device, quant=quant, threads=count)
     curves = {}
     for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
         kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
         curve = measure_latency(target, CURVE_WIDTHS, CURVE_CONTEXTS, cache=kind, batch=batch, holes=batch > 1)
         curves[curve_key(target, CURVE_WIDTHS, CURVE_CONTEXTS, 5, kind, batch, batch > 1)] = curve.to_json()
-    record = machine.update_record(label, dev, dtype, threads=count, curves=curves)
+    first = next(iter(curves.values()))  # the first batch size's: a 1-token forward at context 256
+    physics = memory_limit(target, first["seconds"][0][0]) if dev.type == "cpu" else {}
+    record = machine.update_record(label, dev, dtype, threads=count, curves=curves, physics=physics)
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
+
+
+def measure_compiled(target: specdec.Target, repeats: int = 5, context: int = 64) -> dict:
+    """Median seconds of a 1- and an 8-token forward after `context` cached tokens, eager on the target's
+    kernel, then `compiled` (plain linears, which inductor packs itself; buckets 1 and 8, compiled on the
+    warm-up round or read from the on-disk cache): the `cache` field of a record, naming the faster.
+    Leaves the target on the `torch` kernel, which the compiled forward needs."""
+    prompt = torch.randint(0, target.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    seconds = {}
+    for kind in ("dynamic", "compiled"):
+        if kind == "compiled":
+            kernels.apply_kernel(target.model, "torch")
+        cache, forward = CACHES[kind](target, context + 16, kernels.CHOICE_WIDTHS)
+        forward(prompt, cache)
+        times: dict[int, list[float]] = {w: [] for w in kernels.CHOICE_WIDTHS}
+        for rep in range(repeats + 1):
+            for w in kernels.CHOICE_WIDTHS:
+                t0 = time.perf_counter()
+                forward(prompt[:, :w], cache)
+                if rep:
+                    times[w].append(time.perf_counter() - t0)
+                cache.truncate(context)
+        seconds[kind] = {str(w): statistics.median(ts) for w, ts in times.items()}
+    return {"cache": min(seconds, key=lambda k: sum(seconds[k].values())), "seconds": seconds,
+            "widths": list(kernels.CHOICE_WIDTHS)}
+
+
+def read_seconds(nbytes: int, repeats: int = 7) -> float:
+    """Fastest of `repeats` reads of a resident buffer of `nbytes` (a float32 sum over it) on torch's
+    threads after one warm read: the memory-read limit of a forward whose weights take `nbytes`."""
+    buffer = torch.ones(max(1, nbytes // 4))
+    times = []
+    for rep in range(repeats + 1):
+        t0 = time.perf_counter()
+        buffer.sum()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    return min(times)  # the limit: interference only slows a read
+
+
+def memory_limit(target: specdec.Target, forward_seconds: float) -> dict:
+    """The `physics` field of a record: the weights' stored bytes (`weight_bytes`: each tensor once, tied
+    embeddings once, packed formats at their packed size), the time to read that many bytes once on
+    the same threads, and the 1-token forward's ratio to it (1.0 = at the memory limit)."""
+    nbytes = weight_bytes(target.model)
+    limit = read_seconds(nbytes)
+    return {"weight_bytes": nbytes, "read_seconds": limit, "read_gb_s": nbytes / limit / 1e9,
+            "forward_seconds": forward_seconds, "ratio": forward_seconds / limit, "threads": torch.get_num_threads()}
 
 
 def stored_record(name: str, threads: int | None = None, device: str = "cpu",
@@ -162,6 +218,13 @@ def card(record: dict) -> list[str]:
         ratios = " ".join(f"{t / row[0]:.2f}" for t in row)
         lines.append(f"  curve    widths {'/'.join(map(str, curve['widths']))}: {ratios} x a 1-token forward "
                      f"({1e3 * row[0]:.0f} ms; {key})")
+    if c := record.get("cache"):
+        ms = ", ".join(f"{k} " + "/".join(f"{1e3 * t:.1f}" for t in ts.values()) for k, ts in c["seconds"].items())
+        lines.append(f"  forward  {c['cache']}   (ms at widths {'/'.join(map(str, c['widths']))}: {ms})")
+    if p := record.get("physics"):
+        lines.append(f"  memory   {p['weight_bytes'] / 1e6:.1f} MB as stored, read once in {1e3 * p['read_seconds']:.2f} ms "
+                     f"({p['read_gb_s']:.1f} GB/s); 1-token forward {1e3 * p['forward_seconds']:.2f} ms = "
+                     f"{p['ratio']:.2f}x the limit ({p['threads']} thread(s))")
     lines += [f"  note     {n}" for n in record.get("notes", [])]
     lines.append(f"  record   {record['path']}")
     return lines
@@ -195,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", default="1", help="batch sizes to measure latency curves at (comma-separated; "
                         "`generate_batch(shape='auto')` plans with the curve of its batch size)")
+    parser.add_argument("--compile", action="store_true", help="also time the compiled forward (torch.compile: "
+                        "minutes on a first run, then cached on disk) against the eager one; `cache='auto'` runs the faster")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
                         "(and --quant target) when it has one for these threads (print where it is), else tune it now")
     args = parser.parse_args(argv)
@@ -220,9 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           .get("kernel", "only")} for r in quantized}}
                                  if specs else {})}))
             return 0
-        records = [tune_target(args.target, None, args.threads, drafters, args.device, batches)]
+        records = [tune_target(args.target, None, args.threads, drafters, args.device, batches, args.compile)]
         for spec in specs:
-            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches))
+            records.append(tune_target(args.target, spec, records[0]["threads"], drafters, args.device, batches,
+                                       args.compile))
     except (ValueError, OSError, KeyError) as err:
         print(f"specdec.tune: error: {err}", file=sys.stderr)
         return 2
@@ -232,7 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                "threads": records[0]["threads"], "seconds": round(time.perf_counter() - started, 1),
                "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
                                          "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
-                                         "curves": list(r.get("curves", {})), "record": r["path"]} for r in records}}
+                                         "curves": list(r.get("curves", {})), "record": r["path"],
+                                         **({"compiled": r["cache"]} if "cache" in r else {}),
+                                         **{k: r["physics"][k] for k in ("weight_bytes", "read_gb_s", "forward_seconds",
+                                                                         "ratio") if k in r.get("physics", {})},
+                                         "width_ms": {w: round(1e3 * t, 2) for c in list(r.get("curves", {}).values())[:1]
+                                                      for w, t in zip(c["widths"], c["seconds"][0])}}
+                           for r in records}}
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -107,11 +107,27 @@ def test_graphs_sampling_draws_what_the_dynamic_cache_draws(tiny_llama64, name):
     assert outs["graphs"] == outs["dynamic"]
 
 
+def test_compiled_greedy_equals_the_eager_plain_loop_and_compiles_once(tiny_llama64, capfd, tmp_path, monkeypatch):
+    want = reference_generate(tiny_llama64, PROMPT, max_new_tokens=14, stop_on_eos=False)
+    for name in ("none", "ngram"):  # plain decoding (width 1, padded to 8), then verifying chains of 4
+        out = specdec.generate(tiny_llama64, build_for_tests(name, target=tiny_llama64), PROMPT, shape="chain(4)",
+                               max_new_tokens=14, stop_on_eos=False, cache="compiled", buckets=(8,))
+        assert out.token_ids == want
+        assert capfd.readouterr().err.count("specdec: compiling") == (name == "none")  # said once, then kept
+    packed = specdec.tiny_target("llama", dtype=torch.float32)
+    if specdec.runtime.kernels.apply_kernel(packed.model, "onednn"):  # inductor packs weights itself, or not at all
+        with pytest.raises(ValueError, match="runs the 'onednn' kernel: load it with kernel='torch'"):
+            StaticForward(packed, 64, (8,), capture="compile")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    specdec.machine.update_record(tiny_llama64.label, "cpu", tiny_llama64.dtype, cache={"cache": "compiled"})
+    assert resolve_cache("auto", tiny_llama64) == "compiled"  # what tune found faster
+
+
 def test_auto_cache_is_graphs_on_cuda_only(tiny_llama64):
     assert resolve_cache("auto", tiny_llama64) == "dynamic"
     assert resolve_cache("auto", types.SimpleNamespace(device=torch.device("cuda"))) == "graphs"
     assert resolve_cache("static", tiny_llama64) == "static"
-    with pytest.raises(ValueError, match="unknown cache 'paged'; expected auto or one of dynamic, static, graphs"):
+    with pytest.raises(ValueError, match="unknown cache 'paged'; expected auto or one of dynamic, static, graphs, compiled"):
         resolve_cache("paged", tiny_llama64)
 
 
@@ -128,14 +144,14 @@ def test_bad_buckets_and_sizes_fail_before_generating(tiny_llama64):
         run(cache="graphs", buckets=(4, 2))
     with pytest.raises(ValueError, match="width buckets must be distinct ascending"):
         run(cache="graphs", buckets=())
-    with pytest.raises(ValueError, match=r"buckets=\(1, 8\) apply to cache='graphs' only, got cache='dynamic'"):
+    with pytest.raises(ValueError, match=r"buckets=\(1, 8\) apply to cache='graphs' or 'compiled' only, got 'dynamic'"):
         run(cache="dynamic", buckets=(1, 8))
     with pytest.raises(ValueError, match=r"cache_capacity=24 is too short: .* draft nodes \(7, padded to bucket 8\) = 26"):
         run(shape="chain(4)", cache="graphs", cache_capacity=24)
     with pytest.raises(ValueError, match="capture='cuda_graph' needs a CUDA target"):
         StaticForward(tiny_llama64, 64, capture="cuda_graph")
-    with pytest.raises(ValueError, match="unknown capture 'compile'"):
-        StaticForward(tiny_llama64, 64, capture="compile")
+    with pytest.raises(ValueError, match="unknown capture 'jit'"):
+        StaticForward(tiny_llama64, 64, capture="jit")
     runner = StaticForward(tiny_llama64, 64, buckets=(1, 2))
     with pytest.raises(ValueError, match="runs on its own cache only"):
         runner.forward(torch.tensor([[1]]), StaticKVCache(64))

@@ -3,7 +3,6 @@ shares weights, `auto` is measured once and cached, bad kernels are refused befo
 greedy speculation stays exact for every drafter on a target whose linears are packed."""
 
 import copy
-import json
 
 import pytest
 import torch
@@ -260,18 +259,3 @@ def test_eagle_packs_a_copy_of_its_head():
     assert isinstance(drafter.head.fc, kernels.OneDNNLinear) and drafter.scorer is not None
     assert type(head.fc) is nn.Linear  # the caller's head can still be trained
     assert certify.greedy_case(target, drafter, "chain(4)", max_new_tokens=12) is None
-
-
-@needs_onednn
-def test_bench_kernels_times_both_kernels_on_the_same_weights(kernel_cache, capsys):
-    from scripts import bench_kernels as bench
-
-    bench.main(["--target", "tiny-llama", "--specs", "none,fp16", "--widths", "1,4", "--contexts", "8",
-                "--repeats", "1"])
-    card = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    none, fp16 = card["results"]
-    assert set(none["seconds"]) == {"torch", "onednn", "hybrid"} and all(len(v) == 2 for v in none["seconds"].values())
-    assert none["auto"] in ("torch", "onednn", "hybrid")
-    assert set(fp16["seconds"]) == {"torch"} and "float16" in fp16["skipped"]["onednn"]
-    with pytest.raises(SystemExit, match="must start at 1"):
-        bench.main(["--target", "tiny-llama", "--widths", "2,4"])

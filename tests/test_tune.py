@@ -141,3 +141,38 @@ def test_reuse_tunes_each_quantized_target_once_then_keeps_its_record(empty_cach
     again = capsys.readouterr().out
     line = json.loads(again.strip().splitlines()[-1])
     assert line["reused"] is True and line["quant"][label]["reused"] is True and "tuning" not in again
+
+
+def test_the_memory_limit_counts_tied_weights_once_and_int4_packed(empty_cache, monkeypatch):
+    target = specdec.tiny_target("llama", dtype=torch.float32)
+    model = target.model
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied: one tensor, read once
+    params = sum(p.numel() * 4 for p in model.parameters())  # parameters() yields a shared tensor once
+    assert params < sum(p.numel() * 4 for _, p in model.named_parameters(remove_duplicate=False))
+    monkeypatch.setattr(tune, "read_seconds", lambda nbytes: nbytes * 1e-9)  # 1 GB/s
+    physics = tune.memory_limit(target, 0.004)
+    assert physics["weight_bytes"] == params
+    assert physics["read_seconds"] == pytest.approx(physics["weight_bytes"] * 1e-9)
+    assert physics["ratio"] == pytest.approx(0.004 / physics["read_seconds"])
+    assert physics["read_gb_s"] == pytest.approx(1.0)
+
+    int4 = specdec.quant.quantized_copy(specdec.tiny_target("llama", dtype=torch.float32), "torchao_int4_g32")
+    linears = [int4.model.get_submodule(n) for n in specdec.quant.quantizable_linears(int4.model)]
+    packed = sum(m.in_features * m.out_features // 2 for m in linears)  # two 4-bit weights a byte
+    groups = sum(m.in_features * m.out_features // 32 for m in linears)  # a bf16 scale and zero per group
+    rest = sum(p.numel() * 2 for n, p in int4.model.named_parameters() if not n.endswith(
+        tuple(f"{n}.weight" for n in specdec.quant.quantizable_linears(int4.model))))
+    assert tune.memory_limit(int4, 0.004)["weight_bytes"] == packed + 2 * 2 * groups + rest
+
+
+def test_a_tuned_record_carries_the_physics_and_the_card_shows_it(empty_cache, capsys):
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none"]) == 0
+    out = capsys.readouterr().out
+    record = machine.load_record("tiny-llama", "cpu", torch.float32)
+    physics = record["physics"]
+    assert physics["forward_seconds"] == next(iter(record["curves"].values()))["seconds"][0][0]
+    assert physics["ratio"] == pytest.approx(physics["forward_seconds"] / physics["read_seconds"])
+    assert f"= {physics['ratio']:.2f}x the limit" in out
+    summary = json.loads(out.strip().splitlines()[-1])["targets"]["tiny-llama"]
+    assert summary["weight_bytes"] == physics["weight_bytes"] and set(summary["width_ms"]) == {
+        str(w) for w in tune.CURVE_WIDTHS}

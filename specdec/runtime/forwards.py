@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec import machine
 from specdec.runtime.cache import Cache, KVCache
 from specdec.runtime.graphs import DEFAULT_BUCKETS, check_buckets, static_forward
 from specdec.runtime.model import ForwardOut, Target
@@ -24,26 +25,32 @@ CACHES: dict[str, Callable[[Target, int, tuple[int, ...]], tuple[Cache, Forward]
     "dynamic": lambda target, capacity, buckets: (KVCache(), target.forward),
     "static": lambda target, capacity, buckets: (StaticKVCache(capacity), target.forward),
     "graphs": lambda target, capacity, buckets: _graphs(target, capacity, buckets),
+    "compiled": lambda target, capacity, buckets: _graphs(target, capacity, buckets, "compile"),
 }
 """(cache, forward) per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
 `static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
 default); `graphs` is `specdec.runtime.graphs.StaticForward`: a preallocated cache kept with the target,
-forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere).
-`auto` (the default) is `graphs` on CUDA and `dynamic` elsewhere."""
+forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere);
+`compiled` is the same, each bucket compiled by `torch.compile` (inductor). `auto` (the default) is
+`graphs` on CUDA, elsewhere the kind `python -m specdec.tune --compile` stored, else `dynamic`."""
 
 
-def _graphs(target: Target, capacity: int, buckets: tuple[int, ...]) -> tuple[Cache, Forward]:
-    runner = static_forward(target, capacity, buckets)
+def _graphs(target: Target, capacity: int, buckets: tuple[int, ...], capture: str | None = None
+            ) -> tuple[Cache, Forward]:
+    runner = static_forward(target, capacity, buckets, capture)
     return runner.open(), runner.forward
 
 
 def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:
     """The `CACHES` key `generate_batch(cache=...)` runs `rows` prompts with: `auto` -> `static` for a
     batch (a growing cache copies every row's entries at every step: transformers' DynamicCache
-    concatenates, which a batch of long rows pays for in full), else `graphs` on CUDA and `dynamic` on
-    CPU. What a latency curve at a batch is timed through, too (`specdec.measure.latency`)."""
+    concatenates, which a batch of long rows pays for in full), else `graphs` on CUDA and the tuned
+    kind (`dynamic` untuned) on CPU. What a latency curve at a batch is timed through, too."""
     if cache == "auto":
-        return "static" if rows > 1 else "graphs" if target.device.type == "cuda" else "dynamic"
+        if rows > 1 or target.device.type == "cuda":
+            return "static" if rows > 1 else "graphs"
+        tuned = (machine.load_record(target.label, target.device, target.dtype) or {}).get("cache") or {}
+        return tuned.get("cache", "dynamic")
     if cache not in CACHES:
         raise ValueError(f"unknown cache {cache!r}; expected auto or one of {', '.join(CACHES)}")
     return cache
@@ -52,9 +59,9 @@ def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:
 def verification_width(cache: str, widest: int, buckets: Sequence[int] | None) -> tuple[int, tuple[int, ...]]:
     """(entries the widest verification writes, the width buckets) for a resolved `cache` kind.
     Given buckets must cover `widest` (root + most draft nodes); the default set is widened to."""
-    if cache != "graphs":
+    if cache not in ("graphs", "compiled"):
         if buckets is not None:
-            raise ValueError(f"buckets={tuple(buckets)} apply to cache='graphs' only, got cache={cache!r}")
+            raise ValueError(f"buckets={tuple(buckets)} apply to cache='graphs' or 'compiled' only, got {cache!r}")
         return widest, ()
     if buckets is None:
         buckets = DEFAULT_BUCKETS + tuple(1 << k for k in range(8, (widest - 1).bit_length() + 1))

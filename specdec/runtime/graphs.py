@@ -16,26 +16,32 @@ see entry 0; after the forward the cache stores 25 entries and slots 25..27 hold
 overwritten.
 
 `capture="cuda_graph"` (the default on CUDA) captures each bucket's forward on first use and replays
-it; `capture="eager"` (elsewhere) calls the very same function, so CI on a CPU tests everything but
+it; `capture="compile"` compiles it with `torch.compile` on first use (saying so on stderr);
+`capture="eager"` (elsewhere) calls the very same function, so CI on a CPU tests everything but
 the capture itself.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from specdec import machine
 from specdec.core import tree as tree_ops
+from specdec.runtime.kernels import kernel_in_use
 from specdec.runtime.model import ForwardOut, Target, tree_block
 from specdec.runtime.static_cache import StaticKVCache
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the
 smallest one >= n."""
-CAPTURES = ("cuda_graph", "eager")
+CAPTURES = ("cuda_graph", "compile", "eager")
 
 
 def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
@@ -71,6 +77,9 @@ class StaticForward:
         capture = capture or ("cuda_graph" if target.device.type == "cuda" else "eager")
         if capture not in CAPTURES:
             raise ValueError(f"unknown capture {capture!r}; expected one of {', '.join(CAPTURES)}")
+        if capture == "compile" and kernel_in_use(target.model) != "torch":
+            raise ValueError(f"capture='compile' packs the weights itself (inductor freezing); {target.label!r} runs "
+                             f"the {kernel_in_use(target.model)!r} kernel: load it with kernel='torch'")
         if capture == "cuda_graph" and target.device.type != "cuda":
             raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
         self.buckets = check_buckets(buckets, 1)
@@ -171,6 +180,11 @@ class StaticForward:
     def _capture(self, b: _Bucket):
         if self.capture == "eager":
             return lambda: self._forward(b)
+        if self.capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
+            print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
+                  f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
+            return torch.compile(functools.partial(self._forward, b), dynamic=False, options={"freezing": True})
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
