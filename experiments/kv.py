@@ -92,21 +92,24 @@ def shared_prefill(target):
 
 
 def timed_run(target, drafter, prompt: list[int], new_tokens: int) -> dict:
-    """One greedy run: {tokens, seconds_per_token, hits, tries, kv_bytes_per_token}."""
+    """One greedy run: {tokens, seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s}
+    (the last: the drafter's time per draft forward; a chain drafts one node per forward)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
 
     config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
-    tokens, seconds, hits, tries = [], 0.0, 0, 0
+    tokens, seconds, hits, tries, drafting, drafted_total = [], 0.0, 0, 0, 0.0, 0
     for event in decode(target, drafter, [prompt], config):
-        seconds += event.times.total
+        seconds, drafting = seconds + event.times.total, drafting + event.times.propose
         tokens += event.committed[0]
         drafted, accepted = event.drafts[0].tokens.shape[-1], len(event.paths[0])
         hits, tries = hits + accepted, tries + min(accepted + 1, drafted)
+        drafted_total += drafted
     tokens = tokens[:new_tokens]
-    held = held_bytes(drafter.cache) / max(drafter.cache.next_position, 1) if drafter is not None else None
+    held = held_bytes(drafter.cache) if drafter is not None else None
     return {"tokens": tokens, "seconds_per_token": seconds / len(tokens), "hits": hits, "tries": tries,
-            "kv_bytes_per_token": held}
+            "kv_bytes": held, "kv_bytes_per_token": held / max(drafter.cache.next_position, 1) if held else None,
+            "draft_forward_s": drafting / max(drafted_total, 1) if drafter is not None else None}
 
 
 def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print) -> list[dict]:
@@ -130,7 +133,7 @@ def measure(target, items: list[dict], policies, retentions, new_tokens: int, lo
             rows.append({"prompt": p["id"], "kind": p["kind"], "prompt_tokens": len(p["tokens"]), "policy": policy,
                          "retention": retention, "kv": kv, "seconds_per_token": run["seconds_per_token"],
                          "acceptance": run["hits"] / run["tries"] if run["tries"] else None,
-                         "kv_bytes_per_token": run["kv_bytes_per_token"]})
+                         **{k: run[k] for k in ("kv_bytes_per_token", "kv_bytes", "draft_forward_s")}})
             log(f"  {p['id']} {policy} {'' if retention is None else f'{retention:.0%}'}: "
                 f"{1000 * run['seconds_per_token']:.1f} ms/token" +
                 ("" if drafter is None else f", acceptance {rows[-1]['acceptance']:.3f}"))
@@ -213,6 +216,8 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
                   f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}] |")
     md += ["", f"A/A control (plain over plain, timed apart): {control['ratio']:.3f} [{control['ci'][0]:.3f}, "
            f"{control['ci'][1]:.3f}], **{control['verdict']}**.", ""]
+    if "physics" in s and "kv_bytes" in data["rows"][0]:
+        md += physics_lines(s, data["rows"]) + [answer(s, data["rows"], summary), ""]
     compact = {"rows": [{k: r[k] for k in ("policy", "retention", "shape", "acceptance", "acceptance_ci", "speedup",
                                             "speedup_ci")} for r in summary["rows"]],
                "verdicts": summary["verdicts"], "control": control["verdict"], "prompts": s["prompts"],
@@ -220,18 +225,70 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
     return md, verdict_lines, compact
 
 
+def physics(target) -> dict:
+    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s, best of 5 copies of
+    256 MB, read + write)}: the memory a step must move, and how fast this core moves it."""
+    from specdec.drafters.kv_policy import model_facts
+
+    cfg = target.model.config.get_text_config()
+    weights = sum(p.nbytes for p in target.model.parameters())
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim
+    per_position *= target.dtype.itemsize
+    src = torch.ones(1 << 26)
+    dst, best = torch.empty_like(src), float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return {"weight_bytes": weights, "kv_bytes_per_position": per_position, "bandwidth": 2 * src.nbytes / best}
+
+
+def physics_lines(settings: dict, rows: list[dict]) -> list[str]:
+    """Markdown: per plain step and per draft forward, the measured time beside the memory floor
+    (weight bytes + KV bytes held) / bandwidth."""
+    import pandas as pd
+
+    df, phys = pd.DataFrame(rows), settings["physics"]
+    floor = lambda kv_bytes: 1000 * (phys["weight_bytes"] + kv_bytes) / phys["bandwidth"]  # noqa: E731
+    plain = df[df.policy.isin(["plain", "plain2"])]
+    full_kv = phys["kv_bytes_per_position"] * plain.prompt_tokens.mean()
+    lines = ["", f"What the memory allows: {phys['weight_bytes'] / 1e6:.0f} MB of weights, "
+             f"{phys['bandwidth'] / 1e9:.1f} GB/s measured copy bandwidth; floor = (weights + KV held) / bandwidth.",
+             "",
+             "| step | KV held (MB) | measured (ms) | floor (ms) |", "|---|---|---|---|",
+             f"| plain step | {full_kv / 1e6:.1f} | {1000 * plain.seconds_per_token.mean():.1f} | "
+             f"{floor(full_kv):.1f} |"]
+    for (policy, retention), cell in df[df.retention.notna()].groupby(["policy", "retention"], sort=False):
+        lines.append(f"| {policy} {retention:.0%} draft forward | {cell.kv_bytes.mean() / 1e6:.1f} | "
+                     f"{1000 * cell.draft_forward_s.mean():.1f} | {floor(cell.kv_bytes.mean()):.1f} |")
+    return [*lines, ""]
+
+
+def answer(settings: dict, rows: list[dict], summary: dict) -> str:
+    """The KV question's answer in one paragraph, from the stored rows: acceptance, time, where it flips."""
+    best = max(summary["rows"], key=lambda r: r["speedup"])
+    free = {p: v["acceptance_free"] for p, v in summary["verdicts"].items()}
+    pays = [p for p, v in summary["verdicts"].items() if v["pays_in_time"] is not None]
+    phys, drafts = settings["physics"], [r for r in rows if r["retention"] is not None]
+    plain = [r for r in rows if r["retention"] is None]
+    small = min(drafts, key=lambda r: r["kv_bytes"])
+    full_kv = phys["kv_bytes_per_position"] * np.mean([r["prompt_tokens"] for r in plain])
+    measured = small["draft_forward_s"] / np.mean([r["seconds_per_token"] for r in plain])
+    floor = (phys["weight_bytes"] + small["kv_bytes"]) / (phys["weight_bytes"] + full_kv)
+    alpha = best["acceptance"]
+    return ("**Answer.** Acceptance: " + "; ".join(f"{p} acceptance-free down to {_pct(r)}" for p, r in free.items())
+            + f" (per-token agreement, lower CI end >= {1 - MARGIN:.2f}). Time: "
+            + (f"{', '.join(pays)} pay (speedup CI above 1)" if pays else "no policy pays")
+            + f"; the best is {best['policy']} at {_pct(best['retention'])}, {best['speedup']:.2f}x "
+            f"[{best['speedup_ci'][0]:.2f}, {best['speedup_ci'][1]:.2f}]. A draft forward over the smallest cache "
+            f"({small['kv']}) costs {measured:.0%} of a plain step ({floor:.0%} by bytes moved, weights plus KV: the "
+            f"weights are read either way), while {SHAPE} at acceptance {alpha:.2f} yields about "
+            f"{sum(alpha ** i for i in range(5)):.1f} tokens per step of four draft forwards and a verification. "
+            "It would flip where the KV, not the weights, dominates a step (many rows x long contexts share one "
+            "read of the weights) or where verifying five tokens costs about one step (a GPU).")
+
+
 # ---- the command -----------------------------------------------------------------------------------
-
-
-def cpu_name() -> str:
-    """The CPU's model name, family and model (Linux), else the platform's processor string."""
-    import platform
-
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:30] if ":" in line)
-        return f"{info['model name'].strip()} (family {info['cpu family'].strip()}, model {info['model'].strip()})"
-    except (OSError, KeyError):
-        return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,11 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import specdec
     from experiments.leaderboard import atomic_text
+    from specdec.measure.records import describe_machine
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     try:
         target = specdec.load_target(args.model)
+        phys = physics(target)
         items = prompts(target, args.source, args.prompts)
         print(f"kv: {len(items)} prompts of {[len(p['tokens']) for p in items]} tokens", flush=True)
         rows = measure(target, items, [p for p in args.policies.split(",") if p],
@@ -261,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lengths = [len(p["tokens"]) for p in items]
     settings = {"model": target.label, "source": args.source, "prompts": len(items), "min_tokens": min(lengths),
-                "max_tokens": max(lengths), "new_tokens": args.new_tokens, "cpu": cpu_name(),
+                "max_tokens": max(lengths), "new_tokens": args.new_tokens, "physics": phys,
+                "cpu": "{name} (family {family}, model {model})".format(**describe_machine()),
                 "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()}
     path = Path(args.results) / CURVE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def test_measure_times_every_policy_between_two_plain_runs_and_the_report_reads_
     assert bytes_at["quant4", 0.5] < bytes_at["window", 0.5] / 3  # 4-bit codes and fp16 scales vs fp64 entries
     assert bytes_at["window", 0.1] < bytes_at["window", 0.5] / 3  # the window physically holds fewer entries
     settings = {"source": "test", "prompts": 2, "min_tokens": 80, "max_tokens": 80, "new_tokens": 12, "cpu": "cpu",
-                "threads": 1, "seconds": 1.0}
+                "threads": 1, "seconds": 1.0, "physics": kv.physics(world)}
     (tmp_path / kv.CURVE_FILE).write_text(json.dumps({"settings": settings, "rows": rows}))
     md, verdict, summary = kv.report_parts(tmp_path, n_boot=100)
     assert set(summary["verdicts"]) == {"window", "quant4"} and len(summary["rows"]) == 4
@@ -77,6 +77,10 @@ def test_measure_times_every_policy_between_two_plain_runs_and_the_report_reads_
                                        "speedup_ci"}
     assert verdict[0].startswith("- KV compression") and "A/A timing control" in verdict[0]
     assert sum(line.startswith("| window |") for line in md) == 2
+    floors = [line for line in md if line.startswith("| window 10% draft forward |")]
+    assert len(floors) == 1 and float(floors[0].split("|")[3]) > 0 and settings["physics"]["bandwidth"] > 1e8
+    assert settings["physics"]["weight_bytes"] == sum(p.nbytes for p in world.model.parameters())
+    assert sum(line.startswith("**Answer.** Acceptance: window acceptance-free down to") for line in md) == 1
     assert kv.report_parts(tmp_path / "none") == ([], [], None)
 
 
