@@ -1,23 +1,30 @@
-"""The KV question: how much of its cache can a self-drafter drop or quantize before acceptance suffers?
+"""The KV question, both sides: how much of its cache can a self-drafter drop or quantize, and does it pay?
 
-    python -m experiments.kv RESULTS [--prompts 4] [--context 2048] [--new-tokens 64] [--depth 12]
+    python -m experiments.kv RESULTS [--source long2k] [--prompts 8] [--new-tokens 16]
+                                     [--policies window,snapkv,quant4] [--retentions 5,10,25,50]
 
-Owns the reduced KV-retention curve the main job runs (settings from the grid file's `kv:` entry) and
-its reading: long ledger prompts (`long_prompts`); per KV policy x retention, the `self_draft` drafter
-walked along the target's greedy path with its cache synced to the target's exact K/V (`token_stats`:
-greedy acceptance, TV, KL, and on the first `mal_prompts` prompts the measured MAL); the verdict
-(`verdict`: per policy, the lowest retention whose acceptance ratio to the full cache has a 95%
-bootstrap CI with lower end >= 1 - MARGIN there and above; the A/A control must read "within"); and
-the report's KV section (`report_parts`).
+Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt of
+the dataset source (`prompts`), interleaved: a timed plain greedy run, then every policy x retention as
+a timed greedy `self_draft` run of `SHAPE` (checked token-identical to the plain run), then a second
+timed plain run. Each run gives per-token acceptance (accepted draft tokens over draft tokens tried:
+a chain's accepted ones plus its first rejected one) and the time per generated token summed over the
+loop's step events (the prefill excluded; `shared_prefill` runs it once per prompt). Speedup = the two
+plain runs' mean time per token over the self-draft's, paired per prompt; CIs are 95% percentile
+bootstraps over prompts. The A/A control is plain run 1 over plain run 2, so it can fail from noise.
 
-Retention r of a prompt of P tokens (`policy_spec`): `window` keeps 4 sink + rP - 4 recent entries,
-`snapkv` a budget of rP, `quantN` a window of rP N-bit entries (at 100% every entry quantized); 100%
-of window and snapkv is the full cache. Knows nothing about the grid's cells or the rest of the report.
+Verdicts per policy (`verdicts`): **acceptance-free down to r** when at r and every larger retention
+measured, per-token acceptance's CI lower end is >= 1 - MARGIN (the full cache's is 1: same weights,
+exact KV); this is per-token argmax agreement, stricter than task quality. **Pays in time at r** when
+the speedup's CI lies above 1 (the lowest such r). Retention r of a prompt of P tokens (`policy_spec`):
+`window` keeps 4 sink + rP - 4 recent entries, `snapkv` a budget of rP, `quantN` a window of rP entries
+stored packed at N bits (keys per token); no 100% point (window and snapkv would be the full cache).
+Knows nothing about the grid's cells or the rest of the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -27,333 +34,300 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SUITE = Path(__file__).parent / "prompts" / "long.jsonl"
+SOURCE = "long2k"
 POLICIES = ("window", "snapkv", "quant4")
-RETENTIONS = (0.05, 0.25, 1.0)
+RETENTIONS = (0.05, 0.10, 0.25, 0.50)
+SHAPE = "chain(4)"
 MARGIN = 0.05
-"""Within: per-token acceptance's CI lower end >= (1 - MARGIN) x the full cache's."""
+"""Acceptance-free: per-token acceptance's CI lower end >= 1 - MARGIN."""
 CURVE_FILE = "kv_curve.json"
 SEED = 0
 
 
 def policy_spec(policy: str, retention: float, prompt_tokens: int) -> str:
-    """The `kv=` spec of `policy` keeping `retention` of a prompt of `prompt_tokens` positions.
+    """The `kv=` spec of `policy` keeping `retention` (0 < r < 1) of a prompt of `prompt_tokens` positions.
     Example: window at 5% of 2000 -> keep 100 = `window(sink=4,recent=96)`."""
+    if not 0 < retention < 1:
+        raise ValueError(f"retention {retention:g}: use 0 < r < 1 (at 1 window and snapkv are the full cache)")
     keep = max(8, round(retention * prompt_tokens))
-    if policy.startswith("quant") and policy[len("quant"):].isdigit():
-        bits = int(policy[len("quant"):])
-        return f"quant(bits={bits})" if retention >= 1 else f"window(sink=4,recent={keep - 4})+quant(bits={bits})"
-    if policy not in ("window", "snapkv", "full"):
-        raise ValueError(f"unknown policy {policy!r}; choose from window, snapkv, quantN (N = 2, 4, 8)")
-    if retention >= 1 or policy == "full":
-        return "full"
+    if policy.startswith("quant") and policy[len("quant"):] in ("2", "4", "8"):
+        return f"window(sink=4,recent={keep - 4})+quant(bits={policy[len('quant'):]},keys=token)"
     if policy == "window":
         return f"window(sink=4,recent={keep - 4})"
-    return f"snapkv(budget={keep},window={min(32, keep)})"
+    if policy == "snapkv":
+        return f"snapkv(budget={keep},window={min(32, keep)})"
+    raise ValueError(f"unknown policy {policy!r}; choose from window, snapkv, quantN (N = 2, 4, 8)")
 
 
-# ---- prompts ---------------------------------------------------------------------------------------
+def prompts(target, source: str, count: int) -> list[dict]:
+    """The first `count` questions of the dataset `source` (first turns, chat template): [{id, kind, tokens}]."""
+    from experiments.config import DatasetConfig
+    from experiments.questions import load_questions
+
+    questions = load_questions(DatasetConfig(source=source))[:count]
+    if len(questions) < count:
+        raise ValueError(f"source {source!r} holds {len(questions)} questions, {count} asked")
+    return [{"id": q.question_id, "kind": q.category, "tokens": target.encode_prompt(q.turns[0])} for q in questions]
 
 
-def _ledger(suite: Path = SUITE) -> tuple[str, list[str], str, dict[str, str]]:
-    """(header, sections, needle note, {kind: question}) of the suite's longest ledger."""
-    items = [json.loads(line) for line in suite.read_text(encoding="utf-8").splitlines() if line.strip()]
-    longest = max(items, key=lambda d: len(d["turns"][0]))
-    paragraphs = longest["turns"][0].split("\n\n")
-    needle = [p for p in paragraphs if p.startswith("Note for the record")]
-    sections = [p for p in paragraphs if p.startswith("Section ")]
-    if len(needle) != 1 or len(sections) < 8:
-        raise ValueError(f"{suite}: {longest['question_id']} has {len(needle)} needle notes and {len(sections)} "
-                         "sections; a ledger needs one 'Note for the record' paragraph and >= 8 'Section' paragraphs")
-    questions = {d["category"].removeprefix("long-"): d["turns"][0].split("\n\n")[-1] for d in items}
-    return paragraphs[0], sections, needle[0], questions
+def shared_prefill(target):
+    """A shallow copy of `target` whose `prefill` runs each prompt once and hands later runs a copy of
+    its entries: the step's runs share a prompt's prefill, which no timed step includes."""
+    shared = copy.copy(target)
+    memo: dict[tuple[int, ...], tuple] = {}
+
+    def prefill(token_ids, cache):
+        key = tuple(token_ids)
+        if key not in memo:
+            out = target.prefill(token_ids, cache)
+            memo.clear()  # one prompt at a time
+            memo[key] = ([(k.clone(), v.clone()) for k, v in cache.tensors()], out)
+            return out
+        entries, out = memo[key]
+        cache.append([(k.clone(), v.clone()) for k, v in entries])
+        return out
+
+    shared.prefill = prefill
+    return shared
 
 
-def long_prompts(target, count: int, context: int, kinds: tuple[str, ...] = ("retrieval", "summary"),
-                 suite: Path = SUITE) -> list[dict]:
-    """`count` prompts of at most `context` tokens (chat template included): prompt i starts the ledger at
-    section i * S / count (wrapping round), keeps whole sections while they fit, puts the needle note at
-    depth (i + 0.5) / count, and asks kind i mod len(kinds). Returns [{id, kind, tokens}]."""
-    header, sections, needle, questions = _ledger(suite)
-    missing = [k for k in kinds if k not in questions]
-    if missing or count < 1:
-        raise ValueError(f"long_prompts: count {count} (need >= 1), kinds {missing} not in {sorted(questions)}")
-    lengths = [len(target.tokenizer.encode(s, add_special_tokens=False)) for s in sections]
-    fixed = len(target.encode_prompt("\n\n".join([header, needle, max(questions.values(), key=len)])))
-    out = []
-    for i in range(count):
-        start, kept, used = i * len(sections) // count, [], fixed
-        for j in range(len(sections)):
-            k = (start + j) % len(sections)
-            if used + lengths[k] + 2 > context:
-                break
-            kept.append(sections[k])
-            used += lengths[k] + 2
-        if len(kept) < 2:
-            raise ValueError(f"long_prompts: context {context} tokens holds {len(kept)} ledger sections; use >= 512")
-        kept.insert(round((i + 0.5) / count * len(kept)), needle)
-        kind = kinds[i % len(kinds)]
-        tokens = target.encode_prompt("\n\n".join([header, *kept, questions[kind]]))
-        while len(tokens) > context:  # the section estimate was short: drop the last section
-            kept.pop(-1 if kept[-1] != needle else -2)
-            tokens = target.encode_prompt("\n\n".join([header, *kept, questions[kind]]))
-        out.append({"id": f"ledger-{context}-{i}-{kind}", "kind": kind, "tokens": tokens})
-    return out
-
-
-# ---- measurement -----------------------------------------------------------------------------------
-
-
-def reference(target, prompt: list[int], new_tokens: int) -> dict:
-    """The target's greedy path of `new_tokens` tokens after `prompt` (its full cache)."""
-    from specdec import generate
-
-    return {"path": generate(target, None, prompt, max_new_tokens=new_tokens, stop_on_eos=False, chat=False).token_ids}
-
-
-def token_stats(target, drafter, prompt: list[int], ref: dict) -> dict[str, list[float]]:
-    """Per token of the path: greedy acceptance (0/1), TV and KL(target || draft) of the drafter's
-    next-token law against the target's on its full cache. Teacher-forced through the loop's events:
-    every step the drafter drafts one token at T = 1 (its whole law is the draft's `draft_probs`), no
-    draft is verified, and the path's next token is committed (the drafter hears every step)."""
-    from specdec.core.acceptance import total_variation
+def timed_run(target, drafter, prompt: list[int], new_tokens: int) -> dict:
+    """One greedy run: {tokens, seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s}
+    (the last: the drafter's time per draft forward; a chain drafts one node per forward)."""
     from specdec.loop.decode import DecodeConfig, decode
-    from specdec.loop.policy import ProposeOnly
-    from specdec.core.shapes import ChainShape
+    from specdec.runtime.packed_cache import held_bytes
 
-    path = ref["path"] + ref["path"][-1:]  # one step more, so the path's last token is drafted too
-    config = DecodeConfig(shape=ProposeOnly(ChainShape(1)), max_new_tokens=len(path), temperature=1.0,
-                          stop_on_eos=False, force=[path], cache="dynamic", chat=False)
-    out = {"accept": [], "tv": [], "kl": []}
+    config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
+    tokens, seconds, hits, tries, drafting, drafted_total = [], 0.0, 0, 0, 0.0, 0
     for event in decode(target, drafter, [prompt], config):
-        if event.proposals[0].draft_probs is None:  # the last step: no token left to draft
-            continue
-        p = event.logits[0, 0].double().log_softmax(-1)
-        q = event.proposals[0].draft_probs[0, 0].double().clamp_min(1e-300).log()
-        out["accept"].append(float(int(p.argmax()) == int(q.argmax())))
-        out["tv"].append(float(total_variation(p.exp(), q.exp())))
-        out["kl"].append(float((p.exp() * (p - q)).sum()))
-    return out
+        seconds, drafting = seconds + event.times.total, drafting + event.times.propose
+        tokens += event.committed[0]
+        drafted, accepted = event.drafts[0].tokens.shape[-1], len(event.paths[0])
+        hits, tries = hits + accepted, tries + min(accepted + 1, drafted)
+        drafted_total += drafted
+    tokens = tokens[:new_tokens]
+    held = held_bytes(drafter.cache) if drafter is not None else None
+    return {"tokens": tokens, "seconds_per_token": seconds / len(tokens), "hits": hits, "tries": tries,
+            "kv_bytes": held, "kv_bytes_per_token": held / max(drafter.cache.next_position, 1) if held else None,
+            "draft_forward_s": drafting / max(drafted_total, 1) if drafter is not None else None}
 
 
-def measure(target, prompt: list[int], ref: dict, kv: str, depth: int, mal: bool) -> dict:
-    """One prompt x one KV spec: mean per-token stats, memory fraction, and (if `mal`) the MAL of a
-    greedy chain(depth) generation, checked token-identical to the path."""
-    from specdec import generate
+def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print) -> list[dict]:
+    """Rows {prompt, kind, prompt_tokens, policy, retention, kv, acceptance, seconds_per_token,
+    kv_bytes_per_token}: per prompt plain ("plain"), every policy x retention, plain again ("plain2")."""
     from specdec.drafters import build
 
-    drafter = build("self_draft", target=target, kv=kv, cache="dynamic")
-    stats = token_stats(target, drafter, prompt, ref)
-    row = {"kv": drafter.policy.spec, **{k: float(np.mean(v)) for k, v in stats.items()},
-           "memory_fraction": drafter.policy.retention(drafter.cache.length, drafter.cache.next_position),
-           "mal": None}
-    if mal:
-        out = generate(target, drafter, prompt, shape=f"chain({depth})", max_new_tokens=len(ref["path"]),
-                       stop_on_eos=False)
-        if out.token_ids != ref["path"]:
-            raise AssertionError(f"kv={kv}: chain({depth}) output differs from the target's greedy path")
-        row["mal"] = out.stats.mean_acceptance_length
-    return row
-
-
-def curve(target, prompts: list[dict], policies=POLICIES, retentions=RETENTIONS, *, depth: int = 12,
-          new_tokens: int = 64, mal_prompts: int = 1, control: bool = True, log=print) -> list[dict]:
-    """Rows {prompt, kind, prompt_tokens, policy, retention, kv, accept, tv, kl, memory_fraction, mal}:
-    every policy x retention on every prompt, the full cache once per prompt (policy "full"), and with
-    `control` a second full-cache drafter (policy "control")."""
-    rows = []
-    for i, p in enumerate(prompts):
-        ref = reference(target, p["tokens"], new_tokens)
-        done: dict[str, dict] = {}
-        plan = [("full", 1.0), *(("control", 1.0),) * control, *((q, r) for q in policies for r in retentions)]
-        for policy, retention in plan:
-            kv = policy_spec("full" if policy == "control" else policy, retention, len(p["tokens"]))
-            if kv not in done or policy == "control":
-                done[kv] = measure(target, p["tokens"], ref, kv, depth, i < mal_prompts)
-            row = {"prompt": p["id"], "kind": p["kind"], "prompt_tokens": len(p["tokens"]), "policy": policy,
-                   "retention": retention, **done[kv]}
-            rows.append(row)
-            log(f"  {p['id']} {policy} {retention:.0%} {row['kv']}: accept {row['accept']:.3f} 1-TV "
-                f"{1 - row['tv']:.3f} KL {row['kl']:.3g}" + (f" MAL {row['mal']:.2f}" if row["mal"] else ""))
+    shared, rows = shared_prefill(target), []
+    for p in items:
+        plan = [(q, r) for q in policies for r in retentions]
+        for policy, retention in [("plain", None), *plan, ("plain2", None)]:
+            drafter, kv = None, None
+            if retention is not None:
+                kv = policy_spec(policy, retention, len(p["tokens"]))
+                drafter = build("self_draft", target=target, kv=kv, cache="dynamic")
+            run = timed_run(shared, drafter, p["tokens"], new_tokens)
+            if policy == "plain":
+                path = run["tokens"]
+            elif run["tokens"] != path:
+                raise AssertionError(f"{p['id']} kv={kv}: greedy output differs from plain decoding")
+            rows.append({"prompt": p["id"], "kind": p["kind"], "prompt_tokens": len(p["tokens"]), "policy": policy,
+                         "retention": retention, "kv": kv, "seconds_per_token": run["seconds_per_token"],
+                         "acceptance": run["hits"] / run["tries"] if run["tries"] else None,
+                         **{k: run[k] for k in ("kv_bytes_per_token", "kv_bytes", "draft_forward_s")}})
+            log(f"  {p['id']} {policy} {'' if retention is None else f'{retention:.0%}'}: "
+                f"{1000 * run['seconds_per_token']:.1f} ms/token" +
+                ("" if drafter is None else f", acceptance {rows[-1]['acceptance']:.3f}"))
     return rows
 
 
 # ---- verdict ---------------------------------------------------------------------------------------
 
 
-def _ratio_ci(ratios: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Mean of per-prompt ratios with a 95% percentile bootstrap interval over prompts."""
-    boot = ratios[rng.integers(0, len(ratios), size=(n_boot, len(ratios)))].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(ratios.mean()), float(lo), float(hi)
+def _ci(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[float, list[float]]:
+    """Mean of per-prompt values with a 95% percentile bootstrap interval over prompts."""
+    boot = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(1)
+    return float(values.mean()), [float(x) for x in np.percentile(boot, [2.5, 97.5])]
 
 
-def verdict(rows: list[dict], key: str = "accept", n_boot: int = 2000) -> dict:
-    """{"points": {policy: [[retention, ratio, lo, hi, within], ...]}, "lowest": {policy: retention or None},
-    "control": "within" | "outside" | None}: `key` ("accept", or "tv" read as 1 - TV) per prompt over the
-    full cache's on the same prompt."""
+def summarize(rows: list[dict], n_boot: int = 2000) -> dict:
+    """{rows: [{policy, retention, shape, kv, acceptance, acceptance_ci, speedup, speedup_ci, memory}],
+    verdicts: {policy: {acceptance_free, pays_in_time}}, control: {ratio, ci, verdict}}."""
     import pandas as pd
 
     rng = np.random.default_rng(SEED)
     df = pd.DataFrame(rows)
-    df["value"] = 1 - df.tv if key == "tv" else df[key]
-    full = df[df.policy == "full"].set_index("prompt").value
-    if full.empty or (full <= 0).any():
-        raise ValueError(f"kv verdict: the full cache's {key} is missing or zero on some prompt ({full.to_dict()})")
-    points: dict[str, list] = {}
-    for policy, part in df[df.policy != "full"].groupby("policy", sort=False):
-        for retention, cell in part.groupby("retention"):
-            ratio, lo, hi = _ratio_ci((cell.set_index("prompt").value / full).dropna().to_numpy(float), n_boot, rng)
-            points.setdefault(policy, []).append([float(retention), ratio, lo, hi, bool(lo >= 1 - MARGIN)])
-    lowest = {}
-    for policy, pts in points.items():
-        if policy == "control":
-            continue
-        ok = None
-        for retention, *_, within in sorted(pts, reverse=True):
-            if not within:
+    plain = df[df.policy == "plain"].set_index("prompt").seconds_per_token
+    plain2 = df[df.policy == "plain2"].set_index("prompt").seconds_per_token
+    base = (plain + plain2) / 2
+    out, verdicts = [], {}
+    for (policy, retention), cell in df[df.retention.notna()].groupby(["policy", "retention"], sort=False):
+        cell = cell.set_index("prompt")
+        acceptance, acceptance_ci = _ci(cell.acceptance.to_numpy(float), rng, n_boot)
+        speedup, speedup_ci = _ci((base[cell.index] / cell.seconds_per_token).to_numpy(float), rng, n_boot)
+        out.append({"policy": policy, "retention": float(retention), "shape": SHAPE, "kv": cell.kv.iloc[0],
+                    "acceptance": acceptance, "acceptance_ci": acceptance_ci, "speedup": speedup,
+                    "speedup_ci": speedup_ci, "kv_bytes_per_token": float(cell.kv_bytes_per_token.mean())})
+    for policy in dict.fromkeys(r["policy"] for r in out):
+        points = sorted((r for r in out if r["policy"] == policy), key=lambda r: -r["retention"])
+        free = None
+        for r in points:
+            if r["acceptance_ci"][0] < 1 - MARGIN:
                 break
-            ok = retention
-        lowest[policy] = ok
-    control = points.get("control")
-    return {"points": points, "lowest": lowest,
-            "control": None if control is None else ("within" if all(p[4] for p in control) else "outside")}
+            free = r["retention"]
+        pays = [r["retention"] for r in points if r["speedup_ci"][0] > 1]
+        verdicts[policy] = {"acceptance_free": free, "pays_in_time": min(pays) if pays else None}
+    ratio, ci = _ci((plain / plain2).to_numpy(float), rng, n_boot)
+    control = {"ratio": ratio, "ci": ci, "verdict": "within" if ci[0] <= 1 <= ci[1] else "outside"}
+    return {"rows": out, "verdicts": verdicts, "control": control}
 
 
 # ---- the report's section --------------------------------------------------------------------------
 
 
 def _pct(retention: float | None) -> str:
-    """A verdict's retention; at 100% (for window and snapkv, the full cache itself) no lower one held."""
-    if retention is None:
-        return "none"
-    return f"{100 * retention:g}%" + (" (none lower)" if retention >= 1 else "")
+    return "none" if retention is None else f"{100 * retention:g}%"
 
 
-def latest_sweep(root: str | os.PathLike | None = None) -> dict | None:
-    """The newest `self_draft` record (scripts/bench_self_draft.py) of this machine, or None."""
-    from specdec.measure import records
+def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[str], list[str], dict | None]:
+    """(markdown lines, verdict lines, JSON summary) of RESULTS/kv_curve.json; ([], [], None) without it."""
+    path = Path(results) / CURVE_FILE
+    if not path.exists():
+        return [], [], None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s, summary = data["settings"], summarize(data["rows"], n_boot)
+    control = summary["control"]
+    verdict_lines = [f"- KV compression (self_draft {SHAPE}, {s['prompts']} prompts of >= {s['min_tokens']} tokens): "
+                     + "; ".join(f"{p} acceptance-free down to {_pct(v['acceptance_free'])}, pays in time at "
+                                 f"{_pct(v['pays_in_time'])}" for p, v in summary["verdicts"].items())
+                     + f"; A/A timing control: {control['verdict']}"]
+    md = ["", "## The KV question: how much cache does a self-drafter need, and does it pay?", "",
+          f"The `self_draft` drafter (the target's own weights) over a compressed view of the target's KV, "
+          f"greedy {SHAPE}, on {s['prompts']} prompts of `{s['source']}` ({s['min_tokens']}..{s['max_tokens']} "
+          f"tokens), {s['new_tokens']} tokens each, every run checked token-identical to plain decoding; "
+          f"{s['cpu']}, {s['threads']} thread(s), measured in {s['seconds']:.0f} s. Acceptance: accepted draft "
+          "tokens over tokens tried (per-token argmax agreement). Speedup: plain time per token (two runs "
+          "bracketing the prompt's runs) over the self-draft's, prefill excluded; 95% bootstrap CIs over "
+          f"prompts. Acceptance-free: CI lower end >= {1 - MARGIN:.2f} at that retention and above. Pays: "
+          "speedup CI above 1.", "",
+          "| policy | retention | kv | KV bytes / position | acceptance | speedup |", "|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        md.append(f"| {r['policy']} | {_pct(r['retention'])} | `{r['kv']}` | {r['kv_bytes_per_token']:.0f} | "
+                  f"{r['acceptance']:.3f} [{r['acceptance_ci'][0]:.3f}, {r['acceptance_ci'][1]:.3f}] | "
+                  f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}] |")
+    md += ["", f"A/A control (plain over plain, timed apart): {control['ratio']:.3f} [{control['ci'][0]:.3f}, "
+           f"{control['ci'][1]:.3f}], **{control['verdict']}**.", ""]
+    if "physics" in s and "kv_bytes" in data["rows"][0]:
+        md += physics_lines(s, data["rows"]) + [answer(s, data["rows"], summary), ""]
+    compact = {"rows": [{k: r[k] for k in ("policy", "retention", "shape", "acceptance", "acceptance_ci", "speedup",
+                                            "speedup_ci")} for r in summary["rows"]],
+               "verdicts": summary["verdicts"], "control": control["verdict"], "prompts": s["prompts"],
+               "seconds": round(s["seconds"], 1)}
+    return md, verdict_lines, compact
 
-    try:
-        path = Path(root) if root is not None else records.default_root()
-        key = records.describe_machine()["key"]
-        found = [r for r in records.read(path / f"{key}.jsonl") if r["kind"] == "self_draft"]
-    except (OSError, records.RecordError):
-        return None
-    return found[-1] if found else None  # the file is appended to: the last is the newest
+
+def physics(target) -> dict:
+    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s, best of 5 copies of
+    256 MB, read + write)}: the memory a step must move, and how fast this core moves it."""
+    from specdec.drafters.kv_policy import model_facts
+
+    cfg = target.model.config.get_text_config()
+    weights = sum(p.nbytes for p in target.model.parameters())
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim
+    per_position *= target.dtype.itemsize
+    src = torch.ones(1 << 26)
+    dst, best = torch.empty_like(src), float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return {"weight_bytes": weights, "kv_bytes_per_position": per_position, "bandwidth": 2 * src.nbytes / best}
 
 
-def sweep_lines(record: dict) -> list[str]:
-    """Markdown of a full sweep's record: per context and policy, the lowest retention within MARGIN."""
-    result = record["result"]
-    lines = [f"### Recorded sweep (`{record['command']}`, {record['date']}, {record['machine'].get('name', '?')}, "
-             f"commit {record.get('commit')})", "",
-             f"{result.get('prompts_per_context', '?')} prompts per context, {result.get('new_tokens')} new tokens, "
-             f"chain({result.get('depth')}); per-token greedy acceptance / full cache's, mean [95% CI over prompts].", ""]
-    head = ["context", "policy", *(f"{100 * r:g}%" for r in result["retentions"]), "lowest within"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for context, found in result["verdicts"].items():
-        for policy, pts in found["points"].items():
-            cells = {p[0]: f"{p[1]:.3f} [{p[2]:.3f}, {p[3]:.3f}]" for p in pts}
-            lowest = "A/A: " + found["control"] if policy == "control" else _pct(found["lowest"].get(policy))
-            lines.append("| " + " | ".join([context, policy, *(cells.get(r, "") for r in result["retentions"]),
-                                             lowest]) + " |")
+def physics_lines(settings: dict, rows: list[dict]) -> list[str]:
+    """Markdown: per plain step and per draft forward, the measured time beside the memory floor
+    (weight bytes + KV bytes held) / bandwidth."""
+    import pandas as pd
+
+    df, phys = pd.DataFrame(rows), settings["physics"]
+    floor = lambda kv_bytes: 1000 * (phys["weight_bytes"] + kv_bytes) / phys["bandwidth"]  # noqa: E731
+    plain = df[df.policy.isin(["plain", "plain2"])]
+    full_kv = phys["kv_bytes_per_position"] * plain.prompt_tokens.mean()
+    lines = ["", f"What the memory allows: {phys['weight_bytes'] / 1e6:.0f} MB of weights, "
+             f"{phys['bandwidth'] / 1e9:.1f} GB/s measured copy bandwidth; floor = (weights + KV held) / bandwidth.",
+             "",
+             "| step | KV held (MB) | measured (ms) | floor (ms) |", "|---|---|---|---|",
+             f"| plain step | {full_kv / 1e6:.1f} | {1000 * plain.seconds_per_token.mean():.1f} | "
+             f"{floor(full_kv):.1f} |"]
+    for (policy, retention), cell in df[df.retention.notna()].groupby(["policy", "retention"], sort=False):
+        lines.append(f"| {policy} {retention:.0%} draft forward | {cell.kv_bytes.mean() / 1e6:.1f} | "
+                     f"{1000 * cell.draft_forward_s.mean():.1f} | {floor(cell.kv_bytes.mean()):.1f} |")
     return [*lines, ""]
 
 
-def report_parts(results: str | os.PathLike, records_root: str | os.PathLike | None = None,
-                 n_boot: int = 2000) -> tuple[list[str], list[str], dict | None]:
-    """(markdown lines, verdict lines, JSON summary) of RESULTS/kv_curve.json and the latest full sweep;
-    ([], [], None) when neither exists."""
-    path = Path(results) / CURVE_FILE
-    sweep = latest_sweep(records_root)
-    if not path.exists() and sweep is None:
-        return [], [], None
-    md = ["", "## The KV question: how much cache does a self-drafter need?", ""]
-    verdict_lines, summary = [], None
-    if path.exists():
-        data = json.loads(path.read_text(encoding="utf-8"))
-        s, rows = data["settings"], data["rows"]
-        greedy, sampled = verdict(rows, "accept", n_boot), verdict(rows, "tv", n_boot)
-        head = (f"KV retention (self_draft, {s['prompts']} prompts x ~{s['context']} tokens, {s['new_tokens']} "
-                f"tokens): lowest retention within {MARGIN:.0%} of the full cache's per-token acceptance")
-        verdict_lines = [f"- {head}: " + "; ".join(
-            f"{p} {_pct(greedy['lowest'][p])} (sampled, 1 - TV: {_pct(sampled['lowest'][p])})" for p in greedy["lowest"])
-            + f"; A/A control (full vs full): {greedy['control']}"]
-        md += [f"The `self_draft` drafter (the target's own weights) over a lossy view of the target's KV, on "
-               f"{s['prompts']} ledger prompts (retrieval and summary) of ~{s['context']} tokens, {s['new_tokens']} "
-               f"greedy tokens; measured in {s['seconds']:.0f} s. Per token along the target's greedy path, the "
-               "draft's cache synced with the target's exact K/V after every token: greedy acceptance (argmax "
-               "agrees), sampled acceptance at T = 1 (= 1 - TV), KL(target || draft). Ratio = acceptance / the full "
-               f"cache's on the same prompt, mean with a 95% bootstrap CI over prompts; **within** when the CI's "
-               f"lower end is >= {1 - MARGIN:.2f}. " + (
-                   f"MAL: `specdec.generate` with greedy chain({s['depth']}) on the first {s['mal_prompts']} "
-                   f"prompt(s) (the full cache reaches {s['depth'] + 1})." if s["mal_prompts"] else
-                   "MAL: not measured in this run (`mal_prompts` 0; `grids/full.yaml` and "
-                   "`scripts/bench_self_draft.py` measure it)."), "",
-               "| policy | retention | kv | memory | greedy acceptance ratio | within | 1 - TV ratio | mean TV | "
-               "mean KL | MAL |", "|---|---|---|---|---|---|---|---|---|---|"]
-        import pandas as pd
-
-        df = pd.DataFrame(rows)
-        for policy, pts in greedy["points"].items():
-            for (retention, ratio, lo, hi, within), spt in zip(pts, sampled["points"][policy]):
-                cell = df[(df.policy == policy) & (df.retention == retention)]
-                mal = f"{cell.mal.dropna().mean():.2f}" if cell.mal.notna().any() else "-"
-                md.append(f"| {policy} | {_pct(retention)} | `{cell.kv.iloc[0]}` | {cell.memory_fraction.mean():.3f} | "
-                          f"{ratio:.3f} [{lo:.3f}, {hi:.3f}] | {'yes' if within else 'no'} | {spt[1]:.3f} "
-                          f"[{spt[2]:.3f}, {spt[3]:.3f}] | {cell.tv.mean():.4f} | {cell.kl.mean():.4f} | "
-                          f"{mal} |")
-        md += ["", "Lowest retention within, greedy / sampled: " + "; ".join(
-            f"{p} {_pct(greedy['lowest'][p])} / {_pct(sampled['lowest'][p])}" for p in greedy["lowest"])
-            + f". A/A control: **{greedy['control']}**.", ""]
-        summary = {"greedy": greedy["lowest"], "sampled": sampled["lowest"], "control": greedy["control"],
-                   "prompts": s["prompts"], "context": s["context"], "seconds": round(s["seconds"], 1)}
-    if sweep is not None:
-        md += sweep_lines(sweep)
-        summary = {**(summary or {}), "sweep": {"date": sweep["date"], "verdicts": {
-            c: v["lowest"] for c, v in sweep["result"]["verdicts"].items()}}}
-    return md, verdict_lines, summary
+def answer(settings: dict, rows: list[dict], summary: dict) -> str:
+    """The KV question's answer in one paragraph, from the stored rows: acceptance, time, where it flips."""
+    best = max(summary["rows"], key=lambda r: r["speedup"])
+    free = {p: v["acceptance_free"] for p, v in summary["verdicts"].items()}
+    pays = [p for p, v in summary["verdicts"].items() if v["pays_in_time"] is not None]
+    phys, drafts = settings["physics"], [r for r in rows if r["retention"] is not None]
+    plain = [r for r in rows if r["retention"] is None]
+    small = min(drafts, key=lambda r: r["kv_bytes"])
+    full_kv = phys["kv_bytes_per_position"] * np.mean([r["prompt_tokens"] for r in plain])
+    measured = small["draft_forward_s"] / np.mean([r["seconds_per_token"] for r in plain])
+    floor = (phys["weight_bytes"] + small["kv_bytes"]) / (phys["weight_bytes"] + full_kv)
+    alpha = best["acceptance"]
+    return ("**Answer.** Acceptance: " + "; ".join(f"{p} acceptance-free down to {_pct(r)}" for p, r in free.items())
+            + f" (per-token agreement, lower CI end >= {1 - MARGIN:.2f}). Time: "
+            + (f"{', '.join(pays)} pay (speedup CI above 1)" if pays else "no policy pays")
+            + f"; the best is {best['policy']} at {_pct(best['retention'])}, {best['speedup']:.2f}x "
+            f"[{best['speedup_ci'][0]:.2f}, {best['speedup_ci'][1]:.2f}]. A draft forward over the smallest cache "
+            f"({small['kv']}) costs {measured:.0%} of a plain step ({floor:.0%} by bytes moved, weights plus KV: the "
+            f"weights are read either way), while {SHAPE} at acceptance {alpha:.2f} yields about "
+            f"{sum(alpha ** i for i in range(5)):.1f} tokens per step of four draft forwards and a verification. "
+            "It would flip where the KV, not the weights, dominates a step (many rows x long contexts share one "
+            "read of the weights) or where verifying five tokens costs about one step (a GPU).")
 
 
 # ---- the command -----------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="The reduced KV-retention curve: writes RESULTS/kv_curve.json.")
+    ap = argparse.ArgumentParser(description="The KV step: acceptance and timed speedup per policy x retention.")
     ap.add_argument("results", help="the results directory (the report reads RESULTS/kv_curve.json)")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--context", type=int, default=2048, help="prompt tokens at most (chat template included)")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--depth", type=int, default=12, help="chain depth of the MAL runs")
-    ap.add_argument("--mal-prompts", type=int, default=1, help="prompts whose MAL is measured by generation")
+    ap.add_argument("--source", default=SOURCE, help="dataset source of the prompts (a suite name or a file)")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--retentions", default=",".join(f"{100 * r:g}" for r in RETENTIONS), help="percent")
     args = ap.parse_args(argv)
     import specdec
     from experiments.leaderboard import atomic_text
+    from specdec.measure.records import describe_machine
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     try:
         target = specdec.load_target(args.model)
-        prompts = long_prompts(target, args.prompts, args.context)
-        print(f"kv curve: {len(prompts)} prompts of {[len(p['tokens']) for p in prompts]} tokens", flush=True)
-        rows = curve(target, prompts, [p for p in args.policies.split(",") if p],
-                     [float(r) / 100 for r in args.retentions.split(",")], depth=args.depth,
-                     new_tokens=args.new_tokens, mal_prompts=args.mal_prompts,
-                     log=lambda line: print(line, flush=True))
+        phys = physics(target)
+        items = prompts(target, args.source, args.prompts)
+        print(f"kv: {len(items)} prompts of {[len(p['tokens']) for p in items]} tokens", flush=True)
+        rows = measure(target, items, [p for p in args.policies.split(",") if p],
+                       [float(r) / 100 for r in args.retentions.split(",")], args.new_tokens,
+                       log=lambda line: print(line, flush=True))
     except ValueError as err:
         print(f"experiments.kv: error: {err}", file=sys.stderr)
         return 2
-    settings = {"model": target.label, "prompts": len(prompts), "context": args.context,
-                "new_tokens": args.new_tokens, "depth": args.depth, "mal_prompts": min(args.mal_prompts, len(prompts)),
+    lengths = [len(p["tokens"]) for p in items]
+    settings = {"model": target.label, "source": args.source, "prompts": len(items), "min_tokens": min(lengths),
+                "max_tokens": max(lengths), "new_tokens": args.new_tokens, "physics": phys,
+                "cpu": "{name} (family {family}, model {model})".format(**describe_machine()),
                 "seconds": time.perf_counter() - started, "threads": torch.get_num_threads()}
     path = Path(args.results) / CURVE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_text(path, json.dumps({"settings": settings, "rows": rows}, indent=1))
-    print(f"kv curve: wrote {path} in {settings['seconds']:.0f} s")
+    print(f"kv: wrote {path} in {settings['seconds']:.0f} s")
+    print(json.dumps({"kv": report_parts(args.results)[2]}))
     return 0
 
 

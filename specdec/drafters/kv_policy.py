@@ -7,7 +7,9 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
     snapkv(budget=B,window=W)     at the prefill, the B prompt positions the last W prompt queries
                                   attend to most (the last W included); everything generated is kept
     quant(bits=2|4|8,group=G)     every entry fake-quantized (asymmetric round-to-nearest per group
-                                  of G along head_dim), stored dequantized
+                                  of G along head_dim), stored dequantized (a simulation)
+    quant(bits=B,keys=token|channel)  stored packed (`specdec.runtime.packed_cache`): values per token,
+                                  keys per token or per channel (KIVI); one row at a time
     window(...)+quant(...)        policies compose left to right with '+'
 
 A policy acts on a cache of committed tokens only, in three hooks: `transform` (entries about to be
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.runtime.cache import KVCache
+from specdec.runtime.packed_cache import PackedFormat, PackedKVCache
 from specdec.core.draft import KVLayers
 
 if TYPE_CHECKING:
@@ -56,8 +59,15 @@ class KVPolicy:
     """True when the policy drops stored entries (`KVCache.retain`): its cache cannot be a
     preallocated one (`specdec.runtime.static_cache`), which never evicts."""
 
+    packed: PackedFormat | None = None
+    """The packed storage its cache uses (None: a plain `KVCache`)."""
+
     def check(self, facts: ModelFacts) -> None:
         """Raise ValueError when this policy cannot run on a model with these facts."""
+
+    def new_cache(self) -> KVCache:
+        """An empty cache of the kind this policy keeps."""
+        return KVCache() if self.packed is None else PackedKVCache(self.packed)
 
     def transform(self, layers: KVLayers) -> KVLayers:
         """Entries about to be appended, [B, kv_heads, n, head_dim] per layer -> what is stored."""
@@ -155,28 +165,40 @@ class SnapKV(KVPolicy):
 
 
 class Quant(KVPolicy):
-    """Every entry fake-quantized: asymmetric round-to-nearest per `group` along head_dim."""
+    """Asymmetric round-to-nearest per `group`: fake-quantized along head_dim (no `keys`), or stored
+    packed with keys per `token` or per `channel`."""
 
     BITS = (2, 4, 8)
+    KEYS = ("token", "channel")
 
-    def __init__(self, bits: int = 4, group: int | None = None) -> None:
+    def __init__(self, bits: int = 4, group: int | None = None, keys: str | None = None) -> None:
         if bits not in self.BITS:
             raise ValueError(f"quant(bits={bits}): bits must be one of {list(self.BITS)}")
         if group is not None and group < 1:
             raise ValueError(f"quant(group={group}): group must be a positive divisor of head_dim")
-        self.bits, self.group = bits, group
-        self.spec = f"quant(bits={bits}" + ("" if group is None else f",group={group}") + ")"
+        if keys is not None and keys not in self.KEYS:
+            raise ValueError(f"quant(keys={keys}): keys must be one of {list(self.KEYS)} (or absent: simulated)")
+        self.bits, self.group, self.keys = bits, group, keys
+        self.spec = self._spec()
+
+    def _spec(self) -> str:
+        return (f"quant(bits={self.bits}" + ("" if self.group is None else f",group={self.group}")
+                + ("" if self.keys is None else f",keys={self.keys}") + ")")
 
     def check(self, facts: ModelFacts) -> None:
         if self.group is None:
             self.group = DEFAULT_QUANT_GROUP if facts.head_dim % DEFAULT_QUANT_GROUP == 0 else facts.head_dim
-            self.spec = f"quant(bits={self.bits},group={self.group})"
-        elif facts.head_dim % self.group:
+            self.spec = self._spec()
+        if self.keys is not None:
+            self.packed = PackedFormat(self.bits, self.group, self.keys)
+        if facts.head_dim % self.group:
             divisors = [g for g in range(1, facts.head_dim + 1) if facts.head_dim % g == 0]
             raise ValueError(f"{self.spec}: group {self.group} does not divide head_dim {facts.head_dim}; "
                              f"use one of {divisors}")
 
     def transform(self, layers: KVLayers) -> KVLayers:
+        if self.keys is not None:  # the packed cache quantizes what it stores
+            return layers
         return [(fake_quantize(k, self.bits, self.group), fake_quantize(v, self.bits, self.group)) for k, v in layers]
 
     def retention(self, stored: int, positions: int) -> float:
@@ -196,6 +218,11 @@ class Compose(KVPolicy):
         for p in self.parts:
             p.check(facts)
         self.spec = "+".join(p.spec for p in self.parts)
+        formats = [p.packed for p in self.parts if p.packed is not None]
+        if len(formats) > 1 or (formats and formats[0].keys == "channel" and self.evicts):
+            raise ValueError(f"{self.spec}: a cache is packed once, and keys=channel packs groups of tokens an "
+                             "evicting policy cannot split; use one quant(...,keys=token) term")
+        self.packed = formats[0] if formats else None
 
     def transform(self, layers: KVLayers) -> KVLayers:
         for p in self.parts:
@@ -252,11 +279,11 @@ _POLICIES: dict[str, tuple[type[KVPolicy], tuple[str, ...]]] = {
     "full": (KVPolicy, ()),
     "window": (Window, ("sink", "recent")),
     "snapkv": (SnapKV, ("budget", "window")),
-    "quant": (Quant, ("bits", "group")),
+    "quant": (Quant, ("bits", "group", "keys")),
 }
 _TERM = re.compile(r"^\s*([a-z_]+)\s*(?:\((.*)\))?\s*$")
 EXAMPLES = "full, window(sink=4,recent=256), snapkv(budget=1024,window=32), quant(bits=4,group=32), " \
-           "window(sink=4,recent=256)+quant(bits=8)"
+           "quant(bits=4,keys=channel), window(sink=4,recent=256)+quant(bits=8)"
 
 
 def parse_kv_policy(spec: str | KVPolicy) -> KVPolicy:
@@ -278,10 +305,10 @@ def _parse_term(term: str, spec: str) -> KVPolicy:
     kwargs = {}
     for item in filter(None, (m[2] or "").split(",")):
         key, eq, value = (s.strip() for s in item.partition("="))
-        if not eq or key not in params or not value.lstrip("-").isdigit():
+        if not eq or key not in params or not (value.lstrip("-").isdigit() or key == "keys"):
             raise ValueError(f"malformed KV policy {term.strip()!r} in {spec!r}: {item.strip()!r} is not "
                              f"name=integer with name in {list(params) or 'nothing'} (e.g. {EXAMPLES})")
-        kwargs[key] = int(value)
+        kwargs[key] = value if key == "keys" else int(value)
     return cls(**kwargs)
 
 
@@ -296,7 +323,7 @@ def apply_to_prefill(policy: KVPolicy, layers: KVLayers, prompt_entries: int, qu
     """The cache `policy` holds for committed entries `layers` ([B, kv_heads, S, head_dim] per layer,
     e.g. a fresh prefill) of which the first `prompt_entries` came with the prompt: the definition
     the incremental cache is tested against."""
-    cache = KVCache()
+    cache = policy.new_cache()
     cache.append(policy.transform([(k[..., :prompt_entries, :], v[..., :prompt_entries, :]) for k, v in layers]))
     policy.after_prefill(cache, queries)
     rest = [(k[..., prompt_entries:, :], v[..., prompt_entries:, :]) for k, v in layers]

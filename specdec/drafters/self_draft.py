@@ -78,12 +78,14 @@ class SelfDrafter:
         self.cache_kind = cache
         """Its own cache (`specdec.runtime.forwards.drafter_cache`): `auto` = the CUDA graph fast path on CUDA
         unless the KV policy evicts."""
-        self.batchable = drafter_cache_kind(model, cache, policy.evicts) != "graphs"
-        """Batches run on the dynamic or static cache (the CUDA-graph runner serves one row)."""
+        self.batchable = drafter_cache_kind(model, cache, _own(policy)) != "graphs" and policy.packed is None
+        """Batches run on the dynamic or static cache (the CUDA-graph runner and a packed cache serve one row)."""
         self.reset()
 
     def reset(self) -> None:
-        self.cache, self._forward = drafter_cache(self.model, self.cache_kind, self.policy.evicts)
+        self.cache, self._forward = drafter_cache(self.model, self.cache_kind, _own(self.policy))
+        if self.policy.packed is not None:
+            self.cache, self._forward = self.policy.new_cache(), self.model.forward
         self.committed = 0  # absolute position after the last committed entry
         self.block = BlockSlots()
         self.stored = 0  # batches: stored entries of committed tokens (the draft's block follows)
@@ -197,12 +199,17 @@ def build_self_draft(*, target: Target, kv: str = "full", weights: str = "none",
     here, before any generation."""
     policy = parse_kv_policy(kv)
     policy.check(model_facts(target))  # before the (possibly slow) quantized copy
-    drafter_cache_kind(target, cache, policy.evicts)  # a cache kind the policy cannot use fails here
+    drafter_cache_kind(target, cache, _own(policy))  # a cache kind the policy cannot use fails here
     return SelfDrafter(draft_model(target, weights, layers), policy, target=target, name=name, cache=cache)
 
 
 build_self_draft.test_options = {"kv": "window(sink=2,recent=5)+quant(bits=4)", "weights": "rtn8_pc",
                                  "layers": "first(1)"}
+
+
+def _own(policy: KVPolicy) -> bool:
+    """True when the policy's cache cannot be a preallocated one: it evicts, or it is packed."""
+    return policy.evicts or policy.packed is not None
 
 
 def _wide(logits: torch.Tensor) -> torch.Tensor:
