@@ -230,7 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
+    control = OmegaConf.to_container(OmegaConf.load(grid_file)).get("mechanism_control")
     for command in runs:
+        if control and f"drafter={control['drafter']}" in command:  # its prediction, before it runs
+            from experiments.report import ReportError, predict_control
+
+            try:
+                kernel = _preset_spec(next(o for o in command if o.startswith("quant=")).split("=", 1)[1])
+                print(f"mechanism control, predicted before it runs: "
+                      f"{predict_control(results, control['drafter'], control['source'], kernel)}", flush=True)
+            except (ReportError, StoreError) as err:
+                print(f"mechanism control: no prediction ({err})", file=sys.stderr)
         status = subprocess.run(command).returncode
         if status != 0:  # no report: a report now would print an earlier run's cells as this run's verdict
             print(f"\nthe grid failed (exit {status}) at: {shlex.join(command)}\nno report and no record were "
