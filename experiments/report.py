@@ -61,11 +61,11 @@ POSITIONS_TEXT = (
 
 DECOMPOSITION_TEXT = (
     "Per prompt, speculation's decode-only speedup is s = M / (R + d): M tokens per verify step (over the plain "
-    "run's), R a verify step's seconds in plain decode steps of the same kernel, d the rest of a drafted step "
-    "(drafting) in the same unit, all from the runs' step times. The interaction is acceptance (M on the kernel "
-    "over M on fp32) x width (R) x drafting (d), split by Shapley, x prefill (end-to-end over decode-only): "
-    "geometric means over prompts with the verdict's own bootstrap draws, so the four factors multiply to the "
-    "interaction. R(w) is in-run, at the cell's verify widths.")
+    "run's), R a verify step's seconds (drafting excluded) in plain decode steps of the same kernel, d the rest of a "
+    "drafted step (drafting) in the same unit, all from the runs' step times. The interaction is acceptance (M on "
+    "the kernel over M on fp32) x width (R) x drafting (d), split by Shapley, x prefill (end-to-end over "
+    "decode-only): geometric means over prompts on the verdict's own bootstrap draws, so the four factors multiply "
+    "to the interaction. R(w) is in-run, at the cell's verify widths.")
 FACTOR_NAMES = ("mal", "width", "drafting", "prefill")
 
 
@@ -215,18 +215,14 @@ def _rules_md(cells: list[Cell], found: dict[str, Interaction]) -> list[str]:
                           "speculation on kernel", "compound"], lines)
 
 
-def _decomposed(cells: list[Cell], found: dict[str, Interaction]) -> list[Cell]:
-    """Cells whose verdict carries a decomposition: the speed cells, then the A/A control."""
-    return [c for c in _speed(cells, found) + [c for c in cells if c.control] if found.get(c.cell_id)
-            and found[c.cell_id].factors]
-
-
 def decomposition(cells: list[Cell], found: dict[str, Interaction]) -> dict:
-    """The JSON line's `decomposition`: {cell: {interaction, decode, mal, width, drafting, prefill, r_kernel,
-    r_fp32, same_text, same_text_interaction, ci: {name: [lo, hi]}}}."""
+    """The JSON line's `decomposition` of the speed cells and the A/A control: {cell: {interaction, decode,
+    mal, width, drafting, prefill, r_kernel, r_fp32, same_text, same_text_interaction, ci: {name: [lo, hi]}}}."""
     out = {}
-    for c in _decomposed(cells, found):
+    for c in _speed(cells, found) + [c for c in cells if c.control and found.get(c.cell_id)]:
         v = found[c.cell_id]
+        if not v.factors:
+            continue
         parts = {k: x for k, x in v.factors.items() if isinstance(x, tuple)} | {"interaction": (v.point, v.lo, v.hi)}
         out[c.name] = ({k: round(x[0], 4) for k, x in parts.items()}
                        | {k: round(v.factors[k], 4) for k in ("same_text", "same_text_interaction")}
@@ -255,16 +251,15 @@ def predict_control(results: str | os.PathLike, drafter: str, source: str, kerne
 
 def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
     """The JSON line's `mechanism_control`: the stored prediction beside the control cell's measured
-    interaction and CI (None without a prediction)."""
+    interaction and CI (None without a prediction or that cell)."""
     path = Path(results) / CONTROL_FILE
-    if not path.exists():
+    record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    cell = next((c for c in _speed(cells, found) if c.entry[0] == record.get("drafter")), None)
+    if cell is None:
         return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    cell = next((c for c in _speed(cells, found) if c.entry[0] == record["drafter"]), None)
-    v = found[cell.cell_id] if cell is not None else None
-    return record | ({"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
-                      "within": bool(v.lo <= record["predicted"] <= v.hi or abs(v.point - record["predicted"]) <= 0.05)}
-                     if v is not None else {"measured": None})
+    v, guess = found[cell.cell_id], record["predicted"]
+    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
+                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
 
 
 def _decomposition_md(table: dict) -> list[str]:
@@ -385,10 +380,9 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     control = mechanism_control(results, cells, found)
     if control is not None:
         summary["mechanism_control"] = control
-        verdict[14:] = [f"- Mechanism control ({control['drafter']}): predicted {control['predicted']:.2f} from the "
-                       f"{control['from']}, measured " + (f"{control['measured']:.2f} [{control['ci'][0]:.2f}, "
-                       f"{control['ci'][1]:.2f}] ({'within' if control['within'] else 'NOT within'} its CI or 0.05)"
-                       if control["measured"] is not None else "nothing (no such cell)")]
+        verdict[14:] = [f"- Mechanism control ({control['drafter']}): predicted {control['predicted']:.2f} ({control['from']}"
+                       f"), measured {control['measured']:.2f} [{control['ci'][0]:.2f}, {control['ci'][1]:.2f}]: "
+                       f"{'within' if control['within'] else 'NOT within'} its CI or 0.05"]
         md.insert(md.index("## Setting and limits") - 1, verdict[-1])
     return "\n".join(md), verdict, summary, _figures(cells, found, curves, held_out.held, summary["decomposition"])
 

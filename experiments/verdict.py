@@ -13,13 +13,9 @@ of r(q) over questions, with a 95% percentile bootstrap interval [lo, hi] over q
   per-prompt spread (half-width shrinking as 1 / sqrt(n), the point estimate held).
 An A/A control (fp32 paired against itself) has a true interaction of exactly 1: it must read compound.
 
-The decomposition (`factors`), per question from each drafted run's step times: s = M / (R + d), M the
-drafted run's tokens per step over the plain run's, R its verify seconds per step (target forward and
-the rest, drafting excluded) over the plain run's decode seconds per step, d its other decode seconds
-per step (drafting) in the same unit; s is the decode-only speedup exactly. The interaction is then
-(M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: each factor is the mean
-of its two orders' effects, in logs] x prefill (end-to-end over decode-only), so the four factors'
-product is the interaction, prompt by prompt and in the geometric mean.
+The decomposition (`factor_logs`, as REPORT.md states it): per question s = M / (R + d) exactly, so the
+interaction = (M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: the mean of
+each one's effect in both orders, in logs] x prefill, prompt by prompt and in the geometric mean.
 """
 
 from __future__ import annotations
