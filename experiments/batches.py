@@ -23,8 +23,9 @@ def batch_table(rows: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Dat
     out = []
     for (drafter, shape, quant, batch), cell in rows.groupby(["drafter", "shape", "quant", "batch"], sort=True):
         speed = per_question(cell)
-        kernel = gmean_ci(np.log((speed.drafted / speed.plain).to_numpy(float)), n_boot, rng)
-        fp32 = gmean_ci(np.log((speed.reference_drafted / speed.reference).to_numpy(float)), n_boot, rng)
+        draws = rng.integers(0, len(speed), size=(n_boot, len(speed)))  # [B, Q], shared by the pair
+        kernel = gmean_ci(np.log((speed.drafted / speed.plain).to_numpy(float)), draws)
+        fp32 = gmean_ci(np.log((speed.reference_drafted / speed.reference).to_numpy(float)), draws)
         out.append({"drafter": drafter, "shape": shape, "quant": quant, "batch": int(batch), "groups": len(speed),
                     "speculation": kernel[0], "speculation_lo": kernel[1], "speculation_hi": kernel[2],
                     "fp32_speculation": fp32[0], "fp32_lo": fp32[1], "fp32_hi": fp32[2]})

@@ -1,20 +1,12 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
-Owns the measuring protocol. For every question and turn, four runs decode the same prompt with the
-same seed and `max_new_tokens`, back to back, their order changing from prompt to prompt (`ORDERS`,
-balanced) so that drift hits each alike: *drafted* (the drafter on the cell's kernel), *plain* (the
-same kernel, no drafter), *reference* (the plain loop on fp32) and *reference_drafted* (the drafter on
-fp32). Every ratio (speculation, quantization, their interaction) is of runs measured side by side;
-with `reference=None` the first two stand in for the other two. An A/A control is the reference
-measured again under another label.
-
-Teacher-forced acceptance (T = 0, `teacher_forced=True`): drafts along the fp32 plain continuation
-are judged against the kernel's argmax after each prefix of that text, so every kernel is scored on
-the same text; a chain(K) cell also stores the replay of every chain(k <= K) and a drafting probe
-(`draft_probe_s`, `reference_draft_probe_s`), which `experiments.heldout` reads. Turn i > 1 is the
-chat so far with the kernel's plain answers. Batches (`batch` > 1): first turns only, groups of
-`batch` questions decoded by `specdec.generate_batch`, one row per group, no teacher forcing.
-Returns plain dict rows; knows nothing about Hydra or where rows are stored.
+Owns the measuring protocol (experiments/README.md, "What a cell measures"): per question and turn,
+*drafted* and *plain* on the cell's kernel, *reference* and *reference_drafted* on fp32, same prompt,
+seed and `max_new_tokens`, back to back in a balanced rotating order (`ORDERS`); with `reference=None`
+the first two stand in for the other two. Teacher-forced acceptance (T = 0) scores every kernel on the
+fp32 plain text (`teacher_forced`); a chain(K) cell adds its replays and the drafting probe. Batches
+(`batch` > 1): first turns only, one row per group. Returns plain dict rows; knows nothing about Hydra
+or where rows are stored.
 """
 
 from __future__ import annotations

@@ -189,3 +189,25 @@ def plot_heldout(frame: pd.DataFrame, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     _save(fig, path)
+
+
+def plot_decomposition(frame: pd.DataFrame, path: Path) -> None:
+    """Per cell (rows of `frame`, factors as columns), the log of each factor of the interaction stacked
+    from 0 (below for < 1, above for > 1) and the interaction's log as a black tick: the bars sum to it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 1.6 + 0.4 * max(1, len(frame))), constrained_layout=True)
+    logs = np.log(frame.drop(columns="interaction").to_numpy(float))  # [cells, factors]
+    for sign in (1, -1):
+        base = np.zeros(len(frame))
+        for j, name in enumerate(frame.columns.drop("interaction")):
+            part = np.where(sign * logs[:, j] > 0, logs[:, j], 0.0)
+            ax.barh(range(len(frame)), part, left=base, color=f"C{j}", label=name if sign > 0 else None)
+            base += part
+    ax.plot(np.log(frame.interaction.to_numpy(float)), range(len(frame)), "k|", ms=18, mew=2, label="interaction")
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(frame)), list(frame.index), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("log factor (the bars of a cell add up to the log interaction)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.08))
+    _save(fig, path)

@@ -13,8 +13,7 @@ the per-prediction errors (scored in `experiments.costs.score`):
   kernel (an A/A control counts as fp32) over the same questions: MAL = the deeper cell's
   teacher-forced profile replayed in chain(k) (`tf_chain_steps` / `tf_chain_accepted`), one forward of
   width k + 1 per step, and delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K,
-  probe)`. A deeper cell stored before those fields falls back to `costmodel.chain_mal` of its
-  per-position counts and to drafting x k / K, and the note names it. Trees and dynamic shapes are
+  probe)`; a deeper cell without them (no teacher forcing) predicts nothing. Trees and dynamic shapes are
   not predicted (cells do not store the drafts a smaller tree would be cut from).
 Errors are |predicted / measured - 1| of the pooled speculation speedup. Shown apart, never scored:
 the *MAL error*, the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for
@@ -47,11 +46,9 @@ ABSENT = {"kernel": "no cell on a kernel other than fp32 carries paired fp32 dra
 """Why a kind has no prediction, when the caller gives no more specific note."""
 REFERENCE = "none"
 """The fp32 kernel's label; an A/A control cell (`control`) measures it again under another label."""
-PROFILE = ("tf_reached_by_depth", "tf_accepted_by_depth")
-"""A cell's acceptance profile counts (`experiments.cell.teacher_forced`): per depth, the positions whose
-recorded draft reached it and those whose accepted path did."""
 REPLAY = ("tf_chain_steps", "tf_chain_accepted")
-"""Per prompt, the profile replayed in chain(1..K): steps and accepted tokens (`experiments.cell.teacher_forced`)."""
+"""Per prompt, the acceptance profile replayed in chain(1..K): steps and accepted tokens
+(`experiments.cell.teacher_forced`)."""
 PROBE = "draft_probe_s"
 """{depth: median drafting seconds of a step} of the cell's drafting probe (`experiments.cell.drafting_probe`)."""
 REFERENCE_PROBE = "reference_draft_probe_s"
@@ -288,11 +285,9 @@ class Measured:
         shape = parse_shape(self.labels["shape"])
         return shape.k if isinstance(shape, ChainShape) and int(self.labels.get("batch", 1) or 1) == 1 else None
 
-    def has(self, columns: Sequence[str]) -> bool:
-        return _has(self.rows, columns)
-
     def has_profile(self) -> bool:
-        return self.has(PROFILE)
+        """The replayed profile and the drafting probe a shorter chain is predicted from."""
+        return _has(self.rows, [*REPLAY, PROBE])
 
 
 def pooled(column: pd.Series) -> list[int]:
@@ -311,32 +306,21 @@ def replayed_mal(deeper: pd.DataFrame, k: int) -> float:
     return 1.0 + sum(int(r[k - 1]) for r in deeper[REPLAY[1]]) / steps
 
 
-def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> tuple[costmodel.DraftProfile, list[str]]:
-    """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*), and
-    the fallbacks used (empty when the replay and the drafting probe were both there)."""
-    fallbacks = []
-    if _has(deeper, REPLAY):
-        mal = replayed_mal(deeper, k)
-    else:
-        mal = costmodel.chain_mal(pooled(deeper[PROFILE[0]]), pooled(deeper[PROFILE[1]]), k)
-        fallbacks.append("MAL from per-position counts")
-    probe = _probe(deeper, PROBE)
-    if probe:
-        scale = costmodel.drafting_scale(k, depth, {int(d): t for d, t in probe.items()})
-    else:
-        scale = k / depth
-        fallbacks.append("drafting x k / K")
+def chain_profile(deeper: pd.DataFrame, k: int, depth: int) -> costmodel.DraftProfile:
+    """phi and delta of chain(k) from the rows of a chain(`depth`) cell (module docstring, *shape*)."""
+    mal = replayed_mal(deeper, k)
+    scale = costmodel.drafting_scale(k, depth, {int(d): t for d, t in _probe(deeper, PROBE).items()})
     n_steps = int(deeper.steps.sum())  # batch 1 (`Measured.chain`): a row's own steps
     drafting = float(deeper.draft_time_s.sum())
     other = float((deeper.wall_time_s - deeper.prefill_time_s - deeper.verify_time_s).sum())
-    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * scale) / n_steps), fallbacks
+    return costmodel.DraftProfile({k + 1: 1.0 / mal}, (other - drafting + drafting * scale) / n_steps)
 
 
 def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | None]:
     """Each chain cell predicted from the nearest deeper chain cell of its drafter x kernel that has an
     acceptance profile (ties: the same kernel label first, then cell id), and a note on what could not
     be predicted (None when nothing was left out)."""
-    out, missing, trees, approximate = [], [], [], []
+    out, missing, trees = [], [], []
     for small in sorted(cells, key=lambda c: c.cell_id):
         group = [c for c in cells if c is not small and c.labels["drafter"] == small.labels["drafter"]
                  and c.kernel == small.kernel and int(c.labels.get("batch", 1) or 1) == 1]
@@ -354,11 +338,8 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
         if target.empty:
             missing.append(f"{source.cell_id} (no question in common with {small.cell_id})")
             continue
-        draft, fallbacks = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))],
-                                         small.chain, source.chain)
-        if fallbacks:
-            approximate.append(f"{small.cell_id} from {source.cell_id} ({', '.join(fallbacks)}: stored before "
-                               f"{' / '.join(REPLAY)} / {PROBE})")
+        draft = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))], small.chain,
+                              source.chain)
         plain = plain_run(target)
         out.append(HeldOut(cell_id=small.cell_id, drafter=small.labels["drafter"], shape=small.labels["shape"],
                            quant=small.labels["quant"], numerics_only=bool(small.labels.get("numerics_only", False)),
@@ -369,10 +350,8 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
                            in_sample=in_sample(target, small.curve)))
     notes = []
     if missing:
-        notes.append(f"no acceptance profile ({' / '.join(PROFILE)}: T = 0 and runner.teacher_forcing) in "
+        notes.append(f"no acceptance profile ({' / '.join(REPLAY)} / {PROBE}: T = 0 and runner.teacher_forcing) in "
                      f"{', '.join(dict.fromkeys(missing))}")
-    if approximate:
-        notes.append(f"approximated: {', '.join(approximate)}")
     if trees:
         notes.append(f"not predicted: {', '.join(trees)} (a smaller tree is cut out of a recorded tree's drafts, "
                      "which cells do not store; only chains shorter than a recorded chain are predicted)")

@@ -203,6 +203,17 @@ def check_cells(blocks: list[list[str]]) -> int:
     return cells
 
 
+def record_counts(kind: str, paths: list[Path], this_run: dict) -> dict[str, int]:
+    """Over `this_run` and every stored record of `kind` in `paths` (the results store's and the published
+    ones of this machine, a published copy counted once): runs, runs with a fight verdict, with the A/A
+    control compound, and with the cost model's target met."""
+    runs = [*{(r["date"], r["command"]): r["result"] for p in paths if p.exists() for r in records.read(p)
+              if r["kind"] == kind}.values(), this_run]
+    return {"runs": len(runs), "fight": sum("fight" in r.get("verdict", {}).values() for r in runs),
+            "control": sum(r.get("control") == "compound" for r in runs),
+            "cost": sum(bool(r.get("cost_model", {}).get("beats_nulls")) for r in runs)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the main grid, then print the findings report's verdict.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every block, e.g. max_new_tokens=32")
@@ -230,7 +241,17 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
+    control = OmegaConf.to_container(OmegaConf.load(grid_file)).get("mechanism_control")
     for command in runs:
+        if control and f"drafter={control['drafter']}" in command:  # its prediction, before it runs
+            from experiments.report import ReportError, predict_control
+
+            try:
+                kernel = _preset_spec(next(o for o in command if o.startswith("quant=")).split("=", 1)[1])
+                print(f"mechanism control, predicted before it runs: "
+                      f"{predict_control(results, control['drafter'], control['source'], kernel)}", flush=True)
+            except (ReportError, StoreError, LookupError, ValueError) as err:
+                print(f"mechanism control: no prediction ({err})", file=sys.stderr)
         status = subprocess.run(command).returncode
         if status != 0:  # no report: a report now would print an earlier run's cells as this run's verdict
             print(f"\nthe grid failed (exit {status}) at: {shlex.join(command)}\nno report and no record were "
@@ -251,8 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = int(runs[0][runs[0].index("--threads") + 1]) if "--threads" in runs[0] else "auto"  # the cells'
     kind = "main" if grid_file == GRID_FILE else f"main-{grid_file.stem}"  # one record kind per grid
     summary = {**report.summary, "results": str(results), "grid_exit": 0}
+    name = f"{records.describe_machine()['key']}.jsonl"
+    try:
+        published = [records.default_root() / name]
+    except records.RecordError:  # no checkout to read published records from
+        published = []
+    summary["record"] = record_counts(kind, [Path(results) / RECORDS / name, *published], summary)
     path = records.append(kind, summary, root=Path(results) / RECORDS, threads=threads)
     print(f"record: {path} (publish it: python scripts/measurements.py --publish {results})", file=sys.stderr)
+    print("record of this grid on this machine, this run included: fight in {fight} of {runs}; A/A compound in "
+          "{control} of {runs}; cost target met in {cost} of {runs}".format(**summary["record"]))
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -28,7 +28,7 @@ from experiments.costs import md_table
 from experiments.leaderboard import N_BOOT, LeaderboardError, atomic_text, position_rates
 from experiments.store import StoreError
 from experiments.stored import Cell, ReportError, load_cells  # noqa: F401 -- ReportError: the report's error
-from experiments.verdict import MARGIN, Interaction, drift, interaction, is_paired, job_drift
+from experiments.verdict import MARGIN, Interaction, drift, interaction, job_drift
 from specdec.core.curve import LatencyCurve
 from specdec.measure import costmodel
 
@@ -57,6 +57,16 @@ POSITIONS_TEXT = (
     "steps: the rate published tables quote), and the share of steps that accepted k draft tokens (each request's "
     "own histogram is in its rows, `accept_histogram`; the leaderboard's spec_bench/ files give Spec-Bench's "
     "`accept_lengths`).")
+
+
+DECOMPOSITION_TEXT = (
+    "Per prompt, speculation's decode-only speedup is s = M / (R + d): M tokens per verify step (over the plain "
+    "run's), R a verify step's seconds (drafting excluded) in plain decode steps of the same kernel, d the rest of a "
+    "drafted step (drafting) in the same unit, all from the runs' step times. The interaction is acceptance (M on "
+    "the kernel over M on fp32) x width (R) x drafting (d), split by Shapley, x prefill (end-to-end over "
+    "decode-only): geometric means over prompts on the verdict's own bootstrap draws, so the four factors multiply "
+    "to the interaction. R(w) is in-run, at the cell's verify widths.")
+FACTOR_NAMES = ("mal", "width", "drafting", "prefill")
 
 
 @dataclass
@@ -90,8 +100,7 @@ def acceptance_table(cells: list[Cell]) -> pd.DataFrame:
         same = r.groupby("question_id").same_tokens_as_reference.all() if "same_tokens_as_reference" in r else None
         tf = (float(r.new_tokens.sum() / (r.new_tokens / r.tf_mal).sum())  # pooled: tokens / implied steps
               if "tf_mal" in r and r.tf_mal.notna().all() else np.nan)
-        fp32 = (1 + r.reference_drafted_accepted_tokens.sum() / r.reference_drafted_steps.sum()
-                if is_paired(r) else (c.stats["mal"] if c.quant == REFERENCE else np.nan))
+        fp32 = 1 + r.reference_drafted_accepted_tokens.sum() / r.reference_drafted_steps.sum()
         records.append({"name": c.name, "quant": c.quant, "numerics_only": c.numerics_only, "mal": c.stats["mal"],
                         "fp32_mal": fp32, "tf_mal": tf,
                         "same_text": float(same.mean()) if same is not None else np.nan})
@@ -150,11 +159,10 @@ def _verdict(cells: list[Cell], found: dict[str, Interaction], accept: pd.DataFr
     if not controls:
         lines.append("- A/A control: none in this store (quant=fp32_again), so the rules below are unchecked")
     for c in _speed(cells, found):
-        lines.append(f"- {c.name}: {found[c.cell_id].text()}; compound {_ci(c.stats, 'speedup_compound')}")
-    unpaired = [c.name for c in cells if c.cell_id in found and found[c.cell_id].label == "unpaired"]
-    if unpaired:
-        lines.append(f"- Downgraded: {len(unpaired)} cell(s) have no paired fp32 drafted runs (older store): "
-                     "no verdict")
+        v = found[c.cell_id]
+        same = (f"; drafted text = the kernel's own plain text on {v.factors['same_text']:.0%} of prompts (interaction "
+                f"{v.factors['same_text_interaction']:.2f} on those)" if v.factors else "")
+        lines.append(f"- {c.name}: {v.text()}; compound {_ci(c.stats, 'speedup_compound')}{same}")
     real = [c for c in cells if not c.numerics_only]
     best = max(real, key=lambda c: c.stats["speedup_compound"]) if real else None
     if best is not None and best.stats["speedup_compound_lo"] > 1.0:
@@ -189,7 +197,7 @@ def _summary(cells: list[Cell], found: dict[str, Interaction], score: dict, spre
             "verdict": {c.name: found[c.cell_id].label for c in _speed(cells, found)},
             "interaction": {c.name: [round(v, 4) for v in (found[c.cell_id].point, found[c.cell_id].lo,
                                                            found[c.cell_id].hi)] for c in shown},
-            "cost_model": score, "drift": round(spread, 4),
+            "decomposition": decomposition(cells, found), "cost_model": score, "drift": round(spread, 4),
             **({"curves": curves_fit} if curves_fit else {}), **({"kv": kv_summary} if kv_summary else {})}
 
 
@@ -200,11 +208,71 @@ def _rules_md(cells: list[Cell], found: dict[str, Interaction]) -> list[str]:
     for c in (c for c in cells if c.cell_id in found):
         v = found[c.cell_id]
         kind = " (A/A control)" if c.control else " (numerics only)" if c.numerics_only else ""
-        ci = "" if v.label == "unpaired" else f"{v.point:.2f} [{v.lo:.2f}, {v.hi:.2f}]"
+        ci = f"{v.point:.2f} [{v.lo:.2f}, {v.hi:.2f}]"
         lines.append([f"{c.entry[0]}", f"`{c.entry[1]}`", c.quant + kind, f"**{v.label}**", ci, str(v.questions),
                       str(v.settle or ""), _ci(c.stats, "speedup"), _ci(c.stats, "speedup_compound")])
     return md + md_table(["drafter", "shape", "kernel", "verdict", "interaction", "prompts", "prompts to settle",
                           "speculation on kernel", "compound"], lines)
+
+
+def decomposition(cells: list[Cell], found: dict[str, Interaction]) -> dict:
+    """The JSON line's `decomposition` of the speed cells and the A/A control: {cell: {interaction, decode,
+    mal, width, drafting, prefill, r_kernel, r_fp32, same_text, same_text_interaction, ci: {name: [lo, hi]}}}."""
+    out = {}
+    for c in _speed(cells, found) + [c for c in cells if c.control and found.get(c.cell_id)]:
+        v = found[c.cell_id]
+        if not v.factors:
+            continue
+        parts = {k: x for k, x in v.factors.items() if isinstance(x, tuple)} | {"interaction": (v.point, v.lo, v.hi)}
+        out[c.name] = ({k: round(x[0], 4) for k, x in parts.items()}
+                       | {k: round(v.factors[k], 4) for k in ("same_text", "same_text_interaction")}
+                       | {"ci": {k: [round(x[1], 4), round(x[2], 4)] for k, x in parts.items()}})
+    return out
+
+
+CONTROL_FILE = "mechanism_control.json"
+"""RESULTS/mechanism_control.json: the mechanism control's prediction, written before its cell runs."""
+
+
+def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
+    """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting
+    and prefill taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), read
+    from the stored `source` drafter's cell on `kernel`; written to RESULTS/`CONTROL_FILE`."""
+    cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
+    found = verdicts(cells, N_BOOT)
+    scored = [c for c in cells if found[c.cell_id].factors]
+    if not scored:
+        raise ReportError(f"no decomposed {source} cell on {kernel} in {results} to predict the {drafter} control from")
+    width = found[scored[0].cell_id].factors["width"][0]
+    record = {"drafter": drafter, "predicted": round(width, 4), "from": f"width factor of {scored[0].name}"}
+    atomic_text(Path(results) / CONTROL_FILE, json.dumps(record) + "\n")
+    return record
+
+
+def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
+    """The JSON line's `mechanism_control`: the stored prediction beside the control cell's measured
+    interaction and CI (None without a prediction or that cell)."""
+    path = Path(results) / CONTROL_FILE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    cell = next((c for c in _speed(cells, found) if c.entry[0] == record.get("drafter")), None)
+    if cell is None:
+        return None
+    v, guess = found[cell.cell_id], record["predicted"]
+    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
+                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
+
+
+def _decomposition_md(table: dict) -> list[str]:
+    """Why each cell fights or compounds: the decomposition's table and stacked plot."""
+    if not table:
+        return []
+    ci = lambda d, k: f"{d[k]:.3f} [{d['ci'][k][0]:.3f}, {d['ci'][k][1]:.3f}]"  # noqa: E731
+    return ["", "## Why: the interaction decomposed", "", DECOMPOSITION_TEXT, "",
+            "![decomposition](decomposition.png)", "", *md_table(
+                ["cell", "interaction", "decode-only", "acceptance (MAL)", "width", "drafting", "prefill",
+                 "R kernel", "R fp32", "drafted text = kernel plain", "interaction on those"],
+                [[name, *(ci(d, k) for k in ("interaction", "decode", *FACTOR_NAMES, "r_kernel", "r_fp32")),
+                  f"{d['same_text']:.0%}", f"{d['same_text_interaction']:.2f}"] for name, d in table.items()]), ""]
 
 
 def _speedups_md(cells: list[Cell], drifts: dict[str, dict]) -> list[str]:
@@ -256,7 +324,7 @@ def _mechanism_md(curves: dict[str, list[LatencyCurve]]) -> list[str]:
 
 
 def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str, list[LatencyCurve]],
-             held: pd.DataFrame) -> dict:
+             held: pd.DataFrame, table: dict) -> dict:
     """{file name: plotting thunk} of REPORT.md's PNGs."""
     real = list(dict.fromkeys(c.quant for c in cells if not c.numerics_only))
     numerics = list(dict.fromkeys(c.quant for c in cells if c.numerics_only))
@@ -272,6 +340,9 @@ def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str,
             "compound_heatmap.png": lambda p: figures.plot_heatmaps(
                 {"compound speedup over fp32 plain": grid}, p, numerics=set(numerics)),
             "interactions.png": lambda p: figures.plot_interactions(shown, p, MARGIN),
+            "decomposition.png": lambda p: figures.plot_decomposition(pd.DataFrame(
+                {name: {k: d[k] for k in ("interaction", *FACTOR_NAMES)} for name, d in table.items()},
+                index=["interaction", *FACTOR_NAMES]).T, p),
             "heldout.png": lambda p: figures.plot_heldout(held, p)}
 
 
@@ -299,14 +370,21 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
             curves.setdefault(curve.target, []).append(curve)
     md = ["# Do quantization and speculative decoding compound or fight? Findings on this machine", "",
           "## Verdict", "", *verdict, "", "## Setting and limits", "", *_setting_lines(cells), f"- {_limits(cells)}", "",
-          *_rules_md(cells, found), *_speedups_md(cells, drifts),
+          *_rules_md(cells, found), *_decomposition_md(decomposition(cells, found)), *_speedups_md(cells, drifts),
           *batch_section(pd.concat([c.rows for c in cells]), n_boot),  # [] for a single-batch store
           "![compound](compound_heatmap.png)", "", *_acceptance_md(cells, accept), *costs.heldout_md(held_out),
           *_mechanism_md(curves), *costs.curve_fit_md(fit),
           *kv_md,  # starts with a blank line; [] without a KV curve or sweep
           *costs.projection_md(cells, list(devices), list(curve_files)), ""]
     summary = _summary(cells, found, held_out.score, spread, fit, kv_summary)
-    return "\n".join(md), verdict, summary, _figures(cells, found, curves, held_out.held)
+    control = mechanism_control(results, cells, found)
+    if control is not None:
+        summary["mechanism_control"] = control
+        verdict[14:] = [f"- Mechanism control ({control['drafter']}): predicted {control['predicted']:.2f} ({control['from']}"
+                       f"), measured {control['measured']:.2f} [{control['ci'][0]:.2f}, {control['ci'][1]:.2f}]: "
+                       f"{'within' if control['within'] else 'NOT within'} its CI or 0.05"]
+        md.insert(md.index("## Setting and limits") - 1, verdict[-1])
+    return "\n".join(md), verdict, summary, _figures(cells, found, curves, held_out.held, summary["decomposition"])
 
 
 def write_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tuple[str, ...] = (),

@@ -12,12 +12,16 @@ of r(q) over questions, with a 95% percentile bootstrap interval [lo, hi] over q
 - *inconclusive*: otherwise; `prompts_to_settle` says how many prompts would settle it at the same
   per-prompt spread (half-width shrinking as 1 / sqrt(n), the point estimate held).
 An A/A control (fp32 paired against itself) has a true interaction of exactly 1: it must read compound.
+
+The decomposition (`factor_logs`, as REPORT.md states it): per question s = M / (R + d) exactly, so the
+interaction = (M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: the mean of
+each one's effect in both orders, in logs] x prefill, prompt by prompt and in the geometric mean.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -40,13 +44,15 @@ class Interaction:
     hi: float
     questions: int
     label: str
-    """fight, compound, inconclusive, or `unpaired` (rows without the fp32 drafted run: no verdict)."""
+    """fight, compound or inconclusive."""
     settle: int | None
-    """Prompts that would settle an inconclusive interval (None when settled or unpaired)."""
+    """Prompts that would settle an inconclusive interval (None when settled)."""
+    factors: dict = field(default_factory=dict)
+    """{name: (point, lo, hi)} of `FACTORS` on the verdict's own bootstrap draws ({} under `MIN_QUESTIONS`);
+    `same_text` is the share of questions whose drafted text equals the kernel's plain text and
+    `same_text_interaction` the interaction on them (point only)."""
 
     def text(self) -> str:
-        if self.label == "unpaired":
-            return "unpaired (no fp32 drafted run per prompt: an older store; rerun for a verdict)"
         more = f"; ~{self.settle} prompts would settle it" if self.settle else ""
         return f"{self.label} (interaction {self.point:.2f} [{self.lo:.2f}, {self.hi:.2f}], {self.questions} prompts{more})"
 
@@ -79,31 +85,61 @@ def per_question(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({run: sums[tokens] / sums[wall] for run, (tokens, wall) in RUN_COLUMNS.items()})
 
 
-def is_paired(rows: pd.DataFrame) -> bool:
-    """True when every row carries the fp32 drafted run (`experiments.cell`'s paired protocol)."""
-    return "reference_drafted_wall_time_s" in rows and bool(rows["reference_drafted_wall_time_s"].notna().all())
-
-
-def gmean_ci(logs: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Geometric mean of exp(logs) [Q] with a 95% percentile bootstrap interval (NaN bounds under 2 values)."""
+def gmean_ci(logs: np.ndarray, draws: np.ndarray) -> tuple[float, float, float]:
+    """Geometric mean of exp(logs) [Q] with a 95% percentile bootstrap interval over `draws` [B, Q]
+    (question indices; NaN bounds under 2 values or no draws)."""
     point = float(np.exp(logs.mean()))
-    if len(logs) < 2 or n_boot <= 0:
+    if len(logs) < 2 or len(draws) == 0:
         return point, math.nan, math.nan
-    boot = np.exp(logs[rng.integers(0, len(logs), size=(n_boot, len(logs)))].mean(1))  # [B]
+    boot = np.exp(logs[draws].mean(1))  # [B]
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return point, float(lo), float(hi)
 
 
-def interaction(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> Interaction:
-    """The cell's interaction, its 95% bootstrap interval over questions and its verdict."""
-    if not is_paired(rows):
-        return Interaction(math.nan, math.nan, math.nan, rows.question_id.nunique(), "unpaired", None)
+def factor_logs(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per question (turns pooled), the logs of the interaction, the decode-only one, `FACTORS` and R of
+    each kernel (`r_kernel`, `r_fp32`: the in-run cost of a verify step in plain steps); see the module
+    docstring."""
     speed = per_question(rows)
-    logs = np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference)).to_numpy(float)  # [Q]
+    out = pd.DataFrame({"interaction": np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference))})
+    s = rows.groupby("question_id").sum(numeric_only=True)
+
+    def run(prefix: str, plain: str) -> tuple[pd.Series, pd.Series, pd.Series]:
+        step = (s[f"{plain}wall_time_s"] - s[f"{plain}prefill_time_s"]) / s[f"{plain}steps"]  # a plain decode step
+        steps = s[f"{prefix}steps"]
+        r = s[f"{prefix}verify_time_s"] / steps / step
+        d = (s[f"{prefix}wall_time_s"] - s[f"{prefix}prefill_time_s"]) / steps / step - r
+        return r, d, (s[f"{prefix}new_tokens"] / steps) / (s[f"{plain}new_tokens"] / s[f"{plain}steps"])
+
+    (rk, dk, mk), (r0, d0, m0) = run("", "baseline_"), run("reference_drafted_", "reference_")
+    cost = lambda r, d: -np.log(r + d)  # noqa: E731 -- log of 1 / (R + d)
+    out["width"] = (cost(rk, d0) - cost(r0, d0) + cost(rk, dk) - cost(r0, dk)) / 2
+    out["drafting"] = (cost(r0, dk) - cost(r0, d0) + cost(rk, dk) - cost(rk, d0)) / 2
+    out["mal"] = np.log(mk / m0)
+    out["decode"] = out.mal + out.width + out.drafting
+    out["prefill"] = out.interaction - out.decode
+    out["r_kernel"], out["r_fp32"] = np.log(rk), np.log(r0)
+    return out
+
+
+FACTORS = ("mal", "width", "drafting", "prefill", "decode", "r_kernel", "r_fp32")
+"""The decomposition's columns of `factor_logs` (their first four multiply to the interaction)."""
+
+
+def interaction(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> Interaction:
+    """The cell's interaction, its 95% bootstrap interval over questions, its verdict and its
+    decomposition (`Interaction.factors`, on the same bootstrap draws)."""
+    frame = factor_logs(rows)
+    logs = frame.interaction.to_numpy(float)  # [Q]
     if len(logs) < MIN_QUESTIONS or n_boot <= 0:
         return Interaction(float(np.exp(logs.mean())), math.nan, math.nan, len(logs), "inconclusive", MIN_QUESTIONS)
-    point, lo, hi = gmean_ci(logs, n_boot, rng)
-    return Interaction(point, lo, hi, len(logs), classify(lo, hi), prompts_to_settle(point, lo, hi, len(logs)))
+    draws = rng.integers(0, len(logs), size=(n_boot, len(logs)))  # [B, Q]: one draw for every statistic
+    point, lo, hi = gmean_ci(logs, draws)
+    factors = {k: gmean_ci(frame[k].to_numpy(float), draws) for k in FACTORS}
+    same = rows.groupby("question_id").same_tokens_as_baseline.all().reindex(frame.index)
+    factors["same_text"] = float(same.mean())
+    factors["same_text_interaction"] = float(np.exp(frame.interaction[same].mean())) if same.any() else math.nan
+    return Interaction(point, lo, hi, len(logs), classify(lo, hi), prompts_to_settle(point, lo, hi, len(logs)), factors)
 
 
 def drift(rows: pd.DataFrame) -> dict[str, float]:

@@ -45,11 +45,8 @@ def test_wider_verify_costs_more_on_a_steep_curve():
     assert costmodel.predict(tree, plain, plain, steep, steep).speedup < costmodel.predict(chain, plain, plain, steep, steep).speedup
 
 
-def test_mal_from_acceptance_and_shorter_chains():
+def test_mal_from_acceptance():
     assert costmodel.mal_from_acceptance([10, 10, 10], [8, 5, 2], steps=10) == pytest.approx(2.5)
-    assert costmodel.chain_mal([10, 10, 10], [8, 5, 2], depth=2) == pytest.approx(1 + 0.8 + 0.5)
-    with pytest.raises(ValueError, match="measured to depth 3; cannot project a chain of 4"):
-        costmodel.chain_mal([10, 10, 10], [8, 5, 2], depth=4)
     with pytest.raises(ValueError, match="no larger than reached"):
         costmodel.mal_from_acceptance([10, 4], [8, 5], steps=10)
 

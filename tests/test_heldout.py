@@ -19,22 +19,17 @@ def curve(a: float, b: float) -> LatencyCurve:
                         contexts=(64, 256), seconds=tuple(tuple(a + b * w for w in WIDTHS) for _ in range(2)))
 
 
-def deeper_rows(questions=("q0", "q1"), profile: bool = True, replay: bool = True) -> pd.DataFrame:
-    """A chain(4) cell over `questions`: 20 steps, 0.4 s drafting and 0.6 s other bookkeeping.
-    Per-position counts: pooled reached [10, 10, 10, 10], accepted [8, 4, 2, 1] (chain(2)'s MAL by
-    `chain_mal` 1 + 8/10 + 4/10 = 2.2). With `replay`: chain(2) replayed in 25 steps per question with 25
-    and 30 accepted tokens (MAL 1 + 55 / 50 = 2.1), and a drafting probe {1: 4 ms, 4: 10 ms} (the line
+def deeper_rows(questions=("q0", "q1"), profile: bool = True) -> pd.DataFrame:
+    """A chain(4) cell over `questions`: 20 steps, 0.4 s drafting and 0.6 s other bookkeeping. With
+    `profile`: chain(2) replayed in 25 steps per question with 25 and 30 accepted tokens (MAL 1 + 55 / 50 = 2.1), and a drafting probe {1: 4 ms, 4: 10 ms} (the line
     2 ms + 2 ms per depth: chain(2) drafts 6 / 10 of chain(4)'s time, not 2 / 4)."""
     rows = []
     for i, _ in enumerate(questions):
         row = {"steps": 10, "draft_time_s": 0.2, "wall_time_s": 5.0, "prefill_time_s": 0.5, "verify_time_s": 4.0}
         if profile:
-            row |= {"tf_reached_by_depth": [5, 5, 5, 5], "tf_accepted_by_depth": [4, 2, 1, 1]}
-        if profile and replay:
             row |= {"tf_chain_steps": [40, 25, 20, 18], "tf_chain_accepted": [20, 25 + 5 * (i % 2), 40, 45],
                     "draft_probe_s": {"1": 0.004, "4": 0.010}}
         rows.append(row)
-    rows[-1] |= {"tf_accepted_by_depth": [4, 2, 1, 0]} if profile else {}
     return pd.DataFrame([{"question_id": q, **r} for q, r in zip(questions, rows)])
 
 
@@ -70,14 +65,6 @@ def test_chain2_from_a_chain4_profile_by_hand():
     frame = costs.table(held)
     assert frame.error[0] == pytest.approx(h.predicted / 1.1 - 1)
     assert frame.constant_error[0] == pytest.approx(1 - 1 / 1.1)
-
-
-def test_a_cell_stored_before_the_replay_falls_back_to_counts_and_k_over_K_with_a_note():
-    held, note = heldout.shape_predictions([cell("deep", "chain(4)", "int4", deeper_rows(replay=False)),
-                                            cell("small", "chain(2)", "int4", smaller_rows())])
-    # By hand: MAL 2.2 from the per-position counts, delta = (0.6 + 0.4 * 2 / 4) / 20 = 0.04 s.
-    assert held[0].predicted == pytest.approx(11.0 / (1 + 100 / 2.2 * 0.18))
-    assert note.startswith("approximated: small from deep (MAL from per-position counts, drafting x k / K")
 
 
 def test_the_score_breaks_down_by_kind_with_both_nulls():

@@ -66,6 +66,7 @@ def test_a_main_job_writes_nothing_into_the_checkout_and_publishes_only_when_ask
     record = json.loads(record_file.read_text())
     assert record["kind"] == "main" and record["result"]["grid_exit"] == 0
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == record["result"]  # the JSON line is the record
+    assert record["result"]["record"]["runs"] == 1 and "A/A compound in 1 of 1" in proc.stdout
 
     # Spec-Bench's answer format, from the same store: per question its turns' text, steps, tokens and
     # times, and every step's acceptance length.
@@ -120,3 +121,21 @@ def test_spec_bench_question_files_are_a_dataset(tmp_path):
     assert [(q.question_id, q.category, len(q.turns)) for q in got] == [("81", "writing", 2), ("3", "rag", 1)]
     with pytest.raises(PromptSuiteError, match="PATH/TO/spec_bench/question.jsonl"):  # the user names the file
         load_questions(OmegaConf.to_object(missing).dataset)
+
+
+def test_the_record_counts_every_stored_run_of_the_grid_once(tmp_path):
+    """Two stored runs (one also published: counted once), a run of another grid, and this run."""
+    from experiments.main import record_counts
+    from specdec.measure.records import make_record
+
+    def record(kind: str, date: str, fight: bool, control: str, met: bool) -> str:
+        return json.dumps(make_record(kind, {"verdict": {"eagle": "fight" if fight else "inconclusive"},
+                                             "control": control, "cost_model": {"beats_nulls": met}}) | {"date": date})
+
+    own, published = tmp_path / "own.jsonl", tmp_path / "published.jsonl"
+    own.write_text(record("main", "d1", True, "compound", True) + "\n" + record("main", "d2", False, "fight", False) + "\n")
+    published.write_text(record("main", "d1", True, "compound", True) + "\n"
+                         + record("main-full", "d3", True, "compound", True) + "\n")
+    this_run = {"verdict": {"eagle": "fight"}, "control": "compound", "cost_model": {"beats_nulls": False}}
+    assert record_counts("main", [own, published, tmp_path / "absent.jsonl"], this_run) == {
+        "runs": 3, "fight": 2, "control": 2, "cost": 1}

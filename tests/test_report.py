@@ -1,7 +1,7 @@
 """The findings report on synthetic paired stores whose rows agree with their latency curves up to a
 seeded jitter: verdict rules with a known answer (an A/A control reads compound, a steep kernel fights,
 noise is inconclusive with a prompt count), the held-out cost model against both nulls, the JSON line,
-downgrades (unpaired cells), determinism, figures without warnings, projections that need a measured
+unpaired cells refused, determinism, figures without warnings, projections that need a measured
 overhead, and bad input."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import pandas as pd
 
 from experiments.leaderboard import write_leaderboard
-from experiments.report import ReportError, load_cells, main as report_cli, write_report
+from experiments.report import ReportError, load_cells, main as report_cli, predict_control, write_report
 from experiments.verdict import classify, interaction, prompts_to_settle
 from experiments.store import ResultsStore
 from specdec.core.curve import LatencyCurve
@@ -153,8 +153,30 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     assert f"median error: {'met' if cost['beats_nulls'] else 'not met'})." in report
     assert all(f"| held-out {kind} | {k['n']} |" in report and report.split(f"| held-out {kind} | ")[1].split("\n")[0]
                .endswith(f"| {met[k['beats_nulls']]} |") for kind, k in cost["by_kind"].items())
-    assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "heldout.png", "interactions.png",
-                                                           "latency.png"]
+    assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "decomposition.png", "heldout.png",
+                                                           "interactions.png", "latency.png"]
+
+
+def test_the_decomposition_multiplies_to_the_interaction_and_finds_the_width(store, capsys):
+    """int4's verify step at width 5 costs (0.05 + 5 * 0.03) / 0.08 = 2.5 plain steps against fp32's
+    0.125 / 0.105 = 1.19, drafting 10 ms a step on both, the same tokens per step on both: the fight is
+    width first, drafting (a larger share of int4's faster step) second, and acceptance is exactly 1."""
+    assert report_cli([str(store), "--bootstrap", "300"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    parts = summary["decomposition"]
+    assert set(parts) == {"eagle chain(4) on bf16", "eagle chain(4) on torchao_int4_g32", "eagle chain(4) on fp32_again"}
+    for name, d in parts.items():
+        assert np.prod([d[k] for k in ("mal", "width", "drafting", "prefill")]) == pytest.approx(d["interaction"], rel=1e-3)
+        assert d["interaction"] == pytest.approx(summary["interaction"][name][0], rel=1e-3)
+        assert all(lo <= d[k] <= hi for k, (lo, hi) in d["ci"].items())
+    int4 = parts["eagle chain(4) on torchao_int4_g32"]
+    assert int4["mal"] == pytest.approx(1.0) and int4["ci"]["mal"] == pytest.approx([1.0, 1.0])
+    assert int4["r_kernel"] == pytest.approx(2.5, rel=0.05) and int4["r_fp32"] == pytest.approx(0.125 / 0.105, rel=0.05)
+    assert int4["width"] < int4["drafting"] < 1.0 and int4["ci"]["width"][1] < 1.0
+    assert int4["decode"] < int4["interaction"]  # the shared prefill dilutes the fight end to end
+    control = parts["eagle chain(4) on fp32_again"]
+    assert all(abs(control[k] - 1) < 0.05 for k in ("mal", "width", "drafting", "prefill"))
+    assert "## Why: the interaction decomposed" in (store / "REPORT.md").read_text()
 
 
 def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, capsys):
@@ -179,9 +201,8 @@ def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, cap
     report = (results / "REPORT.md").read_text()
     assert "| held-out shape | 1 |" in report
     assert "| eagle `chain(2)` torchao_int4_g32 | held-out shape from chain(4) on torchao_int4_g32 |" in report
-    assert re.search(r"\| 2\.30 / 2\.31 \| \d+% \| 1\.00 \|", report)  # MAL used (the replay; the counts would
-    # say 2.6) / measured, the in-sample error, tokens drafted / plain
-    assert "approximated" not in report
+    assert re.search(r"\| 2\.30 / 2\.31 \| \d+% \| 1\.00 \|", report)  # MAL used (the replay) / measured,
+    # the in-sample error, tokens drafted / plain
 
 
 def test_verdict_rules_have_a_known_answer():
@@ -205,19 +226,14 @@ def test_interaction_of_synthetic_cells():
     assert result.label == "inconclusive" and result.settle > len(MALS)
     assert "prompts would settle it" in result.text()
     assert interaction(pd.DataFrame(rows_for("torchao_int4_g32", MALS)), 500, rng).label == "fight"
-    unpaired = interaction(pd.DataFrame(rows_for("torchao_int4_g32", MALS, paired=False)), 500, rng)
-    assert unpaired.label == "unpaired" and "older store" in unpaired.text()
 
 
-def test_an_unpaired_store_is_downgraded_never_judged(tmp_path):
+def test_an_unpaired_store_is_refused_never_judged(tmp_path):
     s = ResultsStore(tmp_path / "r")
     write_cell(s, "eagle", "none", MALS)
-    write_cell(s, "eagle", "torchao_int4_g32", MALS, paired=False)
-    report = write_report(tmp_path / "r", n_boot=100)
-    assert report.summary["verdict"] == {"eagle chain(4) on torchao_int4_g32": "unpaired"}
-    assert any(line.startswith("- Downgraded: 1 cell(s) have no paired") for line in report.verdict)
-    assert any("A/A control: none in this store" in line for line in report.verdict)
-    assert report.summary["control"] is None
+    cid = write_cell(s, "eagle", "torchao_int4_g32", MALS, paired=False)
+    with pytest.raises(ReportError, match=f"lack the latency curves or the reference run the report needs \\({cid}\\)"):
+        write_report(tmp_path / "r", n_boot=100)
 
 
 def test_token_identity_and_same_text(tmp_path):
@@ -376,3 +392,22 @@ def test_the_limits_line_says_only_what_the_store_recorded(store):
         c.meta.pop("target_info"), c.meta.pop("model_sizes")
         c.meta["hardware"] = {"torch_threads": 8, "cuda": ["Some GPU"]}
     assert _limits(cells) == "Limits: model m, on GPU (8 torch thread(s))."
+
+
+def test_the_mechanism_control_is_predicted_before_its_cell_exists_then_measured(store, capsys):
+    """The prediction is the stored eagle int4 cell's width factor, written before the ngram cell is;
+    the report then sets the ngram cell's measured interaction and CI beside it."""
+    assert report_cli([str(store), "--bootstrap", "300"]) == 0
+    width = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["decomposition"][
+        "eagle chain(4) on torchao_int4_g32"]["width"]
+    with pytest.raises(ReportError, match="no decomposed self_draft cell"):
+        predict_control(store, "ngram", "self_draft", "torchao_int4_g32")
+    predicted = predict_control(store, "ngram", "eagle", "torchao_int4_g32")
+    assert predicted["predicted"] == pytest.approx(width, abs=1e-3) and "torchao_int4_g32" in predicted["from"]
+    write_cell(ResultsStore(store), "ngram", "torchao_int4_g32", MALS, draft_s=0.0005)
+    assert report_cli([str(store), "--bootstrap", "300"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    control = json.loads(out[-1])["mechanism_control"]
+    assert control["drafter"] == "ngram" and control["predicted"] == predicted["predicted"]
+    assert control["ci"][0] <= control["measured"] <= control["ci"][1] < 1.0  # near-free drafting still fights
+    assert any(line.startswith("- Mechanism control (ngram): predicted") for line in out[:-1])

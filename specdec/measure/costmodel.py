@@ -3,7 +3,7 @@
 Owns `DraftProfile` (drafting cost and target forwards of each width per new token, measured on
 *other* runs), `PlainRun` (the plain run on the target being predicted), `predict_speculation` (the
 held-out prediction and its flat-curve null), `RunParts` / `predict` / `project` (speedups with
-another device's curves), `mal_from_acceptance` / `chain_mal` / `drafting_scale` (a shorter chain
+another device's curves), `mal_from_acceptance` / `drafting_scale` (a shorter chain
 from a deeper one) and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline
 curve whose per-forward overhead is measured, never assumed). Knows nothing about drafters, stores
 or reports.
@@ -171,15 +171,6 @@ def mal_from_acceptance(reached: list[int], accepted: list[int], steps: int) -> 
     if len(reached) != len(accepted) or any(a > r for a, r in zip(accepted, reached)):
         raise ValueError(f"accepted {accepted} must be per-depth counts no larger than reached {reached}")
     return 1.0 + sum(accepted) / steps
-
-
-def chain_mal(reached: list[int], accepted: list[int], depth: int) -> float:
-    """MAL of a chain of `depth` from the acceptance per depth of a deeper chain: 1 + sum_{d <= depth}
-    P(accepted path reaches d | draft reached d). Exact for a drafter whose proposal at depth d does not
-    depend on how deep it drafts; a chain deeper than the one measured is an error."""
-    if depth > len(reached):
-        raise ValueError(f"acceptance was measured to depth {len(reached)}; cannot project a chain of {depth}")
-    return 1.0 + sum(a / r for a, r in zip(accepted[:depth], reached[:depth]) if r)
 
 
 def drafting_scale(k: int, depth: int, probe: Mapping[int, float]) -> float:
