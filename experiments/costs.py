@@ -189,7 +189,7 @@ def curve_fit(cells: list[Cell]) -> pd.DataFrame:
     out = []
     for cell in cells:
         if cell.labels.get("batch", 1) != 1:
-            continue  # a batch step's price needs its rows: scripts/batch_rows_check.py
+            continue  # a batch step's price needs its rows
         r = cell.rows
         for (role, plain, drafted), curve in zip(ROLES, cell.curves()):
             needed = [f"{plain}steps", f"{plain}verify_time_s", f"{drafted}verify_widths", f"{drafted}verify_time_s"]

@@ -6,7 +6,7 @@ Knows nothing about what any benchmark measures.
 
     python scripts/measurements.py                        # regenerate docs/measurements/*.md
     python scripts/measurements.py --check                # exit 1 if a generated file is out of date
-    python scripts/measurements.py record KIND -- python scripts/bench_kernels.py --specs none
+    python scripts/measurements.py record KIND -- python -m specdec.tune smollm2-135m
         # run the command, show its output, and store its last stdout line (a JSON object) as a record
     python scripts/measurements.py --publish results/main
         # copy the main job's RESULTS/records/*.jsonl into docs/measurements/results/ and regenerate

@@ -328,19 +328,24 @@ def test_a_store_of_several_settings_is_refused(store):
 
 
 def test_the_kv_curve_reaches_the_verdict_the_report_and_the_json_line(store, capsys):
-    rows = [{"prompt": f"p{i}", "kind": "summary", "policy": policy, "retention": r, "kv": policy, "accept": a,
-             "tv": 1 - a, "kl": 0.1, "memory_fraction": r, "mal": None}
-            for i in range(4) for policy, r, a in (("full", 1.0, 1.0), ("control", 1.0, 1.0), ("window", 0.25, 0.5),
-                                                   ("window", 1.0, 1.0))]
-    settings = {"prompts": 4, "context": 2048, "new_tokens": 64, "depth": 12, "mal_prompts": 1, "seconds": 1.0}
+    base = {"kind": "summary", "prompt_tokens": 2100, "retention": None, "kv": None, "seconds_per_token": 0.1,
+            "acceptance": None, "kv_bytes_per_token": None, "kv_bytes": None, "draft_forward_s": None}
+    rows = [{**base, "prompt": f"p{i}", "policy": p} for i in range(4) for p in ("plain", "plain2")] + [
+        {**base, "prompt": f"p{i}", "policy": "window", "retention": 0.25, "kv": "window(sink=4,recent=521)",
+         "seconds_per_token": 0.2, "acceptance": 0.5, "kv_bytes_per_token": 100.0, "kv_bytes": 2e5,
+         "draft_forward_s": 0.06} for i in range(4)]
+    settings = {"source": "long2k", "prompts": 4, "min_tokens": 2100, "max_tokens": 2100, "new_tokens": 16,
+                "cpu": "cpu", "threads": 1, "seconds": 1.0}
     (store / "kv_curve.json").write_text(json.dumps({"settings": settings, "rows": rows}))
     assert report_cli([str(store), "--bootstrap", "200"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert json.loads(out[-1])["kv"]["greedy"] == {"window": 1.0} and json.loads(out[-1])["kv"]["control"] == "within"
-    assert any(line.startswith("- KV retention (self_draft, 4 prompts") and "window 100%" in line
+    kv = json.loads(out[-1])["kv"]
+    assert kv["verdicts"] == {"window": {"acceptance_free": None, "pays_in_time": None}} and kv["control"] == "within"
+    assert kv["rows"][0]["speedup"] == pytest.approx(0.5)
+    assert any(line.startswith("- KV compression (self_draft chain(4), 4 prompts")
                and line.endswith("(control target within: met)") for line in out[:-1])
     report = (store / "REPORT.md").read_text()
-    assert "## The KV question" in report and "| window | 25% | `window` |" in report
+    assert "## The KV question" in report and "| window | 25% | `window(sink=4,recent=521)` |" in report
     assert "## Speculation against batch size" not in report  # one batch size: no batch section
 
 
