@@ -80,6 +80,8 @@ class StaticForward:
         if capture == "compile" and kernel_in_use(target.model) != "torch":
             raise ValueError(f"capture='compile' packs the weights itself (inductor freezing); {target.label!r} runs "
                              f"the {kernel_in_use(target.model)!r} kernel: load it with kernel='torch'")
+        if capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
         if capture == "cuda_graph" and target.device.type != "cuda":
             raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
         self.buckets = check_buckets(buckets, 1)
@@ -180,8 +182,7 @@ class StaticForward:
     def _capture(self, b: _Bucket):
         if self.capture == "eager":
             return lambda: self._forward(b)
-        if self.capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
+        if self.capture == "compile":
             print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
                   f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
             return torch.compile(functools.partial(self._forward, b), dynamic=False, options={"freezing": True})
