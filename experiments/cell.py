@@ -1,12 +1,9 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
-Owns the measuring protocol (experiments/README.md, "What a cell measures"): per question and turn,
-*drafted* and *plain* on the cell's kernel, *reference* and *reference_drafted* on fp32, same prompt,
-seed and `max_new_tokens`, back to back in a balanced rotating order (`ORDERS`); with `reference=None`
-the first two stand in for the other two. Teacher-forced acceptance (T = 0) scores every kernel on the
-fp32 plain text (`teacher_forced`); a chain(K) cell adds its replays and the drafting probe. Batches
-(`batch` > 1): first turns only, one row per group. Returns plain dict rows; knows nothing about Hydra
-or where rows are stored.
+Owns the measuring protocol (experiments/README.md): per question and turn, *drafted* and *plain* on
+the kernel, *reference* and *reference_drafted* on fp32, back to back in a balanced order (`ORDERS`);
+teacher-forced acceptance on the fp32 text; a chain(K) cell's replays and drafting probe; batches
+(first turns, one row per group). Returns plain dict rows; knows nothing about Hydra or the store.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
 
-Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, PNGs), and the
-one-line summary of a cell. A *board* is one setting (`SETTING`); its *entries* are drafter x shape x
-quant. Statistics are pooled over the entry's turns, not averaged over prompts: MAL = 1 + accepted /
-target forwards; speedup (drafted / plain, same target), speedup_quant (plain / reference plain) and
-speedup_compound (drafted / reference plain) are tokens/s ratios; acceptance at depth d = steps whose
-accepted path reached d / steps whose draft did. Intervals are 95% percentile bootstraps over
-questions. Knows nothing about how rows were measured (`experiments.store.load_rows`).
+Owns the aggregation of stored rows into boards (one per `SETTING`; entries drafter x shape x quant),
+their rendering (markdown, CSV, PNGs) and a cell's one-line summary. Statistics pool an entry's turns;
+speedups are tokens/s ratios (drafted / plain, plain / reference plain, drafted / reference plain);
+intervals are 95% percentile bootstraps over questions. Knows nothing about how rows were measured.
 
     python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """

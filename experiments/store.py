@@ -1,20 +1,12 @@
 """The results store: one directory per finished cell, written atomically, readable with pandas.
 
-Layout of a store RESULTS/ (version 1):
-
-    RESULTS/STORE.json                 {"format": "specdec-results", "version": 1}, written once
-    RESULTS/cells/<cell_id>/cell.json  the cell: key, resolved config, git commit, hardware, versions
-    RESULTS/cells/<cell_id>/rows.jsonl one JSON object per (question, turn): tokens, MAL, timings, ...
-    RESULTS/cells/<cell_id>/done       written last: a cell directory without it is not finished
-    RESULTS/.partial/                  cells being written (or left behind by a killed run)
-    RESULTS/hydra/                     Hydra's own logs, never read by the store
-
-A cell is written in full under .partial/ (fsynced, `done` last), then renamed into cells/ in one
-atomic `rename`, which is also the per-cell claim between concurrent writers: the first finished
-copy lands, a later one is dropped, and nothing in cells/ is ever overwritten. A damaged finished
-cell is named by `damaged_cells`; `load_rows` skips it with a `DamagedCellWarning` (or raises
-`DamagedCellError` with `on_damage="raise"`), never silently averaging it. Owns none of the
-measuring: rows arrive as plain dicts.
+Layout (version 1): RESULTS/STORE.json (format and version, written once), RESULTS/cells/<cell_id>/
+{cell.json (key, config, git, hardware, versions), rows.jsonl (one object per question x turn), done
+(written last)}, RESULTS/.partial/ (cells being written), RESULTS/hydra/ (Hydra's logs, never read).
+A cell is written under .partial/ (fsynced, `done` last), then renamed into cells/: the atomic
+`rename` is also the claim between concurrent writers, and nothing in cells/ is overwritten.
+`load_rows` skips a damaged cell with a `DamagedCellWarning` (`on_damage="raise"`: `DamagedCellError`).
+Owns none of the measuring: rows arrive as plain dicts.
 """
 
 from __future__ import annotations

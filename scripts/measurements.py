@@ -1,17 +1,11 @@
 """Generate docs/measurements/<machine>.md from the stored result records, or record a command's result.
 
-Owns the rendering of records (`specdec.measure.records`) into one markdown file per machine, each
-record newest first with its date, command, threads, versions and result, rendered generically.
-Knows nothing about what any benchmark measures.
+Owns rendering records (`specdec.measure.records`) into one markdown file per machine, newest first.
+Knows nothing about what any benchmark measures. Bad input prints one `error:` line and exits 2.
 
-    python scripts/measurements.py                        # regenerate docs/measurements/*.md
-    python scripts/measurements.py --check                # exit 1 if a generated file is out of date
-    python scripts/measurements.py record KIND -- python -m specdec.tune smollm2-135m
-        # run the command, show its output, and store its last stdout line (a JSON object) as a record
-    python scripts/measurements.py --publish results/main
-        # copy the main job's RESULTS/records/*.jsonl into docs/measurements/results/ and regenerate
-
-Bad input prints one `error:` line naming file:line and exits with status 2.
+    python scripts/measurements.py [--check]             # regenerate (or check) docs/measurements/*.md
+    python scripts/measurements.py record KIND -- CMD    # run CMD, store its last stdout line as a record
+    python scripts/measurements.py --publish results/main  # add the main job's records, regenerate
 """
 
 from __future__ import annotations

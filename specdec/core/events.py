@@ -1,14 +1,9 @@
 """What the loop tells the world after each step: `StepEvent`, and its per-phase times.
 
-Owns `PhaseTimes` and `StepEvent`, the one door into the loop (`specdec.loop.decode.decode` yields one
-per step): every tool that measures a step (stats, profiles, the width effect, the certificate's cases,
-the KV experiment, the `auto` planner) reads events instead of patching the loop. Knows nothing about
-how a step is run.
-
-Lifetime: an event is frozen and its lists are the loop's own for this step only; `logits` is a view of
-the target's output buffer, valid until the loop resumes (the next step may overwrite it: copy what you
-keep). Rows are the batch's *active* rows: `rows[b]` is the prompt index of batch row b (finished
-rows leave the batch, so b and the prompt index differ once one has).
+Owns `PhaseTimes` and `StepEvent`, the one door into the loop (`decode` yields one per step). An event
+is frozen and its lists are the loop's for this step only; `logits` is a view valid until the loop
+resumes (copy what you keep). `rows[b]` is the prompt index of active batch row b. Knows nothing
+about how a step is run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Growing a draft in any concrete shape from a drafter's next-token logits.
 
-Owns `grow_tree` (one row) and the sub-vocabulary map `SubVocab`. Knows nothing about which model
-produces the logits: a drafter passes a `score` callback that runs its own model on new nodes.
-
-How each shape uses the drafter's distribution:
-- chain(k): one token per depth; greedy configs take the argmax, sampling configs *sample* from the
-  drafter's distribution (processed with the same temperature/top-k/top-p as the target) and record
-  it as `draft_probs`, so the verifier can run classic speculative sampling;
-- tree(w1, w2, ...): every node at depth d gets its top-`w_d` children: deterministic (point-mass)
-  siblings, verified by multi-candidate recursive rejection;
-- dynamic(top_k, depth, budget): EAGLE-2. At each depth the `top_k` nodes with the best cumulative
-  draft log-probability are expanded into their `top_k` best children; at the end all candidates
-  are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass,
-  with `Draft.scores` = each node's cumulative draft log-probability, as chains and static trees
-  also record);
-- auto(...): not grown here: `specdec.loop.policy` picks one of the shapes above (or none) per step.
-All growers work on tensors on the drafter's device (no per-node Python scalars).
+Owns `grow_tree` (one row) and the sub-vocabulary map `SubVocab`. chain(k) takes the argmax, or at
+T > 0 samples from the processed distribution and records `draft_probs`; tree(w1, ...) gives each
+node its top-w_d children (point-mass); dynamic(top_k, depth, budget) is EAGLE-2 (expand the top_k
+best nodes per depth, keep the best `budget` by cumulative log-probability, recorded in
+`Draft.scores`). `auto` is chosen per step by `specdec.loop.policy`, not grown here. Knows nothing
+about which model produces the logits: a drafter passes a `score` callback.
 """
 
 from __future__ import annotations

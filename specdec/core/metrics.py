@@ -1,16 +1,9 @@
 """Per-step records of one generation and the statistics derived from them.
 
-Owns the definitions, stated once:
-- *accepted tokens* of a step: draft tokens the target kept (bonus/recovered token excluded);
-- *mean accepted tokens*: their mean over steps;
-- *acceptance length* of a step: accepted tokens + 1 (the target's own token, bonus or recovered);
-- *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward (a
-  run's last step counts its tokens up to the first EOS, the ones the output keeps: MAL = new tokens / steps);
-- *acceptance rate at depth d*: among steps whose draft reached depth d, the fraction whose
-  accepted path reached depth d;
-- the *step-time split*: target forward (the verification's one tree forward), draft (the drafter's
-  `propose` + `commit`), and everything else (masks, acceptance, cache rollback, bookkeeping).
-Knows nothing about models or drafters.
+Owns the definitions (docs/library.md): MAL = 1 + mean accepted draft tokens per step = tokens
+committed per target forward (the last step counts up to the first EOS); acceptance rate at depth d
+among steps whose draft reached d; the step-time split into target forward, draft (`propose` +
+`commit`) and the rest. Knows nothing about models or drafters.
 """
 
 from __future__ import annotations

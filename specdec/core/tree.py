@@ -1,17 +1,9 @@
 """Draft-tree geometry derived from one `parents` array.
 
-Owns: validation of a parents array, node depths, the ancestor (tree-attention) mask, root-to-node
-paths and children lists. Knows nothing about models, tokens or probabilities.
-
-Convention (used everywhere in specdec): a draft of N nodes is described by `parents`, a length-N
-list/1-D long tensor where `parents[i]` is the index of node i's parent, or -1 when node i is a child
-of the *root*, i.e. of the last committed token. Parents precede children (`parents[i] < i`).
-A chain of k tokens is `[-1, 0, 1, ..., k-2]`.
-
-Worked example, the tree `tree(2,1)` with tokens a,b at depth 1 and one child under each:
-    parents = [-1, -1, 0, 1]      # nodes: a, b, a.x, b.y
-    depths  = [ 1,  1, 2, 2]      # depth 1 = first token after the root
-    path_to(3) = [1, 3]           # b, then b.y
+Owns validation of a parents array, node depths, the ancestor (tree-attention) mask, root-to-node
+paths and children lists. `parents[i]` is node i's parent, or -1 for a child of the *root* (the last
+committed token); parents precede children. A chain of k is [-1, 0, ..., k-2]; tree(2,1) is
+[-1, -1, 0, 1] with depths [1, 1, 2, 2]. Knows nothing about models, tokens or probabilities.
 """
 
 from __future__ import annotations

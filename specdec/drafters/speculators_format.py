@@ -1,21 +1,11 @@
 """EAGLE-3 heads in the speculators format (what vLLM serves): `Eagle3Head`, reading and writing its directory.
 
-Owns `Eagle3Head` (speculators_model_type "eagle3"), `Eagle3Config`, `load_speculators` (a directory
--> head, every field checked), `save_speculators`, `export_speculators` and `package_check` (the
-package's own parse of a directory). Knows nothing about drafting (specdec/drafters/eagle.py runs any
-head) and imports the `speculators` package only in `package_check`.
-
-The architecture (speculators 0.9.0, `Eagle3DraftModel`), per pair i = (target features at i, token t_{i+1}):
-
-    g_i = fc(concat(a_i^1, ..., a_i^k))                 # [B, n, kH] -> [B, n, H]; aux layers only, optionally
-                                                        # RMS-normed together (norm_before_fc) or each (fc_norm)
-    x   = r + attn(concat(input_norm(e), hidden_norm(g)))  # layer 0: q/k/v read 2H; r = g (norm_before_residual:
-    x   = x + mlp(post_norm(x))                         #   hidden_norm(g)); then plain decoder layers 1..L-1
-    logits_i = lm_head(norm(x))                         # [B, n, N] over the draft vocabulary
-
-A deeper node reads its parent's x in place of g. Draft column j is target token j + d2t[j]; t2d
-marks the target tokens that have a column. Aux layer id k is HF `hidden_states[k]`, the index
-`Target.capture_layers` takes.
+Owns `Eagle3Head`, `Eagle3Config`, `load_speculators` (every field checked), `save_speculators`,
+`export_speculators` and `package_check` (the only place that imports `speculators`). Knows nothing
+about drafting (specdec/drafters/eagle.py runs any head). The architecture is speculators 0.9.0's
+`Eagle3DraftModel`: fc over the aux layers' features, one decoder layer whose q/k/v read
+concat(embedding, features), a deeper node reading its parent's output; draft column j is target
+token j + d2t[j]; aux layer id k is HF `hidden_states[k]` (`Target.capture_layers`).
 """
 
 from __future__ import annotations

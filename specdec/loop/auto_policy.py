@@ -1,20 +1,10 @@
 """`shape="auto"`: the estimator that picks the draft shape with the best expected tokens per second.
 
 Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.loop.policy`) by structure.
-Knows nothing about how drafts are grown or verified.
-
-`AutoPolicy`, the estimator. Each step it maximizes expected committed tokens per second over a
-fixed menu of static shapes, all width vectors (w_1, ..., w_D) with w_1 >= w_2 >= ... (each node at
-depth d gets its w_d best children), D <= max_depth, w_1 <= max_width, at most max_nodes nodes,
-plus "no draft":
-
-    value(shape) = (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) + commit + other)
-    value(none)  = 1 / (scale * latency(1, context) + commit + other)
-    E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s+[i, r])
-
-How each term is estimated (sibling acceptance s and its optimism, the latency curve and its load
-scale, draft and commit costs, trimming's calibration and survival, probes, cheap drafters, what
-the estimates remember across generations) is in docs/design/auto.md.
+Each step it maximizes (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) +
+commit + other) over width vectors w_1 >= w_2 >= ... and "no draft", with
+E[accepted] = sum_d prod_{i<=d} (1 - prod_{r < w_i} (1 - s+[i, r])); how each term is estimated is in
+docs/design/auto.md. Knows nothing about how drafts are grown or verified.
 """
 
 from __future__ import annotations

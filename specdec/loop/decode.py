@@ -1,23 +1,13 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit, one `StepEvent` per step.
 
-Owns `decode` (the loop, a generator), `DecodeConfig` (its inputs), and `generate` / `generate_batch`,
-which are folds of the events into outputs and statistics (`generate` is a batch of one). Owns the
-target's KV cache for one decode (created here, rolled back here, nowhere else). Plain autoregressive
-decoding (drafter None) is the same loop with no draft. Knows nothing about how a drafter builds its
-draft or how acceptance is decided beyond calling `acceptance.accept`; imports no drafter and keeps no
-drafter state: every drafter hears the same `drafter.commit(Step)` after the prefill and after each
-verification. Tools see a step only through its event (`specdec.core.events`).
-
-State between steps (design): the target's cache holds every committed token except the last one,
-the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
-is the target's distribution after the root and row i+1 the one after draft node i.
-
-The shape each step drafts comes from a `specdec.loop.policy` policy (a fixed shape, or `auto`, which may
-also choose to draft nothing), and the policy's `keep` picks the part of the proposal to verify
-(`auto` drops the nodes that do not pay; a fixed shape keeps all). A step that asks for no draft
-(the policy chose none, or only one token remains) does not call `drafter.propose`; the drafter
-still hears the step's `commit`. On CUDA the loop synchronizes at phase boundaries so the per-phase
-times are honest. The padding and per-row bookkeeping of a batch is in `specdec.loop.rows`.
+Owns `decode` (the loop, a generator), `DecodeConfig`, and `generate` / `generate_batch` (folds of the
+events; `generate` is a batch of one), and the target's KV cache for one decode (created and rolled
+back here only). Plain decoding (drafter None) is the same loop with no draft. The target's cache
+holds every committed token but the last, the *root*; each step forwards [root, draft nodes...] in
+one tree forward. The shape comes from a `specdec.loop.policy` policy, whose `keep` picks what to
+verify; a step with no draft does not call `propose`, but every step ends in `drafter.commit(Step)`.
+Knows nothing about how a drafter drafts or how acceptance is decided (`acceptance.accept`); tools
+see a step only through its event; a batch's padding is `specdec.loop.rows`'.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Acceptance profiles: one greedy decode, every position's draft, and shape sweeps by replay.
 
-Owns `profile(target, drafter, prompt, shape=..., max_new_tokens=...)`, which runs the target's
-plain greedy decode once (the one loop, under a policy that verifies no proposal) and records every
-position's draft, and `AcceptanceProfile`, which answers without running a model: `simulate(shape)`
-(the MAL a real greedy run in that shape gets, for shapes cut out of the recorded drafts),
-`pooled_mal(profiles, shape)` and `counts()` (reached / accepted per depth, sibling ranks).
-
-A node at depth d of the draft made at position p is accepted iff the tokens on its path equal the
-greedy tokens g[p:p+d]. Replays assume a narrower shape's draft is the wider one's top-ranked part.
+Owns `profile(...)` (the target's plain greedy decode through the one loop, recording every
+position's draft) and `AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`: answers
+without a model). A node at depth d of the draft at position p is accepted iff its path equals the
+greedy tokens g[p:p+d]; a narrower shape's draft is taken as the wider one's top-ranked part.
 Knows nothing about latency or costs.
 """
 

@@ -1,15 +1,9 @@
 """Result records: what a benchmark measured, with the machine, date and command it ran under.
 
-Owns the record format (one JSON object per line), `append` (add one record to
-`<root>/<machine key>.jsonl`, keyed by `specdec.machine`) and `read` / `validate` (refusing a record
-that does not say where and how it was measured). Knows nothing about what a benchmark measures or
-how records are rendered (`scripts/measurements.py`).
-
-    from specdec.measure import records
-    records.emit("decode", result)            # result: the dict the script prints as its JSON line
-
-The root is `root=` if given, else `$SPECDEC_RECORDS`, else `docs/measurements/results/` of the
-source checkout; under pytest it must be given, so a test never writes into the checkout's records.
+Owns the record format (one JSON object per line), `append` / `emit` (to `<root>/<machine key>.jsonl`)
+and `read` / `validate` (refusing a record that does not say where and how it was measured). The root
+is `root=`, else `$SPECDEC_RECORDS`, else docs/measurements/results/; under pytest it must be given.
+Knows nothing about what a benchmark measures or how records are rendered (`scripts/measurements.py`).
 """
 
 from __future__ import annotations

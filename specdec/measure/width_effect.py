@@ -1,12 +1,9 @@
 """The width effect: how far a drafted run's next-token law is from the plain loop's on the same text.
 
-Owns the measurement behind the promise "exact with respect to the target's computation at the
-verification width" (docs/library.md): `token_laws` (one real decode read through its events: each
-committed token's logits row and forward width, optionally teacher-forced with `force=`),
-`prompt_width_effect` (a drafted run at temperature T, then the plain loop forced on its text: per
-position the TV between the two laws, the shift of the plain top-2 gap, argmax changes) and
-`width_effect` (over prompts x shapes, a t-interval over prompts of the mean TV per token, and the
-largest top-2 gap shift). Knows nothing about certificates or records.
+Owns `token_laws` (each committed token's logits row and forward width, from a decode's events),
+`prompt_width_effect` (a drafted run, then the plain loop forced on its text: TV, top-2 gap shift,
+argmax changes per position) and `width_effect` (over prompts x shapes, with a t-interval over
+prompts). Knows nothing about certificates or records.
 """
 
 from __future__ import annotations

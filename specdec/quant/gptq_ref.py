@@ -1,14 +1,10 @@
 """GPTQ reference (`gptqref3`, `gptqref4`): the GPTQ algorithm written out in torch, numerics only.
 
-Owns `gptq_quantize` (a pure function: weight [O, I] + Hessian [I, I] -> quantized-then-dequantized
-weight), `layer_hessians` (H = 2/n sum x x^T of every quantizable linear's inputs over calibration
-sequences) and the backend `gptqref`, which calibrates on `specdec.quant.texts` and stores the weights
-dequantized, as `rtn` does: it changes acceptance, never speed (the `gptq` backend needs CUDA).
-
-Frantar et al. (2022) as in their reference code: damped Hessian (`DAMPING`), upper Cholesky factor
-of its inverse, column-by-column rounding with error feedback in lazy blocks of 128 columns, group
-scales fitted at a group's first column, act-order off, RTN's grid, and every layer's Hessian from one
-pass of the *unquantized* model (not the sequential variant). Knows nothing about drafting or kernels.
+Owns `gptq_quantize` (weight [O, I] + Hessian [I, I] -> quantized-then-dequantized weight),
+`layer_hessians` (H = 2/n sum x x^T per quantizable linear, one pass of the unquantized model over
+`specdec.quant.texts`) and the backend `gptqref`, stored dequantized like `rtn`. As Frantar et al.'s
+reference code: damped Hessian, upper Cholesky of its inverse, error feedback in lazy blocks of 128
+columns, group scales at a group's first column, no act-order. Knows nothing about drafting or kernels.
 """
 
 from __future__ import annotations

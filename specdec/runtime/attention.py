@@ -1,13 +1,9 @@
 """The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU.
 
-Owns `sdpa_gqa`, registered with transformers' `AttentionInterface` as `specdec_sdpa`, and
-`use_gqa_attention`, which `specdec.load_target` applies to every model loaded with the default
-attention. Knows nothing about caches, trees or drafting.
-
-Under a mask, transformers' SDPA path copies every layer's keys and values once per query head
-(`repeat_kv`); here the masked multi-query CPU case passes the mask and `enable_gqa` straight to
-`F.scaled_dot_product_attention` instead, the same logits bit for bit (`tests/test_attention.py`).
-Everything else goes to transformers' own `sdpa_attention_forward` unchanged.
+Owns `sdpa_gqa` (registered as `specdec_sdpa`: a masked multi-query CPU forward passes the mask and
+`enable_gqa` to `F.scaled_dot_product_attention` instead of `repeat_kv`, bit-identical; everything
+else runs transformers' own) and `use_gqa_attention`, which `load_target` applies. Knows nothing
+about caches, trees or drafting.
 """
 
 from __future__ import annotations

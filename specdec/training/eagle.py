@@ -1,18 +1,12 @@
 """Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `Rollouts`, `rollout_batch` (the target's own continuations of many prompts per forward,
-left-padded, recording its final hidden states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's
-training-time test), `depth_losses` (feature regression + cross-entropy per depth) and
-`acceptance_per_depth` (validation). Knows nothing about files or
-drafting (prompts.py, tokens.py, features.py and run.py own those).
-
-Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
-pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
-(predicted feature of depth s-1, token t_{j+s}) at position j+s-1, attending to the depth-1 entries
-0..j and to its own chain's entries of depths 2..s-1, and predicts h_{j+s}. With s = 3 and j = 4:
-position 6 reads (out_2[4], t_7), attends depth-1 keys 0..4, the depth-2 key of j = 4 and itself, and
-is scored against h_7. That is what a chain draft from root t_5 computes at its third node, so
-validation acceptance per depth equals chain drafting's greedy acceptance on the same sequences.
+Owns `Rollouts`, `rollout_batch` (left-padded batched continuations with the target's final hidden
+states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test), `depth_losses` (feature
+regression + cross-entropy per depth) and `acceptance_per_depth`. Depth s >= 2 runs, for every j, the
+pair (depth s-1's predicted feature, t_{j+s}) at position j+s-1, attending to depth-1 entries 0..j and
+its own chain's deeper entries, and is scored against h_{j+s}: what a chain draft computes, so
+validation acceptance per depth equals chain drafting's greedy acceptance. Knows nothing about files
+or drafting (prompts.py, tokens.py, features.py and run.py own those).
 """
 
 from __future__ import annotations

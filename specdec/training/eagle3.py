@@ -1,12 +1,8 @@
 """Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's features.
 
-Owns `new_eagle3_head` (one Llama decoder layer of the target's geometry, its lm_head over a draft
-vocabulary initialised from the target's rows), `eagle3_loss` (per depth of the training-time-test
-unroll, cross-entropy of the draft-vocabulary logits against the target's distribution restricted
-and renormalised to that vocabulary; no feature regression), `train_step` and `eagle3_acceptance`
-(greedy chain acceptance per depth, drafting as the `eagle` drafter does). `main` is the `eagle3`
-command of `python -m specdec.training`. Knows nothing about files, schedules or where the features
-come from (`unroll`, `depth_targets`, `TrainBatch`: specdec/training/eagle.py).
+Owns `new_eagle3_head`, `eagle3_loss` (cross-entropy per unrolled depth against the target's law
+restricted to the draft vocabulary), `train_step`, `eagle3_acceptance` and `main` (the `eagle3`
+command). Knows nothing about files, schedules or where the features come from (training/eagle.py).
 """
 
 from __future__ import annotations

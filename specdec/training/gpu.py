@@ -1,17 +1,13 @@
-"""The `gpu` command of `python -m specdec.training`: one call on a lent CUDA machine continues the one EAGLE
-run: rollouts appended to the run's token-shard sets, then the run resumed on the grown sets, inside a
-wall-time budget.
+"""The `gpu` command of `python -m specdec.training`: on a lent CUDA machine, continue the one EAGLE run
+within a wall-time budget: roll out what the first set lacks (until --rollout-share of it), then
+resume the run with `--grow` (with --probe-steps, first fitting the schedule to the budget).
 
-    python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
+    python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh)
     python -m specdec.training gpu --smoke --work W --sources S    # CPU: tiny target (the tests')
 
-It calls the `rollout` and `run` commands (specdec/training/cli.py) on the same shards, compact run
-state (--keep) and curve a CPU session uses; an ended run is followed by a new one (`--init-head`),
-and a call with neither a run state nor --init-head is refused before rolling out. Stage 1 rolls out
-what the first set lacks (no batch starts after --rollout-share of the budget); stage 2 resumes the run
-with `--grow` for the rest of the budget less a margin (with --probe-steps, first measuring the rate
-and fitting the schedule to end inside the budget). A failed stage 1 is reported and stage 2 still
-runs. Prints one JSON summary line.
+It calls `rollout` and `run` (specdec/training/cli.py) on the shards, compact state and curve a CPU
+session uses; an ended run is followed by a new one (`--init-head`). A failed stage 1 is reported and
+stage 2 still runs. Prints one JSON summary line.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Training prompt sources for the EAGLE head and the n-gram disjointness check.
 
-Owns the prompt-source registry (`SOURCES`: name -> function(n, seed) -> prompts), `Prompt` (a chat
-as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (several sources,
-deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint`. Sources: `natural-<name>`
-(data/prompts/natural_<name>.jsonl, found from the source checkout; `prompts_dir` says what is
-missing) and `templates-v1` (`template_prompts`, from data/prompts/templates_v1.json: the
-instructions the first shipped head was trained on, kept for LOG.md's runs 1-2). The evaluation suites are never read
-here; the tests and `rollout` check every source against them. Knows nothing about targets,
-tokenizers or rollouts.
+Owns `SOURCES` (name -> function(n, seed) -> prompts: `natural-<name>` from
+data/prompts/natural_<name>.jsonl, and `templates-v1`, the first shipped head's instructions),
+`Prompt` (a chat tuple ending in a user turn), `collect` and `shared_ngrams` / `check_disjoint`.
+Never reads the evaluation suites. Knows nothing about targets, tokenizers or rollouts.
 """
 
 from __future__ import annotations

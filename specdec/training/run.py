@@ -1,16 +1,11 @@
 """One EAGLE training run, cut and resumed across machines and days, never restarted.
 
-Owns `RunConfig`, `lr_factor` (warm-up, a constant rate, then a cosine anneal to `final_lr_fraction`
-between `anneal_start` and `max_steps`: a function of the step alone, so the constant phase can be
-extended on resume), `validation_prompts` (fixed for the run's life) and `Run`: head + AdamW + step +
-batch order + generator + the shard set's checksum, one atomically written checkpoint from which
-`Run.resume` continues exactly. `Run.save(path, compact=True)` keeps the head's matrices and AdamW's
-moments in bf16 (norm weights stay fp32), small enough for the repository. Knows nothing about how
-data is made or read: it trains on `Rollouts` and `TrainBatch`es.
-
-Resuming refuses, naming the checkpoint: another head geometry, other training settings (only the
-schedule's length may change, and only before the old or new `anneal_start`), and a shard set whose
-checksum differs.
+Owns `RunConfig`, `lr_factor` (warm-up, constant, then a cosine anneal from `anneal_start` to
+`max_steps`: a function of the step alone), `validation_prompts` (fixed for the run's life) and `Run`
+(head + AdamW + step + batch order + generator + data checksum, one atomic checkpoint that
+`Run.resume` continues exactly; `compact=True` keeps matrices and moments in bf16). Resuming refuses
+another head geometry, other settings (only the schedule's length may change, before `anneal_start`)
+or other data. Knows nothing about how data is made or read: it trains on `TrainBatch`es.
 """
 
 from __future__ import annotations

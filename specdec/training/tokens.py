@@ -1,18 +1,12 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
 Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name,
-quantization, dtype and the SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash,
-the unit of resumption), `fill_token_set` (roll out every prompt the set lacks, a shard at a time)
-and `set_checksum`. Knows nothing about features or training (`specdec.training.features`).
-
-Layout of a set folder (2 bytes per token):
-    manifest.json       format, target identity, rollout settings, runs, and per shard: file, bytes,
-                        sha256, prompt_ids, sources, prompt_len, length (tokens per sequence)
-    shard-00000.u16     the shard's sequences (prompt + continuation) concatenated, little-endian
-                        uint16; sequence s is tokens[sum(length[:s]) : sum(length[:s + 1])]
-A shard is renamed into place before the manifest (replaced atomically) records it, so a killed run
-loses at most one shard and no prompt is duplicated or skipped. One writer at a time
-(`<set>/write.lock` holds its pid).
+quantization, dtype, SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash, the unit
+of resumption), `fill_token_set` and `set_checksum`. A set holds manifest.json (format, target
+identity, rollout settings, runs, per-shard file, bytes, sha256, prompt_ids, sources, prompt_len,
+length) and shard-NNNNN.u16 (its sequences concatenated, little-endian). A shard is renamed into
+place before the manifest records it, so a killed run loses at most one shard; one writer at a time
+(`<set>/write.lock`). Knows nothing about features or training (`specdec.training.features`).
 """
 
 from __future__ import annotations
