@@ -200,12 +200,9 @@ def run_cell(
 ) -> list[dict[str, Any]]:
     """Measure `drafter` on `target` in the paired 2x2 on every turn of `questions`; one row per turn.
 
-    Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
-    `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
-    stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
-    `on_unit` is called after each turn's runs (at a batch, each group's) with the number of turns they
-    measured. `batch` > 1: see the module docstring.
-    With `teacher_forcing`, a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
+    Question i uses seed `sampling.seed + i`. `reference` / `reference_drafter` = None: `target` is its
+    own reference. `on_unit(turns)` is called after each turn's runs (a batch: each group's). With
+    `teacher_forcing` (T = 0), a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
     """
     if (reference is None) != (reference_drafter is None):
         raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")

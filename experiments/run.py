@@ -187,11 +187,10 @@ def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
 
 
 class CellCurves:
-    """The latency curves a cell stores: its target's and (for a kernel's cell) its reference's, at the
-    cell's batch and, for a batch, at every fewer rows too. Timed through the forward the cell's loop runs
-    (`cache="auto"`), in `CurveTimer` passes taken between the cell's units (a prompt's runs; at a batch,
-    a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each curve sees
-    the machine its runs saw and every unit's first run follows the same pause."""
+    """The latency curves a cell stores (its target's and its reference's, at the cell's batch and every
+    fewer rows), timed through `cache="auto"` in `CurveTimer` passes taken between the cell's units:
+    ceil(`runner.latency_repeats` / units) after each, so each curve sees the machine its runs saw.
+    """
 
     def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], units: int) -> None:
         self.per_unit = -(-cfg.runner.latency_repeats // units)

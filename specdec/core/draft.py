@@ -113,15 +113,9 @@ class Acceptance:
 class Step:
     """What the loop tells a drafter after the target committed tokens (`Drafter.commit`).
 
-    Sent once after the prefill (`draft` empty, `acceptances` empty) and after every verification.
-    The *kept rows* are the target positions whose state was just made permanent: after the prefill,
-    every prompt token but the last (the root, which the target has not run yet); after a step, the
-    root and the accepted draft nodes. In both cases they are the committed tokens
-    `token_ids[:, L - num_new - 1 : L - 1]` (clipped at 0), at absolute positions `positions`.
-
-    Worked example: 10 committed tokens, root at position 9, draft of 5 nodes, accepted nodes [1, 4]
-    plus a recovered token -> num_new = 3, kept rows = root + nodes 1, 4 at positions [9, 10, 11],
-    token_ids has 13 columns, and the next root is token_ids[:, 12] (not yet run by the target).
+    Sent once after the prefill (`acceptances` empty) and after every verification. The *kept rows*
+    (made permanent): after the prefill every prompt token but the root, after a step the root and the
+    accepted nodes: the committed tokens `token_ids[:, L - num_new - 1 : L - 1]`, at `positions`.
     """
 
     token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root (left-padded: `lengths`)

@@ -27,11 +27,8 @@ ScoreFn = Callable[[list[int], torch.Tensor, list[int]], torch.Tensor]
 
 @dataclass(frozen=True)
 class SubVocab:
-    """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`.
-
-    Growers rank and sample within the columns and map the chosen columns back through `ids`, so a
-    drafter scoring 4,096 of 49,152 tokens never builds a 49,152-wide tensor (sampling chains
-    expand their `draft_probs` to the full vocabulary once per draft, since the verifier needs them).
+    """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`; growers rank and
+    sample within the columns, never building a full-vocabulary tensor (but sampled `draft_probs`).
     """
 
     ids: torch.Tensor  # [Vd] long target token ids, on the drafter's device
@@ -59,11 +56,9 @@ def grow_tree(
 ) -> Draft:
     """Grow a draft in `shape` from a drafter's next-token logits (see the module docstring).
 
-    `vocab` (None = the logits cover the whole vocabulary) maps logit columns to token ids; `score`
-    then returns logits over the same columns and is passed target token ids. Widths and top_k larger
-    than the number of columns are clamped to it (a node cannot have more distinct children).
-    Host syncs: none for chains and static trees beyond sampling's; one per expanded depth for
-    dynamic trees (the expanded node ids `score` receives) and one for the final selection.
+    `vocab` (None = whole vocabulary) maps logit columns to token ids; `score` returns logits over the
+    same columns. Widths larger than the columns are clamped. Host syncs: none for chains and static
+    trees beyond sampling's; one per expanded depth of a dynamic tree, and one for its final selection.
     """
     if root_logits.shape[0] != 1:
         raise NotImplementedError(f"grow_tree supports batch size 1 only, got {root_logits.shape[0]}")

@@ -205,11 +205,10 @@ class BatchStats:
 
 
 def position_acceptance(steps: list[StepRecord]) -> tuple[list[int], list[int], list[int]]:
-    """(tried, kept, histogram) of a run's steps, counts so that they pool over runs:
-    tried[i-1] = steps whose draft reached position i with positions 1..i-1 accepted, kept[i-1] = those
-    that accepted position i too (the rate at position i given i - 1 accepted = kept / tried), and
-    histogram[k] = steps that accepted k draft tokens. E.g. accepted 2, 0, 1 of depth-3 drafts:
-    tried [3, 2, 1], kept [2, 1, 0], histogram [1, 1, 1, 0]."""
+    """(tried, kept, histogram) of a run's steps, counts that pool over runs: tried[i-1] = steps whose draft
+    reached position i with 1..i-1 accepted, kept[i-1] = those that accepted i too, histogram[k] = steps
+    that accepted k. E.g. accepted 2, 0, 1 of depth-3 drafts: [3, 2, 1], [2, 1, 0], [1, 1, 1, 0].
+    """
     depth = max((s.draft_depth for s in steps), default=0)
     tried = [sum(s.draft_depth >= i and s.accepted >= i - 1 for s in steps) for i in range(1, depth + 1)]
     kept = [sum(s.draft_depth >= i and s.accepted >= i for s in steps) for i in range(1, depth + 1)]

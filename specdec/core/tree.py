@@ -48,13 +48,7 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool, on the
-    device of `parents`.
-
-    Row i is what node i may attend to among the draft nodes (the committed prefix is always visible).
-    Vectorized by pointer jumping: after round r every row holds its ancestors up to 2^r levels up
-    (`up` = the ancestor 2^r levels up, -1 past the root), so a tree of depth D takes ceil(log2 D)
-    rounds. Example: chain [-1, 0, 1, 2]: round 0 marks parents, up = [-1, -1, 0, 1]; round 1 ORs
-    in row up[i], giving the full lower triangle.
+    device of `parents`; vectorized by pointer jumping (ceil(log2 depth) rounds).
     """
     n = parents.numel()
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)

@@ -20,11 +20,8 @@ from specdec.runtime.model import Target
 class BlockSlots:
     """Where a drafter's cache holds the draft nodes it ran this step: node id -> block slot.
 
-    The *block* is the run of cache entries a drafter appended while growing a draft, after its
-    committed prefix; `parents` records each entry's parent slot (-1 = the root), which is what a
-    tree forward of the next level needs. `accepted(step)` turns the accepted path into the slots to
-    keep, by a gather on node ids. Example: nodes 0, 1, 5 ran into slots 0, 1, 2 and the accepted
-    path has node ids [1, 5, 7] -> slots [1, 2] (node 7 was a leaf, never run).
+    The *block* is the entries appended while growing a draft; `parents` holds each entry's parent slot
+    (-1 = the root); `accepted(step)` gathers the accepted path's slots by node id.
     """
 
     def __init__(self) -> None:

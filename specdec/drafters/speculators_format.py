@@ -270,11 +270,10 @@ def load_speculators(directory: str | Path, dtype: torch.dtype = torch.float32) 
 
 def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
                      embedding: torch.Tensor | None = None) -> Path:
-    """Write `head` as a speculators checkpoint: config.json (the fields speculators 0.9.0 writes) and
-    model.safetensors (weights in `dtype`, d2t/t2d when the draft vocabulary is reduced). A head that
-    reads the target's embedding needs it as `embedding` [V, H]: the file carries it, because
-    speculators 0.9.0 leaves an absent embed_tokens uninitialised (not NaN) and so never fills it from
-    the verifier. Returns the directory."""
+    """Write `head` as a speculators checkpoint (speculators 0.9.0's config.json fields, weights in `dtype`,
+    d2t/t2d for a reduced vocabulary); returns the directory. A head that reads the target's embedding
+    needs it as `embedding` [V, H]: speculators would leave it uninitialised.
+    """
     if not isinstance(head, Eagle3Head):
         raise TypeError(f"save_speculators writes EAGLE-3 heads (Eagle3Head); got {type(head).__name__}. specdec's "
                         "own EagleHead is another architecture that the speculators format cannot express "

@@ -198,15 +198,12 @@ def generate(target: Target, drafter: Drafter | None, prompt: Prompt, config: De
 
 def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
                    config: DecodeConfig | None = None, **options) -> BatchOutput:
-    """`generate` for a list of prompts at once: the fold of `decode`'s events into one output per
-    prompt, its statistics, and the batch's. Rows accept different numbers of tokens, prompts may
-    differ in length, and a finished row leaves the batch. A drafter must be batchable for more than
-    one prompt (`specdec.core.draft.BatchDrafter`). `shape="auto"` picks one shape per step for the
-    whole batch. Row b draws only from its own generator, seeded `seed + b`. With a concrete shape its
-    output equals `generate(..., seed=seed + b)` on its prompt alone token for token at any temperature
-    (every registered drafter drafts a row from the row's own generator, as it drafts the prompt alone);
-    with `shape="auto"` token for token at T = 0 and only in law at T > 0: a row's drafts, and the
-    random numbers its verification draws, may differ from its run alone."""
+    """`generate` for a list of prompts at once: one output per prompt, its statistics, and the batch's.
+    A finished row leaves the batch; a drafter must be batchable for more than one prompt. Row b draws
+    only from its own generator, seeded `seed + b`: with a concrete shape its output equals
+    `generate(..., seed=seed + b)` on its prompt alone, token for token; with `shape="auto"` (one
+    shape per step for the batch) token for token at T = 0 and in law at T > 0.
+    """
     config = replace(config, **options) if config is not None else DecodeConfig(**options)
     rows, stop = encode_prompts(target, prompts, config.chat), _stop_set(target, config)
     outputs, stats = [[] for _ in rows], [GenerationStats() for _ in rows]
@@ -277,11 +274,9 @@ def _forced(draft: Draft, force: Sequence[int]) -> Acceptance:
 
 def _plan(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt], config: DecodeConfig,
           ) -> tuple[list[list[int]], list[int], ShapePolicy, str, int, tuple[int, ...] | None]:
-    """Check the inputs before any work and size the cache: (the prompts' token ids, the limits, the shape
-    policy, the cache kind, the capacity the decode needs, the width buckets). TypeError / ValueError
-    naming the row for a bad prompt; ValueError for a bad shape, a prompt + generation past the context,
-    a too short `cache_capacity`, a batch the drafter, cache or policy cannot run, or a batch whose cache
-    would not fit in memory."""
+    """Check the inputs before any work and size the cache: (token ids, limits, shape policy, cache kind,
+    capacity, width buckets); TypeError / ValueError naming what is wrong.
+    """
     rows = encode_prompts(target, prompts, config.chat)
     limits = [_limit(config.max_new_tokens, b) for b in range(len(rows))] if isinstance(
         config.max_new_tokens, int) or len(config.max_new_tokens) == len(rows) else None

@@ -30,12 +30,10 @@ DEFAULT_WIDTH_COST = 1 / 24
 
 
 def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
-    """The latency curve `shape="auto"` plans with, looked up and never measured: the widest curve
-    stored for this target, kernel, attention, threads, cache kind and batch in the machine's tune
-    record (`python -m specdec.tune`, `--batch` for batches), else the untuned default, t(w) = 1 +
-    (batch * w - 1) * DEFAULT_WIDTH_COST one-token forwards (a batch's rows widen the forward like
-    tokens do), whose `machine` field says "not tuned" (the policy's scale factor absorbs the absolute
-    time; only the curve's shape matters)."""
+    """The latency curve `shape="auto"` plans with, looked up, never measured: the widest stored for this
+    target, kernel, attention, threads, cache and batch in the machine's tune record, else the untuned
+    t(w) = 1 + (batch * w - 1) * DEFAULT_WIDTH_COST, whose `machine` says "not tuned".
+    """
     kind = resolve_cache(cache, target, batch)
     prefix = curve_prefix(target, kind) + "w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}

@@ -26,11 +26,10 @@ def _sync(device: torch.device) -> None:
 
 
 class CurveTimer:
-    """Times a latency curve in passes: each `sample()` times one forward of every width after every
-    context (the widths' order rotated pass by pass), and `curve()` is the median of the passes so far.
-    The caches are filled, and one untimed pass warms them, at construction. A caller pricing runs that
-    last minutes takes its passes between the runs, so the curve sees the machine the runs saw
-    (arguments: `measure_latency`)."""
+    """Times a latency curve in passes: `sample()` times every width after every context (order rotated),
+    `curve()` is the median so far; caches are filled and warmed at construction (arguments:
+    `measure_latency`).
+    """
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                  contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
@@ -95,11 +94,10 @@ class CurveTimer:
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """Time one forward of each width after each context (median of `repeats` passes in a row of a
-    `CurveTimer`, one warm-up pass first). `cache` names the (cache, forward) pair to time
-    (`specdec.runtime.forwards.CACHES`). `batch` > 1 times `batch` rows at once through the batched tree
-    forward `specdec.generate_batch` verifies with (`cache="auto"` resolving to `static`); `holes` times
-    each forward under the explicit mask a batch with holes runs rather than the model's causal mask."""
+    """Time one forward of each width after each context (median of `repeats` passes of a `CurveTimer`).
+    `cache` names the forward (`specdec.runtime.forwards.CACHES`); `batch` > 1 times that many rows
+    through the batched tree forward; `holes` times under a batch-with-holes mask.
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = CurveTimer(target, widths, contexts, seed=seed, cache=cache, batch=batch, holes=holes)

@@ -31,14 +31,9 @@ BLOCK = 128
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int | None,
                   symmetric: bool, damping: float = DAMPING, block: int = BLOCK) -> torch.Tensor:
     """GPTQ-quantize `weight` [O, I] given the Hessian [I, I] of its layer's inputs; returns the
-    dequantized weight in weight's dtype.
-
-    Minimises ||X W^T - X Q^T||^2 (H = 2 X^T X / n) one column at a time: column i is rounded, and
-    its error e_i = (w_i - q_i) / U[i, i] is spread over the later columns j by w_j -= e_i U[i, j],
-    where U is the upper Cholesky factor of H^-1 (worked example of the update, I = 2: after column
-    0 rounds with error d, column 1 moves by -d * H^-1[0, 1] / H^-1[0, 0], the least-squares
-    correction given x_0 ~ x_1). Group scales (`group_size` columns, None = one group per row) are
-    fitted when the group's first column is reached. Computed in float64 for float64 weights, else float32.
+    dequantized weight in weight's dtype. One column at a time: round it, spread its error
+    e_i = (w_i - q_i) / U[i, i] over later columns by w_j -= e_i U[i, j] (U: upper Cholesky of H^-1);
+    group scales are fitted at a group's first column. float64 for float64 weights, else float32.
     """
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"gptq_quantize needs weight [O, I] and hessian [I, I], got {tuple(weight.shape)} "

@@ -24,11 +24,8 @@ from specdec.quant.texts import calibration_description
 
 def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     """Every check `quantize_target` makes before touching the model; returns the parsed spec.
-
-    Raises `QuantSpecError` (a ValueError) for a spec the backend does not support (bits, group size,
-    options, a group size that does not divide a layer's width, the model's dtype) or a target that
-    is already quantized, and `BackendUnavailableError` when the backend cannot run here (library
-    missing: the message names the pip extra; device unsupported).
+    Raises `QuantSpecError` for what the backend does not support (or an already quantized target)
+    and `BackendUnavailableError` (naming the pip extra) when it cannot run here.
     """
     spec = parse_spec(spec)
     b = get(spec.backend)

@@ -82,10 +82,8 @@ def _timed_forward(target: Target, cache: KVCache, tokens: torch.Tensor, context
 
 
 def latency_curve(reference: Target, quantized: Target, config: ReportConfig) -> dict[str, Any]:
-    """Median forward milliseconds per (context, width) for both models and their ratios.
-
-    Interleaving: within each repeat, every width is timed for both models back to back, the order
-    of the two models alternating between repeats, so slow drifts of the machine hit both.
+    """Median forward milliseconds per (context, width) for both models and their ratios, the two timed
+    back to back per width in an order that alternates between repeats.
     """
     models = (reference, quantized)
     longest = max(config.contexts) + max(config.widths)

@@ -24,18 +24,11 @@ def tree_attention(
     next_position: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions [n] and additive attention mask [n, past + n] for n new tokens after `past` cached
-    entries, the cache's next absolute position being `next_position` (default `past`: nothing evicted).
+    entries, the cache's next absolute position being `next_position` (default `past`).
 
-    `parents` (None = a chain) covers the *tree block*: the last M = len(parents) positions, i.e.
-    the M - n newest cached entries followed by the n new tokens, with -1 meaning a child of the
-    position just before the block. A new token sees everything before the block and its
-    ancestors inside it, at position block_start + depth - 1.
-
-    Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
-    new tokens [c, d] with block parents [-1, 0, 1, 0] -> the block starts at entry 8; c is a child
-    of b at position 10, d a child of a at position 9; d sees 0..7 and a, but not b or c. Had the
-    cache evicted 100 entries (next_position = 110), the same block would sit at positions 108.. and
-    c, d at 110 and 109, with the same mask.
+    `parents` (None = a chain) covers the *tree block*: the last len(parents) positions, i.e. the
+    newest cached entries then the n new tokens, -1 meaning a child of the position before the block.
+    A new token sees everything before the block and its ancestors in it, at block_start + depth - 1.
     """
     parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
     block_start, positions, visible = tree_block(parents, n, past, next_position)  # [n], [n, M]
@@ -64,13 +57,10 @@ def batch_attention(
     parents: torch.Tensor | None, n: int, past: int, next_positions: torch.Tensor,
     valid: torch.Tensor | None = None, new_valid: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n].
-
-    `parents` is None (a chain), [M] (the same tree in every row) or [B, M] (one tree per row, padded
-    to one width); row b's block sits at its own `next_positions[b]`. `valid` [B, past] marks the
-    cached entries that are real (holes are masked for every query) and `new_valid` [B, n] the new
-    tokens that are real: a padding token is seen by no other token and sees only itself (its
-    logits are meaningless and its entry becomes a hole)."""
+    """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n]. `parents` is
+    None (a chain), [M] or [B, M]; row b's block sits at `next_positions[b]`. `valid` [B, past] and
+    `new_valid` [B, n] mark real entries: holes are masked for every query, a padding token sees itself only.
+    """
     rows = next_positions.shape[0]
     if parents is None:
         parents = tree_ops.chain_parents(n)
@@ -251,17 +241,12 @@ class Target:
         logits_rows: slice | torch.Tensor | None = None,
         valid: torch.Tensor | None = None,  # [B, n] bool: which new tokens are real (None = all)
     ) -> ForwardOut:
-        """Score n new tokens after the cache, appending exactly n entries to `cache`, at the
-        absolute positions the cache gives them (`cache.next_position`, not its stored length).
+        """Score n new tokens after the cache, appending exactly n entries at `cache.next_position`.
 
-        Without `parents` (or with chain parents) the new tokens form a causal chain after everything
-        cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
-        `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
-        (and `aux`, with `aux_layers`) cover every new row.
-
-        Batches (B > 1, or a cache with holes): each row sits at its own `cache.next_positions`,
-        `parents` may differ per row ([B, M]), padding tokens (`valid` False) become holes, and the
-        mask hides every hole (`batch_attention`). A batch of chains without holes needs no mask.
+        Without `parents` (or with chain parents) the tokens are a causal chain; with them, a tree block
+        (`tree_attention`). `logits_rows` selects which rows get logits; `hidden` and `aux` cover every row.
+        Batches: each row at its own `cache.next_positions`, `parents` [B, M] may differ per row, padding
+        (`valid` False) becomes holes, masked by `batch_attention`.
         """
         batch, n = tokens.shape
         holes = getattr(cache, "valid", None) is not None or valid is not None

@@ -79,12 +79,10 @@ def _prefill_rows(target, encoded: list[list[int]], extra: int) -> tuple[StaticK
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
                   generator: torch.Generator | None = None) -> Rollouts:
-    """Let `target` continue every prompt at once (temperature 0 = greedy): each prompt prefilled
-    alone, then one left-padded batch with an attention mask over the padding and a preallocated KV
-    cache. A sequence ends at EOS (dropped) or after `max_new_tokens`; the token whose hidden state was
-    never computed (the last) is dropped, and a row that ends leaves the batch. Hidden states come back
-    on the CPU as float32; `prompt_index` is left to the caller (empty); `aux` stays empty (training
-    recomputes aux layers from the tokens: `specdec.training.features`)."""
+    """Let `target` continue every prompt at once (temperature 0 = greedy) in one left-padded batch over
+    a preallocated cache, each prompt prefilled alone; a row ends at EOS (dropped) or `max_new_tokens`
+    and leaves the batch. Hidden states come back on the CPU as float32; `prompt_index` and `aux` stay empty.
+    """
     device = target.device
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
@@ -211,13 +209,11 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
                  ce_weight: float, depth_decay: float = 1.0, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
-    true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
-    `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
-    number of depth-1 positions, so depths are weighted by how often they are reached.
-    generated_only: pair j counts at depth s only if the token its prediction is scored against,
-    t_{j+s+1} (the lm_head argmax of h_{j+s}), is the target's continuation, as validation and
-    drafting count (prompt tokens are never drafted)."""
+    """EAGLE's loss, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted, true feature)
+    + ce_weight * CE over the draft vocabulary (`vocab_weight` [N, H]), each depth divided by the
+    depth-1 positions. generated_only: pair j counts at depth s only if t_{j+s+1} is the target's
+    continuation (prompt tokens are never drafted).
+    """
     targets = depth_targets(batch, len(predicted))
     if generated_only:  # e.g. prompt_len 3: depth 1 keeps pairs j >= 1 (t_{j+2} at index >= 3)
         targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
@@ -250,11 +246,9 @@ def acceptance_per_depth(head, embed, vocab_weight: torch.Tensor, vocab: torch.T
 
 @torch.no_grad()
 def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_tokens) -> dict[str, float]:
-    """Greedy chain acceptance on target sequences: for every pair j whose next `depth + 1` tokens are
-    the target's greedy continuation, the draft token of depth s (`draft_tokens(prediction)` -> [B, n]
-    target ids) is compared with t_{j+s+1}. Returns `acc@s` = P(depth s right | depths 1..s-1 right)
-    and `chain_mal` = 1 + sum_s P(depths 1..s right) (mean acceptance length of chain(depth), bonus
-    included)."""
+    """Greedy chain acceptance on target sequences: `acc@s` = P(depth s right | depths 1..s-1 right) and
+    `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs whose next `depth + 1` tokens are greedy.
+    """
     reach = torch.zeros(depth + 1)
     for batch in batches:
         outs = unroll(head, embed, batch, depth)

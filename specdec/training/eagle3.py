@@ -67,10 +67,9 @@ def scored_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, to
 def eagle3_loss(head: Eagle3Head, predicted: list[torch.Tensor], batch: TrainBatch, rows: torch.Tensor, *,
                 softcap: float | None = None, depth_decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum over depths s (weight depth_decay**(s-1)) of CE(target's probs, head's probs) over the draft
-    vocabulary, at counted positions (`scored_targets`), each depth's sum divided by the number of
-    counted depth-1 positions. The target's logits there are h_{j+s} @ `rows`.T (rows [N, H] =
-    `teacher_rows`; tanh soft-capped like the target's when `softcap`); the head's are
-    lm_head(logit_features(predicted[s-1])). Stats: `top1@s`, how often the head's argmax is the target's."""
+    vocabulary at counted positions, each depth divided by the counted depth-1 positions; the target's
+    logits are h_{j+s} @ `rows`.T (soft-capped with `softcap`). Stats: `top1@s`.
+    """
     targets = scored_targets(batch, len(predicted))
     count = targets[0][1].sum().clamp(min=1)
     total = predicted[0].new_zeros((), dtype=torch.float32)

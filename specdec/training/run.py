@@ -204,11 +204,9 @@ class Run:
     def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
                shards: list[list[str]] | None = None, grow: bool = False, fork: bool = False) -> Run:
         """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
-        (ShardError / ValueError naming `path`). With `grow`, data whose sets only gained shards
-        (`shards`: each set's shard checksums, the saved ones a prefix of each) is accepted: the new
-        rows join at the next permutation and `data_history` records the step. With `fork`, the state
-        starts another run whose training settings may differ (an A/B arm at equal steps and batches);
-        `data_history` records the fork, its source and the changed settings."""
+        (ShardError / ValueError naming `path`). `grow` accepts sets that only gained shards (joining at the
+        next permutation); `fork` starts another run whose settings may differ; `data_history` records both.
+        """
         path = Path(path)
         state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -270,11 +268,10 @@ def trim_curve(path: str | Path, step: int) -> None:
 
 def advance(run: Run, data: Rollouts, rows: list[int], val_batches, *, until: int, val_every: int,
             checkpoint: str | Path, curve: str | Path, deadline: float = float("inf"), on_best=None) -> bool:
-    """Train `run` on `rows` of `data` up to step `until`. At every multiple of `val_every` and at
-    max_steps: validate, append the curve point, then save the checkpoint (a cut between the two leaves
-    a point that `trim_curve` drops on resume). At `until` or past `deadline` (time.time()): save and
-    stop without validating, so where a session stops never changes the curve. `on_best(run)` is
-    called when a validation sets a new best. Returns whether `until` was reached."""
+    """Train `run` on `rows` of `data` up to step `until`. Every `val_every` steps and at max_steps:
+    validate, append the curve point, save. At `until` or past `deadline`: save, stop without validating.
+    `on_best(run)` follows a new best. Returns whether `until` was reached.
+    """
     while run.step < until:
         run.train_step(data, rows)
         if run.step % val_every == 0 or run.step == run.cfg.max_steps:

@@ -125,11 +125,8 @@ def rollout_settings(*, temperature: float, seed: int, max_new_tokens: int) -> d
 
 
 class TokenSet:
-    """A rollout set: every shard of one target under one rollout setting (see the module docstring).
-
-    Opening an existing folder checks its manifest (format, target identity, rollout settings: a
-    ShardError naming the manifest on any difference) and verifies every shard's size and SHA-256 (a
-    ShardError naming a missing, truncated or altered file). A new folder gets an empty manifest.
+    """A rollout set: every shard of one target under one rollout setting. Opening a folder checks its
+    manifest and every shard's size and SHA-256 (a ShardError naming the difference or the file).
     """
 
     def __init__(self, root: str | Path, target: dict, rollout: dict, prompts: dict | None = None) -> None:
@@ -311,11 +308,10 @@ def set_checksum(sets: Sequence[TokenSet]) -> str:
 def fill_token_set(target, tset: TokenSet, prompts: Sequence[tuple[str, Prompt]], *, shard_prompts: int,
                    batch_size: int, deadline: float = float("inf"), max_shards: int | None = None,
                    run: dict | None = None, log=print) -> int:
-    """Roll out, in the order of `prompts` ((source, prompt) pairs), every prompt whose id `tset` lacks,
-    `shard_prompts` per shard, `batch_size` per batched forward (specdec.training.eagle.rollout_batch),
-    until time.time() passes `deadline` (checked between batches; the shard in progress is dropped
-    unless complete) or `max_shards` were written. A sampled set seeds each shard's generator with
-    (seed, shard index). Returns the shards written."""
+    """Roll out every prompt of `prompts` ((source, prompt) pairs) that `tset` lacks, `shard_prompts` per
+    shard and `batch_size` per forward, until `deadline` (between batches; an incomplete shard is dropped)
+    or `max_shards`. A sampled set seeds each shard with (seed, shard index). Returns the shards written.
+    """
     from specdec.training.eagle import rollout_batch
 
     settings = tset.rollout
