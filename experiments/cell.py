@@ -24,8 +24,7 @@ from specdec.runtime.forwards import CACHES
 from experiments.questions import Question
 
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
-PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")
-"""Each run's key prefix in a row, in `RUNS` order."""
+PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")  # Each run's key prefix in a row, in `RUNS` order.
 ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (3, 2, 1, 0), (2, 0, 3, 1))
 """The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every
 run is in every position once and follows every other run once per four prompts. Across rows too: the
@@ -35,8 +34,7 @@ with the reference's (drafted <-> reference_drafted, plain <-> reference) in eve
 predecessor. A carry-over from one run to the next, or a drift with position, then biases the
 kernel's speculation and the reference's alike and cancels in the interaction."""
 PROBE_TOKENS = 32
-PROBE_REPEATS = 3
-"""The drafting probe (module docstring): new tokens per run and runs per depth."""
+PROBE_REPEATS = 3  # The drafting probe (module docstring): new tokens per run and runs per depth.
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
 """(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
 the cells of a process (the drafter is kept so its id cannot be reused by another)."""

@@ -28,10 +28,8 @@ class ModelConfig:
 
     name: str = MISSING
     """Built-in name (`smollm2-135m`, `tiny-llama`, ...), local directory or hub id for `load_target`."""
-    device: str = "cpu"
-    """Device the target (and the drafter) run on."""
-    dtype: Optional[str] = None
-    """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
+    device: str = "cpu"  # Device the target (and the drafter) run on.
+    dtype: Optional[str] = None  # Weights dtype name (e.g. `float32`); None = the loader's default for that model.
     kernel: str = "auto"
     """What runs the plain linear layers (`specdec.runtime.kernels`): `auto` (measured once per machine), `torch`,
     `onednn`; the one chosen is in each cell's `target_info.kernel`."""
@@ -41,8 +39,7 @@ class ModelConfig:
 class DrafterConfig:
     """The drafter of a cell: a registry name and the options its factory takes."""
 
-    name: str = MISSING
-    """A name registered in `specdec.drafters` (`specdec.drafters.names()`)."""
+    name: str = MISSING  # A name registered in `specdec.drafters` (`specdec.drafters.names()`).
     options: Dict[str, Any] = field(default_factory=dict)
     """Keyword options for the drafter's factory; add one with `+drafter.options.KEY=VALUE`."""
 
@@ -71,19 +68,15 @@ class QuantConfig:
 class DatasetConfig:
     """Which prompts a cell runs."""
 
-    name: str = ""
-    """The selection's name in board titles (e.g. `main`); empty = `source`."""
+    name: str = ""  # The selection's name in board titles (e.g. `main`); empty = `source`.
     source: str = "default"
     """A suite name in experiments/prompts (`default`, `smoke`), a path to a JSONL file in the
     Spec-Bench / MT-bench question format, or `hf:HUB_ID[:SPLIT]` for a `datasets` hub dataset."""
-    categories: List[str] = field(default_factory=list)
-    """Keep only these categories (empty = all)."""
-    question_ids: List[str] = field(default_factory=list)
-    """Keep only these question ids, in file order (empty = all)."""
+    categories: List[str] = field(default_factory=list)  # Keep only these categories (empty = all).
+    question_ids: List[str] = field(default_factory=list)  # Keep only these question ids, in file order (empty = all).
     per_category: Optional[int] = None
     """Keep at most this many questions per category (first in file order); None = all."""
-    max_turns: Optional[int] = None
-    """Run at most this many turns of each question; None = every turn."""
+    max_turns: Optional[int] = None  # Run at most this many turns of each question; None = every turn.
 
 
 @dataclass
@@ -102,13 +95,11 @@ class RunnerConfig:
     """Before timing a cell, one untimed generation of this many tokens, drafted and plain (0 = none)."""
     target_cache_size: int = 3
     """Loaded targets kept in memory across the cells of one multirun (by model and quant spec)."""
-    progress: bool = True
-    """Show tqdm progress bars over cells and prompts."""
+    progress: bool = True  # Show tqdm progress bars over cells and prompts.
     latency_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Widths of the target latency curve stored in every cell (`experiments.run.CellCurves`, timed between the
     cell's prompts); the cost model reads it. Must start at 1."""
-    latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
-    """Context lengths of that curve."""
+    latency_contexts: List[int] = field(default_factory=lambda: [64, 256])  # Context lengths of that curve.
     latency_repeats: int = 11
     """Timed passes over that curve's points (median kept): at least this many, as many after each prompt. The cost
     model takes its shape R(w) = L(w) / L(1), so the median must hold against a slow forward or two on a shared
@@ -132,8 +123,7 @@ class ExperimentConfig:
     dataset: DatasetConfig = MISSING
     sampling: SamplingConfig = MISSING
     """`specdec.SamplingConfig`; question i of a cell uses seed `sampling.seed + i` (both runs)."""
-    max_new_tokens: int = 64
-    """New tokens per turn."""
+    max_new_tokens: int = 64  # New tokens per turn.
     batch: int = 1
     """Prompts decoded together (`specdec.generate_batch`): the grid's batch axis (`batch=1,8`). A batch
     cell runs first turns only, in groups of `batch` consecutive questions; each run of the paired 2x2

@@ -27,10 +27,8 @@ SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed
 """What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
 the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
-CELL_SEED = 0
-"""Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell."""
-N_BOOT = 2000
-"""Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them."""
+CELL_SEED = 0  # Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell.
+N_BOOT = 2000  # Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them.
 STATS_FILE = "stats.json"
 _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s",
          "reference_new_tokens", "reference_wall_time_s"]

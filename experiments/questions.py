@@ -28,8 +28,7 @@ class PromptSuiteError(ValueError):
 class Question:
     question_id: str
     category: str
-    turns: tuple[str, ...]
-    """User messages; turn i > 0 follows the model's own answer to turn i - 1."""
+    turns: tuple[str, ...]  # User messages; turn i > 0 follows the model's own answer to turn i - 1.
 
 
 def suite_names() -> list[str]:

@@ -27,8 +27,7 @@ from specdec.core.shapes import Shape
 if TYPE_CHECKING:
     from specdec.core.sampling import SamplingConfig
 
-KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
-"""(keys, values) per decoder layer, each [B, kv_heads, S, head_dim]."""
+KVLayers = list[tuple[torch.Tensor, torch.Tensor]]  # (keys, values) per decoder layer, each [B, kv_heads, S, head_dim].
 
 
 @dataclass(frozen=True)
@@ -96,13 +95,11 @@ class Draft:
 class Acceptance:
     """The verifier's decision for one sequence and one step."""
 
-    path: list[int]
-    """Draft node indices accepted, root's child first (length = accepted tokens this step)."""
+    path: list[int]  # Draft node indices accepted, root's child first (length = accepted tokens this step).
     next_token: int
     """The token sampled by the target after the accepted path: the *bonus* token when the whole
     path to a leaf was accepted, else the *recovered* token drawn from the residual."""
-    bonus: bool
-    """True when next_token is a bonus token (the last accepted node had no children left to try)."""
+    bonus: bool  # True when next_token is a bonus token (the last accepted node had no children left to try).
 
     @property
     def num_accepted(self) -> int:
@@ -123,8 +120,7 @@ class Step:
     """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the
     whole prompt)."""
     draft: Draft
-    acceptances: list[Acceptance]
-    """One per sequence; empty after the prefill."""
+    acceptances: list[Acceptance]  # One per sequence; empty after the prefill.
     positions: torch.Tensor  # [B, K] absolute positions of the kept rows
     target_hidden: torch.Tensor  # [B, K, H] the target's final hidden state (lm_head input) per kept row
     target_aux: torch.Tensor | None = None  # [B, K, kH] hidden states of `Target.aux_layers` per kept row
@@ -191,10 +187,8 @@ class DraftRequest:
     token_ids: torch.Tensor  # [B, L] every committed token: prompt + generated; the last is the root
     shape: Shape
     sampling: SamplingConfig
-    generator: torch.Generator
-    """The random stream of row 0 (of the only row at B = 1)."""
-    max_depth: int
-    """Nodes deeper than this are useless (generation ends first); drafters may stop early."""
+    generator: torch.Generator  # The random stream of row 0 (of the only row at B = 1).
+    max_depth: int  # Nodes deeper than this are useless (generation ends first); drafters may stop early.
     lengths: list[int] | None = None
     """Batches: committed tokens per row, left-padded in `token_ids` (None = every row has L)."""
     generators: list[torch.Generator] | None = None

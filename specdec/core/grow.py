@@ -32,8 +32,7 @@ class SubVocab:
     """
 
     ids: torch.Tensor  # [Vd] long target token ids, on the drafter's device
-    size: int
-    """The full (target) vocabulary size V."""
+    size: int  # The full (target) vocabulary size V.
 
     def to_target(self, columns: torch.Tensor) -> torch.Tensor:
         return self.ids[columns]

@@ -35,11 +35,9 @@ class GenerationStats:
     """Statistics of one generation (or, via `merge`, of several)."""
 
     steps: list[StepRecord] = field(default_factory=list)
-    new_tokens: int = 0
-    """Tokens returned (after truncation at EOS / max_new_tokens)."""
+    new_tokens: int = 0  # Tokens returned (after truncation at EOS / max_new_tokens).
     prefill_time_s: float = 0.0
-    wall_time_s: float = 0.0
-    """Prefill plus every step, as timed by the loop."""
+    wall_time_s: float = 0.0  # Prefill plus every step, as timed by the loop.
 
     @property
     def num_steps(self) -> int:
@@ -155,15 +153,13 @@ class BatchStats:
 
     rows: int
     steps: int = 0
-    new_tokens: int = 0
-    """Tokens returned over all rows."""
+    new_tokens: int = 0  # Tokens returned over all rows.
     prefill_time_s: float = 0.0
     wall_time_s: float = 0.0
     target_time_s: float = 0.0
     draft_time_s: float = 0.0
     step_time_s: float = 0.0
-    row_mal: list[float] = field(default_factory=list)
-    """Each row's mean acceptance length, in prompt order."""
+    row_mal: list[float] = field(default_factory=list)  # Each row's mean acceptance length, in prompt order.
     verify_widths: dict[int, int] = field(default_factory=dict)
     """Steps per width of the batch's verify forward (1 + the most draft nodes of any active row: every
     row is padded to it), what a step costs on the batch's latency curve."""

@@ -21,12 +21,9 @@ class SamplingConfig:
     """Softmax temperature; 0 = greedy decoding. Must be >= 0. Any T > 0, however small (1e-40 in a
     float32 forward included), samples softmax(logits / T), computed without overflow: as T -> 0 it
     becomes the uniform law on the tokens tied at the maximum logit (greedy picks the first of them)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens before sampling; 0 = no top-k filter. Must be >= 0."""
-    top_p: float = 1.0
-    """Nucleus filter: keep the smallest set of tokens whose mass reaches top_p. In (0, 1]."""
-    seed: int = 0
-    """Seed of the torch.Generator that drives every random choice of one generation."""
+    top_k: int = 0  # Keep only the k most likely tokens before sampling; 0 = no top-k filter. Must be >= 0.
+    top_p: float = 1.0  # Nucleus filter: keep the smallest set of tokens whose mass reaches top_p. In (0, 1].
+    seed: int = 0  # Seed of the torch.Generator that drives every random choice of one generation.
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:

@@ -23,8 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec.drafters.eagle_head import attend, fit_problems, full_mask
 
-MODEL_TYPE = "eagle3"
-"""The speculators_model_type this module reads and writes."""
+MODEL_TYPE = "eagle3"  # The speculators_model_type this module reads and writes.
 SPECULATORS_VERSION = "0.9.0"
 """The speculators release whose format `save_speculators` writes (and tests/test_speculators.py checks)."""
 _FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -42,18 +41,12 @@ class Eagle3Config:
     """eagle_aux_hidden_state_layer_ids: verifier layer ids (HF hidden_states indices) fused by fc."""
     draft_vocab_size: int
     """Columns of the head's lm_head (= the verifier's vocabulary when no vocabulary map is stored)."""
-    target_name: str = ""
-    """speculators_config.verifier.name_or_path ('' when the file names none)."""
-    verifier_architectures: tuple[str, ...] = ()
-    """speculators_config.verifier.architectures."""
-    norm_before_residual: bool = False
-    """Layer 0's residual is hidden_norm(g) instead of g."""
-    norm_before_fc: bool = False
-    """One RMS norm over the concatenated aux layers before fc."""
-    fc_norm: bool = False
-    """One RMS norm per aux layer before fc."""
-    norm_output: bool = False
-    """Children read norm(x) instead of x (EAGLE 3.1)."""
+    target_name: str = ""  # speculators_config.verifier.name_or_path ('' when the file names none).
+    verifier_architectures: tuple[str, ...] = ()  # speculators_config.verifier.architectures.
+    norm_before_residual: bool = False  # Layer 0's residual is hidden_norm(g) instead of g.
+    norm_before_fc: bool = False  # One RMS norm over the concatenated aux layers before fc.
+    fc_norm: bool = False  # One RMS norm per aux layer before fc.
+    norm_output: bool = False  # Children read norm(x) instead of x (EAGLE 3.1).
     speculative_tokens: int = 3
     """The greedy proposal's depth the file advertises (speculators_config.proposal_methods)."""
     extra: dict = field(default_factory=dict, compare=False)
@@ -89,8 +82,7 @@ class Eagle3Head(nn.Module):
     lm_head over the draft vocabulary. Module names are the checkpoint's tensor names."""
 
     scores_own_vocabulary = True
-    takes_row_positions = True
-    """Its forward takes per-row positions [B, n] and masks [B, 1, n, past + n] (a batch)."""
+    takes_row_positions = True  # Its forward takes per-row positions [B, n] and masks [B, 1, n, past + n] (a batch).
     """The drafter scores `logit_features` with `lm_head`, columns = `draft_vocab` (target ids)."""
 
     def __init__(self, config: Eagle3Config, draft_vocab: torch.Tensor | None = None, embed: bool = False) -> None:

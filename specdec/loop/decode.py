@@ -41,29 +41,19 @@ class DecodeConfig:
     shape: str | ShapeSpec | ShapePolicy = "chain(4)"
     """A concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`), `auto` (`specdec.loop.policy`), or a
     `ShapePolicy` object."""
-    max_new_tokens: int | Sequence[int] = 64
-    """New tokens per row: one number, or one per prompt; each >= 1."""
-    temperature: float = 0.0
-    """0: greedy (the target's argmax); > 0: sampling from the target's tempered law."""
-    top_k: int = 0
-    """Keep the k most likely tokens of the target's law (0: all)."""
-    top_p: float = 1.0
-    """Keep the smallest set of most likely tokens whose mass reaches p (1: all)."""
-    seed: int = 0
-    """Row b draws its randomness from a generator seeded `seed + b`."""
-    chat: bool = True
-    """Apply the tokenizer's chat template to string prompts."""
-    stop_on_eos: bool = True
-    """Stop a row at its first stop token (False: only `max_new_tokens` stops it)."""
-    eos: Collection[int] | None = None
-    """The stop set (None: the target's EOS tokens)."""
+    max_new_tokens: int | Sequence[int] = 64  # New tokens per row: one number, or one per prompt; each >= 1.
+    temperature: float = 0.0  # 0: greedy (the target's argmax); > 0: sampling from the target's tempered law.
+    top_k: int = 0  # Keep the k most likely tokens of the target's law (0: all).
+    top_p: float = 1.0  # Keep the smallest set of most likely tokens whose mass reaches p (1: all).
+    seed: int = 0  # Row b draws its randomness from a generator seeded `seed + b`.
+    chat: bool = True  # Apply the tokenizer's chat template to string prompts.
+    stop_on_eos: bool = True  # Stop a row at its first stop token (False: only `max_new_tokens` stops it).
+    eos: Collection[int] | None = None  # The stop set (None: the target's EOS tokens).
     force: Sequence[Sequence[int]] | None = None
     """Teacher forcing: per row, the tokens to commit whatever was accepted (the longest draft path that
     matches them keeps its cache entries; the drafter hears that path as accepted). None: off."""
-    cache: str = "auto"
-    """`auto` or a key of `specdec.runtime.forwards.CACHES`."""
-    cache_capacity: int | None = None
-    """Slots of a preallocated cache (None: just enough)."""
+    cache: str = "auto"  # `auto` or a key of `specdec.runtime.forwards.CACHES`.
+    cache_capacity: int | None = None  # Slots of a preallocated cache (None: just enough).
     buckets: Sequence[int] | None = None
     """Verification widths of `cache="graphs"` (None: `specdec.runtime.graphs.DEFAULT_BUCKETS`, widened
     to the shape's largest draft when needed)."""
@@ -76,10 +66,8 @@ class DecodeConfig:
 
 @dataclass
 class GenerationOutput:
-    token_ids: list[int]
-    """New tokens only (the stop token, when generation stopped on it, included)."""
-    text: str
-    """Decoded `token_ids` (special tokens skipped)."""
+    token_ids: list[int]  # New tokens only (the stop token, when generation stopped on it, included).
+    text: str  # Decoded `token_ids` (special tokens skipped).
     prompt_ids: list[int]
     stats: GenerationStats
 

@@ -29,8 +29,7 @@ class ShapePolicy(Protocol):
     """Picks the shape each step drafts; the loop calls `choose` before a step, `keep` on each row's
     proposal, and `observe` with the step's event for each of its rows."""
 
-    max_nodes: int
-    """The most draft nodes a step may verify (sizes the loop's cache)."""
+    max_nodes: int  # The most draft nodes a step may verify (sizes the loop's cache).
 
     def choose(self, context: int) -> Shape | None:
         """The concrete shape to draft next (None = draft nothing), `context` tokens committed."""

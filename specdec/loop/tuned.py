@@ -25,8 +25,7 @@ def curve_prefix(target: Target, cache: str) -> str:
     return f"{cache}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_"
 
 
-DEFAULT_WIDTH_COST = 1 / 24
-"""The untuned curve's cost of each token past the first, in units of a one-token forward."""
+DEFAULT_WIDTH_COST = 1 / 24  # The untuned curve's cost of each token past the first, in units of a one-token forward.
 
 
 def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:

@@ -32,18 +32,15 @@ class UnderivableShapeError(ValueError):
 class ProfileCounts:
     """Acceptance per depth and sibling rank over every recorded position (not per real step)."""
 
-    reached: list[int]
-    """reached[d - 1]: positions whose draft had a node at depth d."""
+    reached: list[int]  # reached[d - 1]: positions whose draft had a node at depth d.
     tried: list[int]
     """tried[d - 1]: positions whose accepted path reached depth d - 1 at a node with children (the
     target looked for a depth-d token among the draft's)."""
-    accepted: list[int]
-    """accepted[d - 1]: positions whose accepted path reached depth d."""
+    accepted: list[int]  # accepted[d - 1]: positions whose accepted path reached depth d.
     by_rank: list[list[int]]
     """by_rank[d - 1][r]: positions whose accepted node at depth d was its parent's child of rank r
     (0 = first child, the drafter's best)."""
-    positions: int
-    """Positions recorded."""
+    positions: int  # Positions recorded.
 
     def rate_by_depth(self) -> list[float]:
         """P(a depth-d node is accepted | depth d - 1 was and has children), per d (NaN if never tried)."""
@@ -54,19 +51,15 @@ class ProfileCounts:
 class AcceptanceProfile:
     """One greedy decode and the drafter's draft at each of its positions (see the module docstring)."""
 
-    target: str
-    """The target's label."""
+    target: str  # The target's label.
     drafter: str
-    shape: Shape
-    """The shape every recorded draft was asked in."""
+    shape: Shape  # The shape every recorded draft was asked in.
     prompt_ids: list[int]
-    greedy: list[int]
-    """The target's greedy continuation, max_new_tokens long (not cut at EOS)."""
+    greedy: list[int]  # The target's greedy continuation, max_new_tokens long (not cut at EOS).
     drafts: list[Draft]
     """drafts[p]: the draft proposed after p generated tokens (on CPU, already cut to the depth the
     loop would allow there: max_new_tokens - p - 1)."""
-    eos: set[int]
-    """Tokens that end a real run (empty when the profile was made with stop_on_eos=False)."""
+    eos: set[int]  # Tokens that end a real run (empty when the profile was made with stop_on_eos=False).
 
     @property
     def max_new_tokens(self) -> int:

@@ -22,8 +22,7 @@ from specdec import machine
 SCHEMA = "specdec.measure.records/1"
 REQUIRED = ("schema", "kind", "date", "command", "machine", "result")
 """Keys every record carries; `validate` refuses a record without one of them."""
-MACHINE_REQUIRED = ("name", "key")
-"""Keys every record's `machine` carries."""
+MACHINE_REQUIRED = ("name", "key")  # Keys every record's `machine` carries.
 
 
 class RecordError(ValueError):

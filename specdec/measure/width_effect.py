@@ -45,8 +45,7 @@ class Laws:
     """One run's committed tokens and, per token, the logits it was decided on and its forward's width."""
 
     tokens: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-    """float64 [V] per committed token."""
+    logits: list[torch.Tensor] = field(default_factory=list)  # float64 [V] per committed token.
     widths: list[int] = field(default_factory=list)
 
 
@@ -78,14 +77,12 @@ class PromptEffect:
 
     shape: str
     temperature: float
-    tv: list[float]
-    """Per committed token: TV between the drafted run's law and the plain loop's."""
+    tv: list[float]  # Per committed token: TV between the drafted run's law and the plain loop's.
     gap_shift: list[float]
     """Per token: |change| of the plain loop's top-1 minus top-2 logit gap in the drafted run's logits."""
     argmax_differs: int
     widths: list[int]
-    prompt: int = 0
-    """Index of the prompt in the measurement."""
+    prompt: int = 0  # Index of the prompt in the measurement.
 
     @property
     def mean_tv(self) -> float:
@@ -132,8 +129,7 @@ class WidthEffect:
     effects: list[PromptEffect] = field(default_factory=list)
     exact_arithmetic: bool = False
     """The target computes in fp32/fp64, unquantized, with the torch kernel (`exact_arithmetic`)."""
-    cpu_seconds: float = 0.0
-    """Process CPU time of the measurement."""
+    cpu_seconds: float = 0.0  # Process CPU time of the measurement.
 
     @property
     def label(self) -> str:

@@ -24,8 +24,7 @@ DAMPING = 0.1
 """Fraction of the mean Hessian diagonal added to the diagonal (GPTQ's `percdamp`; the paper's code
 uses 0.01). Stronger than the paper's because the calibration set is small (~1.5k tokens for layers
 up to 1,536 wide); `specdec.quant.quant_report` measures agreement and KL for any setting."""
-BLOCK = 128
-"""Columns per lazy batch (the error of a block reaches later blocks in one matrix product)."""
+BLOCK = 128  # Columns per lazy batch (the error of a block reaches later blocks in one matrix product).
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int | None,

@@ -32,16 +32,11 @@ class ReportConfig:
 
     widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     """Numbers of new tokens per timed forward (a causal chain after the context)."""
-    contexts: tuple[int, ...] = (32, 256)
-    """Cached context lengths the widths are timed after."""
-    repeats: int = 7
-    """Timed forwards per (context, width, model); the median is reported."""
-    warmup: int = 1
-    """Untimed passes over every width per context and model before timing."""
-    eval_tokens: int = 256
-    """Positions of EVAL_TEXT scored for agreement and KL (fewer if the text is shorter)."""
-    latency: bool = True
-    """Measure the latency curve (False: agreement and KL only, e.g. in tests)."""
+    contexts: tuple[int, ...] = (32, 256)  # Cached context lengths the widths are timed after.
+    repeats: int = 7  # Timed forwards per (context, width, model); the median is reported.
+    warmup: int = 1  # Untimed passes over every width per context and model before timing.
+    eval_tokens: int = 256  # Positions of EVAL_TEXT scored for agreement and KL (fewer if the text is shorter).
+    latency: bool = True  # Measure the latency curve (False: agreement and KL only, e.g. in tests).
 
 
 def eval_token_ids(target: Target, length: int) -> list[int]:

@@ -109,10 +109,8 @@ class Target:
 
     model: Any  # transformers PreTrainedModel (causal LM)
     tokenizer: Any | None
-    name: str
-    """The model's name (a built-in name, path or hub id), never decorated with its quantization."""
-    quant: str = "none"
-    """The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is."""
+    name: str  # The model's name (a built-in name, path or hub id), never decorated with its quantization.
+    quant: str = "none"  # The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is.
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
     kernel: str = "torch"

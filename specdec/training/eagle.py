@@ -27,16 +27,11 @@ from specdec.training.prompts import Prompt
 class Rollouts:
     """The target's own sequences and final hidden states (the head's training data)."""
 
-    sequences: list[torch.Tensor]
-    """Each [L] long: chat-formatted prompt + the target's continuation."""
-    hidden: list[torch.Tensor]
-    """Each [L, H]: the target's final hidden state at every position of its sequence."""
-    prompt_index: list[int] = field(default_factory=list)
-    """Index of each sequence's prompt in the prompt list."""
-    prompt_len: list[int] = field(default_factory=list)
-    """Prompt tokens at the start of each sequence."""
-    temperature: list[float] = field(default_factory=list)
-    """Temperature of each continuation (0 = greedy)."""
+    sequences: list[torch.Tensor]  # Each [L] long: chat-formatted prompt + the target's continuation.
+    hidden: list[torch.Tensor]  # Each [L, H]: the target's final hidden state at every position of its sequence.
+    prompt_index: list[int] = field(default_factory=list)  # Index of each sequence's prompt in the prompt list.
+    prompt_len: list[int] = field(default_factory=list)  # Prompt tokens at the start of each sequence.
+    temperature: list[float] = field(default_factory=list)  # Temperature of each continuation (0 = greedy).
     aux: list[torch.Tensor] = field(default_factory=list)
     """Each [L, kH] (bf16): the target's hidden states of k aux layers per position; [] = none read."""
 

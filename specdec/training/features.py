@@ -28,16 +28,11 @@ from specdec.training.tokens import MANIFEST, ShardError, TokenSet, prompt_id, s
 class TokenSequence:
     """One rolled-out sequence of a set."""
 
-    tokens: torch.Tensor
-    """[L] long: chat-formatted prompt + the target's continuation."""
-    prompt_len: int
-    """Prompt tokens at the start."""
-    prompt_id: str
-    """specdec.training.tokens.prompt_id of its prompt."""
-    source: str
-    """Prompt source name."""
-    temperature: float
-    """0 = greedy continuation."""
+    tokens: torch.Tensor  # [L] long: chat-formatted prompt + the target's continuation.
+    prompt_len: int  # Prompt tokens at the start.
+    prompt_id: str  # specdec.training.tokens.prompt_id of its prompt.
+    source: str  # Prompt source name.
+    temperature: float  # 0 = greedy continuation.
 
 
 def token_sequences(sets: list[TokenSet]) -> list[TokenSequence]:
@@ -113,8 +108,7 @@ def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = 
     return [(hidden[i, :n], None if aux is None else aux[i, :n]) for i, n in enumerate(lengths)]
 
 
-BATCH_ON_DEVICE = 32
-"""Sequences per recompute_batch forward on an accelerator (a CPU recomputes one at a time)."""
+BATCH_ON_DEVICE = 32  # Sequences per recompute_batch forward on an accelerator (a CPU recomputes one at a time).
 
 
 def check_target(sets: list[TokenSet], identity: dict) -> None:

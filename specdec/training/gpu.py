@@ -25,8 +25,7 @@ from specdec.training import cli
 
 SET = "data/eagle/smollm2-135m/greedy-192"
 AUX_LAYERS = ("3", "15")  # the run's; a resume with others is refused by the run itself
-MARGIN_MINUTES = 0.4
-"""Kept back for the run's last checkpoint and the compact state."""
+MARGIN_MINUTES = 0.4  # Kept back for the run's last checkpoint and the compact state.
 SMOKE_TRAIN = ["--num-validation", "4", "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2",
                "--warmup-steps", "1", "--ce-vocab", "64", "--eval-vocab", "64", "--draft-vocab-size", "64"]
 """Training settings of the smoke run (tiny-llama, a CPU, seconds)."""

@@ -14,8 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-Prompt = tuple[dict, ...]
-"""A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn."""
+Prompt = tuple[dict, ...]  # A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn.
 
 SOURCES: dict[str, Callable[[int, int], list[Prompt]]] = {}
 """Prompt sources by name: fn(n, seed) -> up to n distinct prompts (deterministic)."""

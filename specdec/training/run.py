@@ -34,42 +34,25 @@ SCHEDULE_FIELDS = ("anneal_start", "max_steps")
 class RunConfig:
     """The settings one run keeps from its first step to its last."""
 
-    lr: float = 3e-4
-    """Peak (constant-phase) AdamW learning rate."""
-    warmup_steps: int = 100
-    """Linear warm-up from lr / warmup_steps to lr."""
+    lr: float = 3e-4  # Peak (constant-phase) AdamW learning rate.
+    warmup_steps: int = 100  # Linear warm-up from lr / warmup_steps to lr.
     anneal_start: int = 10_000
     """Step where the constant phase ends and the cosine anneal begins (may grow on resume before it)."""
-    max_steps: int = 12_000
-    """Step where the anneal reaches final_lr_fraction x lr and the run ends."""
-    final_lr_fraction: float = 0.0
-    """Learning rate at max_steps, as a fraction of lr."""
-    batch_size: int = 8
-    """Sequences per optimiser step."""
-    max_len: int = 384
-    """Training rows are cropped to this many tokens."""
-    ttt_depth: int = 6
-    """Training-time test depth (drafting's dynamic(8,6,32) drafts to depth 6)."""
-    depth_decay: float = 1.0
-    """Weight of depth s is depth_decay ** (s - 1)."""
-    ce_weight: float = 0.1
-    """Weight of the cross-entropy term (regression has weight 1)."""
-    ce_vocab: int = 4096
-    """The cross-entropy runs over the head's first ce_vocab draft-vocabulary tokens."""
-    feature_noise: float = 0.2
-    """Width of the uniform noise on the depth-1 input features."""
-    generated_only: bool = True
-    """Loss only where the scored token is the target's continuation (as validation counts)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 0.5
-    """Gradient-norm clip."""
-    val_depth: int = 6
-    """Depths validation reports (chain(val_depth) MAL)."""
-    eval_vocab: int = 4096
-    """Validation drafts over the head's first eval_vocab draft-vocabulary tokens."""
-    seed: int = 0
-    """Seed of the batch order and the feature noise."""
+    max_steps: int = 12_000  # Step where the anneal reaches final_lr_fraction x lr and the run ends.
+    final_lr_fraction: float = 0.0  # Learning rate at max_steps, as a fraction of lr.
+    batch_size: int = 8  # Sequences per optimiser step.
+    max_len: int = 384  # Training rows are cropped to this many tokens.
+    ttt_depth: int = 6  # Training-time test depth (drafting's dynamic(8,6,32) drafts to depth 6).
+    depth_decay: float = 1.0  # Weight of depth s is depth_decay ** (s - 1).
+    ce_weight: float = 0.1  # Weight of the cross-entropy term (regression has weight 1).
+    ce_vocab: int = 4096  # The cross-entropy runs over the head's first ce_vocab draft-vocabulary tokens.
+    feature_noise: float = 0.2  # Width of the uniform noise on the depth-1 input features.
+    generated_only: bool = True  # Loss only where the scored token is the target's continuation (as validation counts).
+    weight_decay: float = 0.0  # AdamW weight decay.
+    grad_clip: float = 0.5  # Gradient-norm clip.
+    val_depth: int = 6  # Depths validation reports (chain(val_depth) MAL).
+    eval_vocab: int = 4096  # Validation drafts over the head's first eval_vocab draft-vocabulary tokens.
+    seed: int = 0  # Seed of the batch order and the feature noise.
     val_dtype: str = "float32"
     """Dtype of the head copy validation drafts with: 'bfloat16' scores what head_dtype='auto' drafts
     with where it picks bf16 (the trained weights stay float32)."""

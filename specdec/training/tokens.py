@@ -55,22 +55,14 @@ def _write_atomic(path: Path, write) -> None:
 class TokenShard:
     """One recorded shard (an entry of manifest.json `shards`)."""
 
-    index: int
-    """Shard number, in the order the shards were written."""
-    file: str
-    """File name inside the set folder."""
-    bytes: int
-    """File size: 2 x the shard's tokens."""
-    sha256: str
-    """SHA-256 of the file."""
-    prompt_ids: list[str]
-    """`prompt_id` of each sequence's prompt."""
-    sources: list[str]
-    """Prompt source of each sequence (a specdec.training.prompts source name)."""
-    prompt_len: list[int]
-    """Tokens of each sequence's chat-formatted prompt (the rest is the target's continuation)."""
-    length: list[int]
-    """Tokens of each sequence (prompt + continuation)."""
+    index: int  # Shard number, in the order the shards were written.
+    file: str  # File name inside the set folder.
+    bytes: int  # File size: 2 x the shard's tokens.
+    sha256: str  # SHA-256 of the file.
+    prompt_ids: list[str]  # `prompt_id` of each sequence's prompt.
+    sources: list[str]  # Prompt source of each sequence (a specdec.training.prompts source name).
+    prompt_len: list[int]  # Tokens of each sequence's chat-formatted prompt (the rest is the target's continuation).
+    length: list[int]  # Tokens of each sequence (prompt + continuation).
 
     @property
     def num_tokens(self) -> int:
