@@ -26,13 +26,12 @@ from experiments.questions import Question
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
 PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")  # Each run's key prefix in a row, in `RUNS` order.
 ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (3, 2, 1, 0), (2, 0, 3, 1))
-"""The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every
-run is in every position once and follows every other run once per four prompts. Across rows too: the
-prompts run back to back, so a row's first run follows the previous row's last, and the sequence of
-16 runs (cyclic; the warm-up ends as the last row does) is unchanged by swapping the kernel's runs
-with the reference's (drafted <-> reference_drafted, plain <-> reference) in every run's position and
-predecessor. A carry-over from one run to the next, or a drift with position, then biases the
-kernel's speculation and the reference's alike and cancels in the interaction."""
+"""The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every run is in every
+position once and follows every other run once per four prompts. Across rows too: the prompts run back to back, so a
+row's first run follows the previous row's last, and the sequence of 16 runs (cyclic; the warm-up ends as the last row
+does) is unchanged by swapping the kernel's runs with the reference's (drafted <-> reference_drafted, plain <->
+reference) in every run's position and predecessor. A carry-over from one run to the next, or a drift with position,
+then biases the kernel's speculation and the reference's alike and cancels in the interaction."""
 PROBE_TOKENS = 32
 PROBE_REPEATS = 3  # The drafting probe (module docstring): new tokens per run and runs per depth.
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
@@ -97,10 +96,9 @@ def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
 
 
 def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
-    """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and
-    `verify_widths` count each step once per row it served): steps, steps per padded verify width and
-    per (active rows, width) as "RxW", the target's forward seconds per such shape, and everything but
-    drafting summed over steps."""
+    """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and `verify_widths` count
+    each step once per row it served): steps, steps per padded verify width and per (active rows, width) as "RxW", the
+    target's forward seconds per such shape, and everything but drafting summed over steps."""
     return {f"{prefix}batch_steps": stats.steps,
             f"{prefix}batch_verify_widths": {str(w): n for w, n in sorted(stats.verify_widths.items())},
             f"{prefix}batch_verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(stats.verify_shapes.items())},
@@ -157,10 +155,9 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
 
 def drafting_probe(pairs: Sequence[tuple[specdec.Target, specdec.drafters.Drafter]], prompt, depth: int, seed: int,
                    options: dict) -> list[dict[str, float]]:
-    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes}
-    for d in (1, `depth`), from `PROBE_REPEATS` chain(d) runs of `PROBE_TOKENS` tokens on `prompt`, depths
-    and pairs alternating so that paired drafters share the machine's state. A depth no step drafted in
-    full is left out."""
+    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes} for d in (1,
+    `depth`), from `PROBE_REPEATS` chain(d) runs of `PROBE_TOKENS` tokens on `prompt`, depths and pairs alternating so
+    that paired drafters share the machine's state. A depth no step drafted in full is left out."""
     times: list[dict[int, list[float]]] = [{1: [], depth: []} for _ in pairs]
     for repeat in range(PROBE_REPEATS):
         for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):

@@ -108,8 +108,7 @@ class RunnerConfig:
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
     threads: int = 1
-    """torch intra-op threads (0 = torch's default); recorded in every cell's hardware metadata
-    (`torch_threads`)."""
+    """torch intra-op threads (0 = torch's default); recorded in every cell's hardware metadata (`torch_threads`)."""
 
 
 @dataclass
@@ -154,9 +153,8 @@ def check_keys(cfg: Any) -> None:
 
 
 def register_configs(drafter_presets: bool = True) -> None:
-    """Store the schema (as `experiment_schema`) and, unless told not to (a quick check that should not
-    import the drafters), a `drafter/NAME` preset for every registered drafter without a YAML preset.
-    Idempotent."""
+    """Store the schema (as `experiment_schema`) and, unless told not to (a quick check that should not import the
+    drafters), a `drafter/NAME` preset for every registered drafter without a YAML preset. Idempotent."""
     store = ConfigStore.instance()
     schema = OmegaConf.structured(ExperimentConfig)
     schema.sampling = OmegaConf.structured(SamplingConfig)

@@ -1,9 +1,8 @@
-"""Decoding speed of specdec's loop against Hugging Face `generate`: the configurations and the race
-behind scripts/bench_decode.py (its docstring says what is measured).
+"""Decoding speed of specdec's loop against Hugging Face `generate`: the configurations and the race behind
+scripts/bench_decode.py (its docstring says what is measured).
 
-Owns `parse` (every bad option a SystemExit before anything loads), `load_prompts`, `hf_generate`,
-`configurations`, `race` (every configuration back to back per prompt) and `rows`. Knows nothing
-about tuning, printing or records.
+Owns `parse` (every bad option a SystemExit before anything loads), `load_prompts`, `hf_generate`, `configurations`,
+`race` (every configuration back to back per prompt) and `rows`. Knows nothing about tuning, printing or records.
 """
 
 from __future__ import annotations
@@ -135,9 +134,8 @@ def configurations(target, args, cache: str) -> dict:
 
 
 def race(target, configs: dict, prompt_ids: list[list[int]]) -> dict[str, dict]:
-    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up:
-    {name: {seconds, tokens, same (outputs equal to plain's), parted (first differing token of each
-    other output), stats}}."""
+    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up: {name: {seconds, tokens,
+    same (outputs equal to plain's), parted (first differing token of each other output), stats}}."""
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed
         run(prompt_ids[0][:16])

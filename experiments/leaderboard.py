@@ -120,9 +120,8 @@ def acceptance_curve(rows: pd.DataFrame) -> list[float]:
 
 
 def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
-    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft
-    tokens), pooled over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], [])
-    for rows stored without them."""
+    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft tokens), pooled
+    over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], []) for rows stored without them."""
     if "position_tried" not in rows:
         return [], []
     tried, kept, histogram = (np.array(pooled(rows[c]), dtype=float)

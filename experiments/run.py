@@ -150,10 +150,9 @@ def kernel_label(cfg: ExperimentConfig) -> str:
 
 
 def quant_labels(spec: str, target: specdec.Target, label: str = "") -> dict[str, Any]:
-    """The kernel label, the bits label (the spec's bit-width; the weights' dtype width when it has
-    none), whether the backend only simulates the numerics (weights stored dequantized: acceptance at
-    that bit-width, cost of the unquantized model) and whether the cell is an A/A control (the
-    reference measured again under another label)."""
+    """The kernel label, the bits label (the spec's bit-width; the weights' dtype width when it has none), whether the
+    backend only simulates the numerics (weights stored dequantized: acceptance at that bit-width, cost of the
+    unquantized model) and whether the cell is an A/A control (the reference measured again under another label)."""
     parsed = quantization.parse_spec(spec)
     bits = parsed.bits if parsed.bits is not None else torch.finfo(target.dtype).bits
     numerics_only = not quantization.get(parsed.backend).packed and not is_reference(spec)
@@ -226,9 +225,8 @@ class CellCurves:
 
 
 def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specdec.Target:
-    """The cell's target (quantized by `spec`, default the cell's), loaded once per (model, device,
-    dtype, quant) per process (LRU of `runner.target_cache_size`; evicting a target drops the
-    drafters built for it)."""
+    """The cell's target (quantized by `spec`, default the cell's), loaded once per (model, device, dtype, quant) per
+    process (LRU of `runner.target_cache_size`; evicting a target drops the drafters built for it)."""
     key = _target_key(cfg, spec)
     if key in _TARGETS:
         _TARGETS.move_to_end(key)
@@ -256,8 +254,7 @@ def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target,
 
 
 def run_experiment(cfg: DictConfig) -> str:
-    """Run one cell (skipping it when the store has it) and print its one-line summary. Returns the
-    cell id."""
+    """Run one cell (skipping it when the store has it) and print its one-line summary. Returns the cell id."""
     check_keys(cfg)
     OmegaConf.set_readonly(cfg, True)
     exp: ExperimentConfig = OmegaConf.to_object(cfg)

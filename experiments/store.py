@@ -1,11 +1,10 @@
 """The results store: one directory per finished cell, written atomically, readable with pandas.
 
-Layout (version 1): RESULTS/STORE.json (format and version, written once), RESULTS/cells/<cell_id>/
-{cell.json (key, config, git, hardware, versions), rows.jsonl (one object per question x turn), done
-(written last)}, RESULTS/.partial/ (cells being written), RESULTS/hydra/ (Hydra's logs, never read).
-A cell is written under .partial/ (fsynced, `done` last), then renamed into cells/: the atomic
-`rename` is also the claim between concurrent writers, and nothing in cells/ is overwritten.
-`load_rows` skips a damaged cell with a `DamagedCellWarning` (`on_damage="raise"`: `DamagedCellError`).
+Layout (version 1): RESULTS/STORE.json (format and version, written once), RESULTS/cells/<cell_id>/ {cell.json (key,
+config, git, hardware, versions), rows.jsonl (one object per question x turn), done (written last)}, RESULTS/.partial/
+(cells being written), RESULTS/hydra/ (Hydra's logs, never read). A cell is written under .partial/ (fsynced, `done`
+last), then renamed into cells/: the atomic `rename` is also the claim between concurrent writers, and nothing in cells/
+is overwritten. `load_rows` skips a damaged cell with a `DamagedCellWarning` (`on_damage="raise"`: `DamagedCellError`).
 Owns none of the measuring: rows arrive as plain dicts.
 """
 

@@ -117,8 +117,7 @@ class Step:
 
     token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root (left-padded: `lengths`)
     num_new: list[int]
-    """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the
-    whole prompt)."""
+    """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the whole prompt)."""
     draft: Draft
     acceptances: list[Acceptance]  # One per sequence; empty after the prefill.
     positions: torch.Tensor  # [B, K] absolute positions of the kept rows
@@ -234,11 +233,10 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class BatchDrafter(Drafter, Protocol):
-    """A drafter that serves a batch (`specdec.generate_batch` with more than one prompt): it sets
-    `batchable = True`, drafts every row in `propose_batch` (one `Draft` per row, each [1, N_b];
-    rows may differ in size and shape) and drops finished rows in `select_rows`. Its `commit` takes
-    B-row steps (`Step.row(b)`, `Step.kept`, `Step.lengths`). A row draws randomness only from its own
-    `request.generators[b]`, so its draft never depends on its neighbours."""
+    """A drafter that serves a batch (`specdec.generate_batch` with more than one prompt): it sets `batchable = True`,
+    drafts every row in `propose_batch` (one `Draft` per row, each [1, N_b]; rows may differ in size and shape) and
+    drops finished rows in `select_rows`. Its `commit` takes B-row steps (`Step.row(b)`, `Step.kept`, `Step.lengths`). A
+    row draws randomness only from its own `request.generators[b]`, so its draft never depends on its neighbours."""
 
     batchable: bool
 

@@ -1,9 +1,8 @@
 """What the loop tells the world after each step: `StepEvent`, and its per-phase times.
 
-Owns `PhaseTimes` and `StepEvent`, the one door into the loop (`decode` yields one per step). An event
-is frozen and its lists are the loop's for this step only; `logits` is a view valid until the loop
-resumes (copy what you keep). `rows[b]` is the prompt index of active batch row b. Knows nothing
-about how a step is run.
+Owns `PhaseTimes` and `StepEvent`, the one door into the loop (`decode` yields one per step). An event is frozen and its
+lists are the loop's for this step only; `logits` is a view valid until the loop resumes (copy what you keep). `rows[b]`
+is the prompt index of active batch row b. Knows nothing about how a step is run.
 """
 
 from __future__ import annotations
@@ -48,10 +47,9 @@ class StepEvent:
     """Per row, the draft nodes committed (their cache entries kept): the accepted path, or under
     `force` the longest path that matched the forced tokens."""
     committed: list[list[int]]
-    """Per row, the tokens committed this step: those of `paths`, then the next token (under `force`,
-    the forced ones, which may differ from `acceptances`); token j was decided on logits row
-    ([0] + [n + 1 for n in path])[j]. A row's output cuts them at its first stop token and its
-    `max_new_tokens`."""
+    """Per row, the tokens committed this step: those of `paths`, then the next token (under `force`, the forced ones,
+    which may differ from `acceptances`); token j was decided on logits row ([0] + [n + 1 for n in path])[j]. A row's
+    output cuts them at its first stop token and its `max_new_tokens`."""
     done: list[bool]  # Per row, whether the row finished with this step (a stop token, or its `max_new_tokens`).
     logits: torch.Tensor
     """[B, W, V] the target's logits of the verification block: row 0 after the root, row i + 1 after

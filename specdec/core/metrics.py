@@ -1,9 +1,8 @@
 """Per-step records of one generation and the statistics derived from them.
 
-Owns the definitions (docs/library.md): MAL = 1 + mean accepted draft tokens per step = tokens
-committed per target forward (the last step counts up to the first EOS); acceptance rate at depth d
-among steps whose draft reached d; the step-time split into target forward, draft (`propose` +
-`commit`) and the rest. Knows nothing about models or drafters.
+Owns the definitions (docs/library.md): MAL = 1 + mean accepted draft tokens per step = tokens committed per target
+forward (the last step counts up to the first EOS); acceptance rate at depth d among steps whose draft reached d; the
+step-time split into target forward, draft (`propose` + `commit`) and the rest. Knows nothing about models or drafters.
 """
 
 from __future__ import annotations

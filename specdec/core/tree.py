@@ -35,9 +35,8 @@ def chain_parents(k: int) -> torch.Tensor:
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself).
-    Host parents (every draft's) are walked once in order, since parents precede children; device
-    ones by the ancestor mask."""
+    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself). Host parents (every
+    draft's) are walked once in order, since parents precede children; device ones by the ancestor mask."""
     if parents.device.type != "cpu":
         return ancestor_mask(parents).sum(1)
     out: list[int] = []

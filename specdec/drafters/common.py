@@ -1,10 +1,9 @@
-"""Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and
-the early-exit copy of a target.
+"""Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and the early-exit copy of a
+target.
 
-Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`),
-`early_exit_copy` (a Target running the target's first k layers) and `PerRow` (batches for drafters
-that run no model: one copy of the drafter per row). Knows nothing about any one drafter, the loop
-or acceptance.
+Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`), `early_exit_copy` (a Target
+running the target's first k layers) and `PerRow` (batches for drafters that run no model: one copy of the drafter per
+row). Knows nothing about any one drafter, the loop or acceptance.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """One draft per batch row from the batch-of-one grower, with one batched model call per depth.
 
-Owns `grow_rows`: every row grows its own draft with `specdec.core.grow.grow_tree` (so a row's draft
-equals the one it would get alone, its randomness from its own generator), while the rows' `score`
-calls are answered together by one `score_rows` call per depth. Each row's grower runs in a thread
-only to be suspended at its score calls; nothing runs concurrently. Knows nothing about any model or
-cache: the drafter's `score_rows` does the forward.
+Owns `grow_rows`: every row grows its own draft with `specdec.core.grow.grow_tree` (so a row's draft equals the one it
+would get alone, its randomness from its own generator), while the rows' `score` calls are answered together by one
+`score_rows` call per depth. Each row's grower runs in a thread only to be suspended at its score calls; nothing runs
+concurrently. Knows nothing about any model or cache: the drafter's `score_rows` does the forward.
 """
 
 from __future__ import annotations

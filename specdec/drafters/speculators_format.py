@@ -1,11 +1,10 @@
 """EAGLE-3 heads in the speculators format (what vLLM serves): `Eagle3Head`, reading and writing its directory.
 
-Owns `Eagle3Head`, `Eagle3Config`, `load_speculators` (every field checked), `save_speculators`,
-`export_speculators` and `package_check` (the only place that imports `speculators`). Knows nothing
-about drafting (specdec/drafters/eagle.py runs any head). The architecture is speculators 0.9.0's
-`Eagle3DraftModel`: fc over the aux layers' features, one decoder layer whose q/k/v read
-concat(embedding, features), a deeper node reading its parent's output; draft column j is target
-token j + d2t[j]; aux layer id k is HF `hidden_states[k]` (`Target.capture_layers`).
+Owns `Eagle3Head`, `Eagle3Config`, `load_speculators` (every field checked), `save_speculators`, `export_speculators`
+and `package_check` (the only place that imports `speculators`). Knows nothing about drafting (specdec/drafters/eagle.py
+runs any head). The architecture is speculators 0.9.0's `Eagle3DraftModel`: fc over the aux layers' features, one
+decoder layer whose q/k/v read concat(embedding, features), a deeper node reading its parent's output; draft column j is
+target token j + d2t[j]; aux layer id k is HF `hidden_states[k]` (`Target.capture_layers`).
 """
 
 from __future__ import annotations

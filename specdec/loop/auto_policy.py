@@ -1,10 +1,9 @@
 """`shape="auto"`: the estimator that picks the draft shape with the best expected tokens per second.
 
-Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.loop.policy`) by structure.
-Each step it maximizes (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) +
-commit + other) over width vectors w_1 >= w_2 >= ... and "no draft", with
-E[accepted] = sum_d prod_{i<=d} (1 - prod_{r < w_i} (1 - s+[i, r])); how each term is estimated is in
-docs/design/auto.md. Knows nothing about how drafts are grown or verified.
+Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.loop.policy`) by structure. Each step it maximizes
+(1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) + commit + other) over width vectors w_1 >= w_2 >=
+... and "no draft", with E[accepted] = sum_d prod_{i<=d} (1 - prod_{r < w_i} (1 - s+[i, r])); how each term is estimated
+is in docs/design/auto.md. Knows nothing about how drafts are grown or verified.
 """
 
 from __future__ import annotations
@@ -261,12 +260,11 @@ class AutoPolicy:
 
     def _count_survivors(self, proposal: Draft, keep: np.ndarray | None, widths: tuple[int, ...],
                          path: list[int]) -> None:
-        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
-        widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
-        the root and the accepted nodes (`path`, indices into the verified draft) add the same
-        trials to u. Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a
-        and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept, dropped) of v and u;
-        a's rank 0 -> (kept) of v and u; b was not verified."""
+        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for widths[d]
+        children; per rank, one trial of v, kept if that child was proposed and verified; the root and the accepted
+        nodes (`path`, indices into the verified draft) add the same trials to u. Example: tree(2,1) chosen, proposal
+        [a, b, a1, b1] (parents [-1, -1, 0, 1]), a and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept,
+        dropped) of v and u; a's rank 0 -> (kept) of v and u; b was not verified."""
         count = proposal.num_nodes
         verified = np.ones(count, dtype=bool) if keep is None else np.isin(np.arange(count), keep)
         accepted = {-1, *(path if keep is None else keep[list(path)].tolist())}  # proposal indices

@@ -1,13 +1,12 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit, one `StepEvent` per step.
 
-Owns `decode` (the loop, a generator), `DecodeConfig`, and `generate` / `generate_batch` (folds of the
-events; `generate` is a batch of one), and the target's KV cache for one decode (created and rolled
-back here only). Plain decoding (drafter None) is the same loop with no draft. The target's cache
-holds every committed token but the last, the *root*; each step forwards [root, draft nodes...] in
-one tree forward. The shape comes from a `specdec.loop.policy` policy, whose `keep` picks what to
-verify; a step with no draft does not call `propose`, but every step ends in `drafter.commit(Step)`.
-Knows nothing about how a drafter drafts or how acceptance is decided (`acceptance.accept`); tools
-see a step only through its event; a batch's padding is `specdec.loop.rows`'.
+Owns `decode` (the loop, a generator), `DecodeConfig`, and `generate` / `generate_batch` (folds of the events;
+`generate` is a batch of one), and the target's KV cache for one decode (created and rolled back here only). Plain
+decoding (drafter None) is the same loop with no draft. The target's cache holds every committed token but the last, the
+*root*; each step forwards [root, draft nodes...] in one tree forward. The shape comes from a `specdec.loop.policy`
+policy, whose `keep` picks what to verify; a step with no draft does not call `propose`, but every step ends in
+`drafter.commit(Step)`. Knows nothing about how a drafter drafts or how acceptance is decided (`acceptance.accept`);
+tools see a step only through its event; a batch's padding is `specdec.loop.rows`'.
 """
 
 from __future__ import annotations
@@ -186,11 +185,10 @@ def generate(target: Target, drafter: Drafter | None, prompt: Prompt, config: De
 
 def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
                    config: DecodeConfig | None = None, **options) -> BatchOutput:
-    """`generate` for a list of prompts at once: one output per prompt, its statistics, and the batch's.
-    A finished row leaves the batch; a drafter must be batchable for more than one prompt. Row b draws
-    only from its own generator, seeded `seed + b`: with a concrete shape its output equals
-    `generate(..., seed=seed + b)` on its prompt alone, token for token; with `shape="auto"` (one
-    shape per step for the batch) token for token at T = 0 and in law at T > 0.
+    """`generate` for a list of prompts at once: one output per prompt, its statistics, and the batch's. A finished row
+    leaves the batch; a drafter must be batchable for more than one prompt. Row b draws only from its own generator,
+    seeded `seed + b`: with a concrete shape its output equals `generate(..., seed=seed + b)` on its prompt alone, token
+    for token; with `shape="auto"` (one shape per step for the batch) token for token at T = 0 and in law at T > 0.
     """
     config = replace(config, **options) if config is not None else DecodeConfig(**options)
     rows, stop = encode_prompts(target, prompts, config.chat), _stop_set(target, config)

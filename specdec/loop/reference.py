@@ -1,9 +1,8 @@
 """The slow, cacheless reference: the oracle every exactness test compares against.
 
-Owns `reference_generate` (each token from a full forward of the whole sequence, no KV cache, no
-tree mask, no drafting) and `exact_joint_probs`, the exact distribution of the first few generated
-tokens, enumerated over a small vocabulary. Shares only `target_probs_from_logits` with the fast
-path, because that function *defines* the target distribution.
+Owns `reference_generate` (each token from a full forward of the whole sequence, no KV cache, no tree mask, no drafting)
+and `exact_joint_probs`, the exact distribution of the first few generated tokens, enumerated over a small vocabulary.
+Shares only `target_probs_from_logits` with the fast path, because that function *defines* the target distribution.
 """
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ def _sync(device: torch.device) -> None:
 
 
 class CurveTimer:
-    """Times a latency curve in passes: `sample()` times every width after every context (order rotated),
-    `curve()` is the median so far; caches are filled and warmed at construction (arguments:
-    `measure_latency`).
+    """Times a latency curve in passes: `sample()` times every width after every context (order rotated), `curve()` is
+    the median so far; caches are filled and warmed at construction (arguments: `measure_latency`).
     """
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
@@ -118,9 +117,8 @@ def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...]
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                    contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic",
                    batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
-    store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
-    `tuned_latency`, which never measures."""
+    """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and store it there. A
+    measuring tool (the grid's runner, `specdec.tune`): constructors call `tuned_latency`, which never measures."""
     kind = resolve_cache(cache, target, batch)
     key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch, holes)
     record = machine.load_record(target.label, target.device, target.dtype) or {}

@@ -1,10 +1,9 @@
 """Acceptance profiles: one greedy decode, every position's draft, and shape sweeps by replay.
 
-Owns `profile(...)` (the target's plain greedy decode through the one loop, recording every
-position's draft) and `AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`: answers
-without a model). A node at depth d of the draft at position p is accepted iff its path equals the
-greedy tokens g[p:p+d]; a narrower shape's draft is taken as the wider one's top-ranked part.
-Knows nothing about latency or costs.
+Owns `profile(...)` (the target's plain greedy decode through the one loop, recording every position's draft) and
+`AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`: answers without a model). A node at depth d of the
+draft at position p is accepted iff its path equals the greedy tokens g[p:p+d]; a narrower shape's draft is taken as the
+wider one's top-ranked part. Knows nothing about latency or costs.
 """
 
 from __future__ import annotations

@@ -120,8 +120,7 @@ def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str 
 
 
 def emit(kind: str, result: dict, *, device: str = "cpu", threads: int | str | None = None) -> None:
-    """A benchmark's last step: record `result` (`append`; `threads` as there) and print it as the
-    run's JSON line."""
+    """A benchmark's last step: record `result` (`append`; `threads` as there) and print it as the run's JSON line."""
     append(kind, result, device=device, threads=threads)
     print(json.dumps(result), flush=True)
 

@@ -1,9 +1,8 @@
 """The quantization report: what a quantized target costs and how far it moved from the original.
 
-Owns `quant_report(reference, quantized)`, a JSON-ready dict: weight bytes and bits per parameter,
-top-1 agreement and mean KL(reference || quantized) on `EVAL_TEXT`, and the latency curve of both
-models timed interleaved, as ratios quantized / reference (< 1 is faster). Knows nothing about how
-either model was quantized.
+Owns `quant_report(reference, quantized)`, a JSON-ready dict: weight bytes and bits per parameter, top-1 agreement and
+mean KL(reference || quantized) on `EVAL_TEXT`, and the latency curve of both models timed interleaved, as ratios
+quantized / reference (< 1 is faster). Knows nothing about how either model was quantized.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ class ReportConfig:
 
 
 def eval_token_ids(target: Target, length: int) -> list[int]:
-    """`length` token ids of EVAL_TEXT repeated as needed (fixed pseudo-random ids for a target
-    without a tokenizer)."""
+    """`length` token ids of EVAL_TEXT repeated as needed (fixed pseudo-random ids for a target without a tokenizer)."""
     if target.tokenizer is not None:
         base = list(target.tokenizer.encode(EVAL_TEXT))
     else:

@@ -1,9 +1,8 @@
 """The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU.
 
-Owns `sdpa_gqa` (registered as `specdec_sdpa`: a masked multi-query CPU forward passes the mask and
-`enable_gqa` to `F.scaled_dot_product_attention` instead of `repeat_kv`, bit-identical; everything
-else runs transformers' own) and `use_gqa_attention`, which `load_target` applies. Knows nothing
-about caches, trees or drafting.
+Owns `sdpa_gqa` (registered as `specdec_sdpa`: a masked multi-query CPU forward passes the mask and `enable_gqa` to
+`F.scaled_dot_product_attention` instead of `repeat_kv`, bit-identical; everything else runs transformers' own) and
+`use_gqa_attention`, which `load_target` applies. Knows nothing about caches, trees or drafting.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The (cache, forward) pairs a generation runs its target on, and how `generate` picks one.
 
-Owns `CACHES` (name -> factory of a target's KV cache and its forward), `resolve_cache`,
-`verification_width` and `drafter_cache` (a model drafter's own pair). The loop and
-`specdec.measure.latency` both use it, so a latency curve times the forward the loop runs. Knows
-nothing about drafts or acceptance.
+Owns `CACHES` (name -> factory of a target's KV cache and its forward), `resolve_cache`, `verification_width` and
+`drafter_cache` (a model drafter's own pair). The loop and `specdec.measure.latency` both use it, so a latency curve
+times the forward the loop runs. Knows nothing about drafts or acceptance.
 """
 
 from __future__ import annotations
@@ -83,10 +82,9 @@ def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False)
 
 
 def drafter_cache(model: Target, cache: str = "auto", evicts: bool = False) -> tuple[Cache, Forward]:
-    """A model drafter's own (cache, forward) over its draft `model`, for a new generation (kind:
-    `drafter_cache_kind`). Preallocated kinds hold the model's context length plus two widest
-    buckets (committed tokens, then one step's draft block, padded); their forward takes any width
-    (`StaticForward` runs one wider than its buckets eagerly)."""
+    """A model drafter's own (cache, forward) over its draft `model`, for a new generation (kind: `drafter_cache_kind`).
+    Preallocated kinds hold the model's context length plus two widest buckets (committed tokens, then one step's draft
+    block, padded); their forward takes any width (`StaticForward` runs one wider than its buckets eagerly)."""
     kind = drafter_cache_kind(model, cache, evicts)
     if kind == "dynamic":
         return KVCache(), model.forward

@@ -1,12 +1,11 @@
 """Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `Rollouts`, `rollout_batch` (left-padded batched continuations with the target's final hidden
-states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test), `depth_losses` (feature
-regression + cross-entropy per depth) and `acceptance_per_depth`. Depth s >= 2 runs, for every j, the
-pair (depth s-1's predicted feature, t_{j+s}) at position j+s-1, attending to depth-1 entries 0..j and
-its own chain's deeper entries, and is scored against h_{j+s}: what a chain draft computes, so
-validation acceptance per depth equals chain drafting's greedy acceptance. Knows nothing about files
-or drafting (prompts.py, tokens.py, features.py and run.py own those).
+Owns `Rollouts`, `rollout_batch` (left-padded batched continuations with the target's final hidden states),
+`TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test), `depth_losses` (feature regression + cross-entropy
+per depth) and `acceptance_per_depth`. Depth s >= 2 runs, for every j, the pair (depth s-1's predicted feature, t_{j+s})
+at position j+s-1, attending to depth-1 entries 0..j and its own chain's deeper entries, and is scored against h_{j+s}:
+what a chain draft computes, so validation acceptance per depth equals chain drafting's greedy acceptance. Knows nothing
+about files or drafting (prompts.py, tokens.py, features.py and run.py own those).
 """
 
 from __future__ import annotations
@@ -204,10 +203,9 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
                  ce_weight: float, depth_decay: float = 1.0, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """EAGLE's loss, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted, true feature)
-    + ce_weight * CE over the draft vocabulary (`vocab_weight` [N, H]), each depth divided by the
-    depth-1 positions. generated_only: pair j counts at depth s only if t_{j+s+1} is the target's
-    continuation (prompt tokens are never drafted).
+    """EAGLE's loss, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted, true feature) + ce_weight *
+    CE over the draft vocabulary (`vocab_weight` [N, H]), each depth divided by the depth-1 positions. generated_only:
+    pair j counts at depth s only if t_{j+s+1} is the target's continuation (prompt tokens are never drafted).
     """
     targets = depth_targets(batch, len(predicted))
     if generated_only:  # e.g. prompt_len 3: depth 1 keeps pairs j >= 1 (t_{j+2} at index >= 3)

@@ -156,9 +156,8 @@ class _Column:
 
 
 class ShardedRollouts:
-    """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the
-    features left in the per-shard cache files and at most `resident` shards in memory (the least
-    recently used is dropped)."""
+    """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the features left in the
+    per-shard cache files and at most `resident` shards in memory (the least recently used is dropped)."""
 
     def __init__(self, sequences: list[torch.Tensor], prompt_len: list[int], temperature: list[float],
                  files: list[tuple[Path, list[int]]], has_aux: bool, resident: int = 16) -> None:

@@ -101,9 +101,8 @@ def template_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def collect(counts: dict[str, int], seed: int = 0) -> list[Prompt]:
-    """Prompts from several sources ({source name: how many}), deduplicated by text, interleaved
-    deterministically (so that any prefix mixes every source). ValueError on an unknown source or
-    when the result is empty."""
+    """Prompts from several sources ({source name: how many}), deduplicated by text, interleaved deterministically (so
+    that any prefix mixes every source). ValueError on an unknown source or when the result is empty."""
     unknown = sorted(set(counts) - set(SOURCES))
     if unknown:
         missing = "" if PROMPTS_DIR.is_dir() else f" ({PROMPTS_DIR} is absent: no natural-* sources)"

@@ -1,12 +1,11 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
-Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name,
-quantization, dtype, SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash, the unit
-of resumption), `fill_token_set` and `set_checksum`. A set holds manifest.json (format, target
-identity, rollout settings, runs, per-shard file, bytes, sha256, prompt_ids, sources, prompt_len,
-length) and shard-NNNNN.u16 (its sequences concatenated, little-endian). A shard is renamed into
-place before the manifest records it, so a killed run loses at most one shard; one writer at a time
-(`<set>/write.lock`). Knows nothing about features or training (`specdec.training.features`).
+Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name, quantization, dtype,
+SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash, the unit of resumption), `fill_token_set` and
+`set_checksum`. A set holds manifest.json (format, target identity, rollout settings, runs, per-shard file, bytes,
+sha256, prompt_ids, sources, prompt_len, length) and shard-NNNNN.u16 (its sequences concatenated, little-endian). A
+shard is renamed into place before the manifest records it, so a killed run loses at most one shard; one writer at a
+time (`<set>/write.lock`). Knows nothing about features or training (`specdec.training.features`).
 """
 
 from __future__ import annotations
