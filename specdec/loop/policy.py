@@ -1,11 +1,8 @@
 """Per-step draft shape policies: what the loop asks before a step, and which policy a shape means.
 
-Owns `ShapePolicy` (what the loop asks before a step and shows it after: the step's event), `FixedShape` (the same
-concrete shape every step, or none: plain decoding), `ProposeOnly` (draft every step, verify nothing) and the registry `shape_policy` that maps a
-shape config to its policy (`auto` -> `specdec.loop.auto_policy.AutoPolicy`), keeping a learning
-policy's estimates with the drafter object across generations. Knows nothing about how drafts are
-grown or verified: a policy only names a concrete shape (or none); the drafter grows it and the
-verifier checks it, so every policy is exact by construction.
+Owns `ShapePolicy`, `FixedShape` (one concrete shape, or none), `ProposeOnly` (draft, verify nothing) and
+`shape_policy` (`auto` -> `AutoPolicy`, kept with the drafter object across generations). A policy only names a
+shape, so every policy is exact by construction. Knows nothing about how drafts are grown or verified.
 """
 
 from __future__ import annotations

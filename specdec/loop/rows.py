@@ -1,10 +1,7 @@
 """The batch side of the loop: rows padded into one forward, rolled back per row, sized before any work.
 
-Owns what `specdec.loop.decode.generate_batch` does for more than one row and the loop itself need not spell out: the
-padded prefill of prompts of different lengths (`prefill_rows`), the committed tokens as one left-padded tensor
-(`left_padded`), the verification block of every row's root and draft (`verify_block`), the `Step` a drafter hears after
-a verification (`commit_step`, one row or many), and the memory check of a batch's cache (`kv_bytes`, `free_memory`,
-`check_memory`). Knows nothing about acceptance or drafting beyond the records in `specdec.core.draft`.
+Owns `prefill_rows`, `left_padded`, `verify_block`, `commit_step` and the cache memory check (`kv_bytes`,
+`free_memory`, `check_memory`). Knows nothing about acceptance or drafting beyond `specdec.core.draft`'s records.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
-Owns `CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes that can be
-spread over time), `measure_latency` (passes in a row) and `cached_latency` (kept in the machine's
-tune record). The curve itself is data (`specdec.core.curve.LatencyCurve`). Width w is a tree block of
-w tokens, so one curve serves chains and trees. Knows nothing about drafters or shapes.
+Owns `CurveTimer` (passes that can be spread over time), `measure_latency` and `cached_latency` (kept in the tune
+record); the curve is data (`specdec.core.curve.LatencyCurve`). Knows nothing about drafters or shapes.
 """
 
 from __future__ import annotations

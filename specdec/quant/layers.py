@@ -1,9 +1,7 @@
 """Which layers get quantized, and the module-swap helpers backends share.
 
-Owns the project's one rule for what a backend touches: every `nn.Linear` of the model except the output embedding
-(`lm_head`, which SmolLM2 ties to the input embedding); embeddings and norms keep the model's dtype. Also owns the
-group-size check (a group size must divide every quantized layer's input width: a clear error, never a silently skipped
-layer) and weight-byte accounting over packed tensor formats. Knows nothing about any specific quantization algorithm.
+Owns the one rule (every `nn.Linear` but `lm_head`), the group-size check (a group must divide every quantized
+layer's input width) and weight-byte accounting over packed formats. Knows nothing about any algorithm.
 """
 
 from __future__ import annotations

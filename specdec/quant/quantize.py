@@ -1,10 +1,6 @@
-"""Quantizing a Target: the entry points the core and the drafters call.
-
-Owns `quantize_target` (in place, the spec and a weight report in `info["quant"]`) and `quantized_copy` (on a deep copy,
-the original untouched). Checks that the spec parses, that the target is not already in a packed format, that the
-backend takes the dtype and the group size divides every layer, and that the backend runs here; then applies it and
-checks every layer was quantized. Never substitutes another backend. A kernel-packed target is unpacked first and the
-quantized target gets the kernel that was asked for at load.
+"""Quantizing a Target: `quantize_target` (in place; the spec and a weight report in `info["quant"]`) and
+`quantized_copy` (a deep copy). Every check runs before the model is touched (`check_quantizable`), every layer is
+checked after; never another backend. A kernel-packed target is unpacked first and repacked with its kernel.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The project's own round-to-nearest (RTN) fake quantization, and the dtype casts.
 
-Owns `rtn_quantize` (a pure function: weight -> group-wise quantized-then-dequantized weight) and
-the backends `rtn` (2..8 bits, group size or per-channel, symmetric or asymmetric), `none`, `bf16`
-and `fp16`. RTN weights are stored dequantized in the model's dtype, so RTN changes numerics (and
-therefore acceptance) but not speed: the hardware-independent half of the grid. Needs only torch.
+Owns `rtn_quantize` and the backends `rtn` (2..8 bits, group or per-channel, symmetric or not), `none`, `bf16`, `fp16`.
+RTN weights are stored dequantized: numerics (acceptance) without speed. Needs only torch.
 """
 
 from __future__ import annotations

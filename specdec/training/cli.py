@@ -1,16 +1,11 @@
 """The `rollout` and `run` commands of `python -m specdec.training`: grow a rollout set, advance the one EAGLE run.
 
     nice -n 19 python -m specdec.training rollout --out data/eagle/smollm2-135m/greedy-192 --minutes 85
-    nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 \\
-        --init-head specdec/drafters/heads/smollm2-135m.safetensors --aux-layers 3 15 \\
-        --out outputs/eagle-run --curve data/eagle/curve.jsonl --steps 500 --minutes 55 [--resume]
+    nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 --aux-layers 3 15 --resume
 
-`rollout`: the prompts of the named sources, checked against every evaluation suite; a rerun with
-the same or a longer prompt list continues the set, and another target or other settings in the same
-folder is an error. `run` (specdec/training/run.py): features are cached once per machine
-(--feature-cache); the validation prompts are chosen at the start and kept in the checkpoint;
-resuming on sets that gained shards needs --grow, any other change is refused; a checkpoint that
-exists without --resume is an error; --keep receives the compact state that --resume can continue from.
+`rollout` continues a set (another target or other settings in its folder is an error), its prompts checked
+against every evaluation suite. `run` caches features per machine, keeps the validation prompts in the checkpoint,
+needs --grow for sets that gained shards, and --resume for an existing checkpoint; --keep receives the compact state.
 """
 
 from __future__ import annotations

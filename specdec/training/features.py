@@ -1,11 +1,8 @@
 """The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
 
-Owns `token_sequences`, `recompute` (final and aux-layer hidden states at every token: one causal
-prefill per sequence) and `token_features` (sets -> `ShardedRollouts`, what make_batch reads of a
-`Rollouts`, a few shards in memory at a time). Knows nothing about how sets are written or
-trained on. The feature cache is disposable: `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
--<layers>.safetensors`, so a changed shard or target never meets stale features; an unreadable file
-is an error naming it (delete it to compute it again).
+Owns `token_sequences`, `recompute` (final and aux-layer hidden states, one causal prefill per sequence) and
+`token_features` (sets -> `ShardedRollouts`, a few shards in memory at a time). The cache is disposable, keyed by
+weights and shard SHA-256 (`<dir>/<weights[:16]>/<shard>-<layers>.safetensors`). Knows nothing about training.
 """
 
 from __future__ import annotations
