@@ -151,11 +151,7 @@ def record_command(argv: list[str]) -> int:
         parser.error("no command given: record KIND [options] -- COMMAND ...")
     split = argv.index("--")
     args = parser.parse_args(argv[:split])
-    try:
-        return record(args.kind, argv[split + 1:], args.results, args.note)
-    except records.RecordError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return record(args.kind, argv[split + 1:], args.results, args.note)
 
 
 def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
@@ -177,7 +173,15 @@ def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Bad records print one `error:` line and exit 2 (`_main`)."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except records.RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["record"]:
         return record_command(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,19 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                         "directory (RUN/records/*.jsonl) that --results lacks, once each")
     args = parser.parse_args(argv)
     if args.publish is not None:
-        try:
-            return publish(args.publish, args.results, args.out)
-        except records.RecordError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        return publish(args.publish, args.results, args.out)
     if not args.results.is_dir():
-        print(f"error: {args.results} is not a directory of records", file=sys.stderr)
-        return 2
-    try:
-        files = generate(args.results, args.out)
-    except records.RecordError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise records.RecordError(f"{args.results} is not a directory of records")
+    files = generate(args.results, args.out)
     old = stale(args.out, files)
     if args.check:
         behind = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + old

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EVAL_SUITES = ROOT / "experiments" / "prompts"
 NATURAL = sorted(name for name in SOURCES if name.startswith("natural-"))
 KEEP = "data/eagle/run-state.pt"
+RUN_SETTINGS = ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth", "ce_vocab",
+                "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight")  # RunConfig fields, each an option of `run`
 
 
 def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:
@@ -115,8 +117,7 @@ def run_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:n]: the run state moves between them")
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     defaults = RunConfig()
-    for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
-                 "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight"):
+    for name in RUN_SETTINGS:
         default = getattr(defaults, name)
         ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     return ap
@@ -140,9 +141,7 @@ def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleH
 def open_run(args, target, sets: list[TokenSet], seqs, checkpoint: Path, keep: Path | None) -> Run:
     """The run `args` asks for: forked from --fork, resumed (from --out's state or --keep, whichever is
     later) or new; SystemExit where that would start over a run or fork onto one."""
-    cfg = RunConfig(**{f: getattr(args, f) for f in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size",
-                                                     "max_len", "ttt_depth", "ce_vocab", "eval_vocab", "val_depth",
-                                                     "seed", "val_dtype", "ce_weight")})
+    cfg = RunConfig(**{f: getattr(args, f) for f in RUN_SETTINGS})
     expected = HeadConfig.for_target(target, aux_layers=tuple(args.aux_layers))
     checksum, shards = set_checksum(sets), [[info.sha256 for info in s.shards] for s in sets]
     if checkpoint.exists() and not args.resume and not args.fork:

@@ -10,11 +10,12 @@ time (`<set>/write.lock`). Knows nothing about features or training (`specdec.tr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -243,36 +244,30 @@ class TokenSet:
         self._loaded = self.path.read_bytes()
         return info
 
-    def writing(self):
-        """Context manager holding `<set>/write.lock` (ShardError if a live process holds it)."""
-        return _Lock(self)
-
-
-class _Lock:
-    """`<set>/write.lock` holding the writer's pid; a lock whose process is gone is taken over."""
-
-    def __init__(self, tset: TokenSet) -> None:
-        self.tset, self.path = tset, tset.root / LOCK
-
-    def __enter__(self):
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold `<set>/write.lock` (the writer's pid): ShardError if a live process holds it; a lock whose
+        process is gone is taken over."""
+        path = self.root / LOCK
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
             except FileExistsError:
-                pid = int(self.path.read_text().strip() or 0)
+                pid = int(path.read_text().strip() or 0)
                 if _alive(pid):
-                    raise ShardError(f"{self.path} is held by process {pid}: one writer per rollout set") from None
-                self.path.unlink()  # left by a killed run
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self.tset._held = True
-            return self
-        raise ShardError(f"could not take {self.path}")
-
-    def __exit__(self, *exc) -> None:
-        self.tset._held = False
-        self.path.unlink(missing_ok=True)
+                    raise ShardError(f"{path} is held by process {pid}: one writer per rollout set") from None
+                path.unlink()  # left by a killed run
+        else:
+            raise ShardError(f"could not take {path}")
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            path.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
