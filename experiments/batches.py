@@ -1,8 +1,7 @@
 """The report's batch section: speculation speedup against batch size, per drafter x shape x kernel.
 
-Owns `batch_table` (per cell: geometric mean over rows, each a group of prompts, of drafted / plain tokens/s on the
-kernel and fp32, with 95% bootstrap intervals) and `batch_section` (shown when the store holds several batch sizes).
-Knows nothing about stores or files.
+Owns `batch_table` (geometric means of drafted / plain tokens/s over a cell's groups, with bootstrap intervals) and
+`batch_section`. Knows nothing about stores or files.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
-Owns the measuring protocol (experiments/README.md): per question and turn, *drafted* and *plain* on
-the kernel, *reference* and *reference_drafted* on fp32, back to back in a balanced order (`ORDERS`);
-teacher-forced acceptance on the fp32 text; a chain(K) cell's replays and drafting probe; batches
-(first turns, one row per group). Returns plain dict rows; knows nothing about Hydra or the store.
+Owns the measuring protocol (experiments/README.md): per turn, drafted and plain on the kernel and on fp32, back to
+back in a balanced order (`ORDERS`), teacher-forced acceptance, a chain(K) cell's replays and drafting probe, and
+batches. Returns plain dict rows; knows nothing about Hydra or the store.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The experiment's structured configs: one dataclass per Hydra group, registered in the ConfigStore.
 
-Owns the strict schema every composed config is checked against, its registration, and one
-auto-generated `drafter` preset per registered drafter without a YAML preset. The dataclasses are not
-`frozen` because Hydra merges presets into them (the runner makes the composed config read-only); the
-`sampling` group is `specdec.SamplingConfig`, built and validated by `OmegaConf.to_object`.
+Owns the strict schema, its registration and a `drafter` preset per registered drafter without a YAML one. Not
+`frozen`: Hydra merges presets into them (the runner makes the composed config read-only).
 """
 
 from __future__ import annotations

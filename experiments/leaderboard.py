@@ -1,9 +1,8 @@
 """The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
 
-Owns the aggregation of stored rows into boards (one per `SETTING`; entries drafter x shape x quant),
-their rendering (markdown, CSV, PNGs) and a cell's one-line summary. Statistics pool an entry's turns;
-speedups are tokens/s ratios (drafted / plain, plain / reference plain, drafted / reference plain);
-intervals are 95% percentile bootstraps over questions. Knows nothing about how rows were measured.
+Owns the aggregation of stored rows into boards (one per `SETTING`), their rendering (markdown, CSV, PNGs) and a cell's
+one-line summary; statistics pool an entry's turns, intervals are 95% bootstraps over questions. Knows nothing about
+how rows were measured.
 
     python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """
@@ -245,9 +244,9 @@ def atomic_text(path: Path, text: str) -> None:
 
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
-    """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
-    the PNGs into `out` (default RESULTS/leaderboard), and Spec-Bench's answer files into its
-    spec_bench/ (`experiments.specbench`). Returns (markdown, out directory)."""
+    """Write leaderboard.md, leaderboard.csv, the PNGs and Spec-Bench's answer files (spec_bench/) for the store at
+    `results` into `out` (default RESULTS/leaderboard). Returns (markdown, out directory).
+    """
     rows = load_rows(results)
     store = open_existing(results)
     cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)

@@ -1,12 +1,10 @@
 """Hydra entry point: compose a cell's config, skip it if stored, else measure it and store it.
 
-    python -m experiments.run drafter=eagle shape=chain4 dataset=quick          # one cell (~1 min)
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
-Owns a cell's identity (`cell_key`, hashed into the cell id), the per-process cache of loaded
-targets, the latency curves a cell times between its prompts (`CellCurves`), the cell's labels
-(bit-width and "numerics only" from the quantization registry), its metadata and the progress and
-summary lines. Never branches on a drafter or quantization name.
+Owns a cell's identity (`cell_key`, hashed into the cell id), the per-process cache of targets and drafters, the
+latency curves a cell times between its prompts (`CellCurves`), its labels, metadata and summary lines. Never
+branches on a drafter or quantization name.
 """
 
 from __future__ import annotations
@@ -177,9 +175,9 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
 
 
 def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
-    """The widths of a cell's latency curve: `runner.latency_widths` plus the width of the shape's full
-    draft (root + `max_nodes`; `auto` plans its own widths), so the cost model never interpolates across a
-    kernel's cost step at the width most verifications have."""
+    """`runner.latency_widths` plus the width of the shape's full draft (not for `auto`), so the cost model never
+    interpolates across a kernel's cost step where most verifications are.
+    """
     shape = specdec.parse_shape(cfg.shape.spec)
     extra = set() if isinstance(shape, AutoShape) else {shape.max_nodes + 1}
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
@@ -244,9 +242,7 @@ def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specde
 
 def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target,
                          spec: str | None = None) -> specdec.drafters.Drafter:
-    """The cell's drafter for `target` (quantized by `spec`, default the cell's), built once per (target,
-    name, options) per process: cells that differ only in shape or sampling share it (`generate`
-    resets a drafter before every generation)."""
+    """The cell's drafter for `target`, built once per (target, name, options) per process (`generate` resets it)."""
     key = (_target_key(cfg, spec), cfg.drafter.name, json.dumps(cfg.drafter.options, sort_keys=True, default=str))
     if key not in _DRAFTERS:
         _DRAFTERS[key] = specdec.drafters.build(cfg.drafter.name, target=target, **cfg.drafter.options)

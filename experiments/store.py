@@ -1,10 +1,8 @@
 """The results store: one directory per finished cell, written atomically, readable with pandas.
 
-Layout (version 1): RESULTS/STORE.json (format and version, written once), RESULTS/cells/<cell_id>/ {cell.json (key,
-config, git, hardware, versions), rows.jsonl (one object per question x turn), done (written last)}, RESULTS/.partial/
-(cells being written), RESULTS/hydra/ (Hydra's logs, never read). A cell is written under .partial/ (fsynced, `done`
-last), then renamed into cells/: the atomic `rename` is also the claim between concurrent writers, and nothing in cells/
-is overwritten. `load_rows` skips a damaged cell with a `DamagedCellWarning` (`on_damage="raise"`: `DamagedCellError`).
+Layout (version 1): RESULTS/STORE.json, RESULTS/cells/<cell_id>/{cell.json, rows.jsonl, done (written last)},
+RESULTS/.partial/ (cells being written), RESULTS/hydra/ (Hydra's logs). A cell is written under .partial/, then
+renamed into cells/: the atomic rename is also the claim between concurrent writers; nothing in cells/ is overwritten.
 Owns none of the measuring: rows arrive as plain dicts.
 """
 
@@ -200,10 +198,9 @@ def open_existing(root: str | os.PathLike) -> ResultsStore:
 
 
 def load_rows(root: str | os.PathLike, *, on_damage: str = "warn"):
-    """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn).
-
-    A damaged cell (see `ResultsStore.damage`) is skipped with one `DamagedCellWarning` naming it and
-    what is wrong (`on_damage="warn"`), or stops the read with `DamagedCellError` (`"raise"`)."""
+    """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn); a damaged
+    cell is skipped with a `DamagedCellWarning` (`on_damage="warn"`) or raises `DamagedCellError` (`"raise"`).
+    """
     import pandas as pd
 
     if on_damage not in ("warn", "raise"):

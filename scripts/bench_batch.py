@@ -5,7 +5,7 @@ Per context x batch, every drafter x shape runs `generate_batch` on the same row
 speedup < 1; the cells where a lossy KV policy beats plain and the full cache) and one JSON line (record kind `batch`).
 In `--drafters`, `kv=window@F` -> `window(sink=4,recent=F*C-4)`, `snapkv@F` -> `snapkv(budget=F*C,window=16)`.
 
-python scripts/bench_batch.py [--batches 1,2,4,8] [--contexts 256,2048] [--drafters "none,ngram,..."]
+    python scripts/bench_batch.py [--batches 1,2,4,8] [--contexts 256,2048] [--drafters "none,ngram,..."]
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The machine a measurement belongs to, specdec's cache folder, and the one store of tuned choices.
 
-Owns `machine_name`, `machine_key` (CPU vendor, family, model and kernel-relevant ISA flags, or GPU
-name and capability), `cache_root`, and the tune store: one JSON record per machine key x target under
-`cache_root()/tune/<machine key>/` (`load_record`; `update_record` under a lock, atomic rename). With
-no record constructors use the defaults named here; an untrustworthy record is a `TuneError`.
+Owns `machine_name`, `machine_key` (CPU vendor, family, model and ISA flags, or GPU name and capability), `cache_root`
+and the tune store (one JSON record per machine key x target; an untrustworthy record is a `TuneError`).
 Knows nothing about what the fields mean or how they are measured.
 """
 
@@ -140,9 +138,9 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def update_record(label: str, device: torch.device | str, dtype: torch.dtype, **fields) -> dict:
-    """Merge `fields` into the target's record (created if missing; nested dicts merged one level
-    deep, so two curves or two head geometries can be added by different runs) and write it
-    atomically. Returns the record as written. An untrustworthy existing record is a TuneError."""
+    """Merge `fields` into the target's record (nested dicts one level deep) and write it atomically under the
+    machine's lock; returns the record. An untrustworthy existing record is a TuneError.
+    """
     path = record_path(label, device, dtype)
     with _locked(path.parent):
         record = load_record(label, device, dtype) or {

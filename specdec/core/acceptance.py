@@ -1,13 +1,10 @@
 """Exact acceptance: which draft nodes the target keeps, and which token it adds after them.
 
-Owns the acceptance math, as pure functions of (draft, target distributions, torch.Generator):
-greedy (the longest path whose every token is the target's argmax at its parent, then that argmax)
-and sampling (multi-candidate recursive rejection over siblings: accept x_i with probability
-min(1, target(x_i) / draft_i(x_i)), else continue on the normalised residual max(0, target - draft_i);
-the token leaving each trial has the node's target law, and a node with no children left draws the
-*bonus* token from it). Point-mass drafts have draft_i = one_hot(x_i).
-Knows nothing about models or caches. `specdec.certify.mutants` edits lines of this source: a changed
-line makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
+Owns the acceptance math as pure functions of (draft, target distributions, torch.Generator): greedy (the longest path
+of argmax tokens, then the argmax) and multi-candidate recursive rejection sampling (accept x_i with probability
+min(1, target(x_i) / draft_i(x_i)), else go on with the residual max(0, target - draft_i); point-mass drafts have
+draft_i = one_hot(x_i)). Knows nothing about models or caches. `specdec.certify.mutants` edits lines of this
+source: a changed line makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
 """
 
 from __future__ import annotations
@@ -60,10 +57,8 @@ def acceptance_probability(target_prob: torch.Tensor, draft_prob: torch.Tensor) 
 
 
 def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection.
-
-    If the residual has no mass (target == draft up to rounding, so rejection had probability ~0)
-    the target itself is returned, which is then the exact conditional distribution.
+    """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection (the target itself
+    when the residual has no mass: rejection then had probability ~0, and the target is the exact conditional).
     """
     residual = (target_probs - draft_probs).clamp(min=0.0)
     mass = residual.sum()

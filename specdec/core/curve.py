@@ -1,7 +1,5 @@
-"""The latency curve: median forward seconds of a target per (context length, width), as data.
-
-Owns `LatencyCurve` (its interpolation, JSON form and files). Knows nothing about how a curve is
-timed (`specdec.measure.latency`) or looked up for a policy (`specdec.loop.tuned`).
+"""The latency curve: `LatencyCurve`, median forward seconds per (context, width) as data, its interpolation and files.
+Knows nothing about how a curve is timed (`specdec.measure.latency`) or looked up (`specdec.loop.tuned`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The drafter contract and the data that flows between the loop, the drafters and the verifier.
 
-Owns the `Drafter` protocol (`reset`, `propose`, `commit`), `DraftRequest` (what the loop asks a
-drafter before each step) and three plain records:
-- `Draft`: the one shape every drafter returns (tokens, `parents`, optional `draft_probs`, and the
-  drafter's own `node_ids`, which survive pruning so a drafter finds its nodes again by a gather);
-- `Acceptance`: the verifier's decision for one sequence (accepted node indices, the next token);
-- `Step`: what the loop tells a drafter after each verification (and once after the prefill)
-  through `drafter.commit(step)`: the committed tokens, the accepted nodes, and the target's
-  hidden states and a read-only view of its KV entries for the positions just committed.
-Knows nothing about models, caches, acceptance rules or any particular drafter (they register in
-`specdec.drafters`); imports only `tree` (geometry).
+Owns the `Drafter` protocol (`reset`, `propose`, `commit`), `DraftRequest` (what the loop asks before each step),
+`Draft` (the one shape every drafter returns, with `node_ids` that survive pruning), `Acceptance` (the verifier's
+decision for one sequence) and `Step` (what `drafter.commit` hears after the prefill and each verification: committed
+tokens, accepted nodes, the target's hidden states and a read-only view of its KV for those positions).
+Knows nothing about models, caches, acceptance rules or any particular drafter; imports only `tree`.
 """
 
 from __future__ import annotations
@@ -32,10 +27,8 @@ KVLayers = list[tuple[torch.Tensor, torch.Tensor]]  # (keys, values) per decoder
 
 @dataclass(frozen=True)
 class Draft:
-    """A draft tree. A chain is the tree with parents [-1, 0, 1, ...].
-
-    Node i proposes token `tokens[0, i]` as a continuation of its parent (or of the root, the last
-    committed token, when `parents[i] == -1`). Parents precede children.
+    """A draft tree: node i proposes `tokens[0, i]` after its parent (after the root, the last committed token,
+    when `parents[i] == -1`); parents precede children. A chain has parents [-1, 0, 1, ...].
     """
 
     tokens: torch.Tensor  # [B, N] long
@@ -211,10 +204,8 @@ class DraftRequest:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A proposer of draft trees. One instance serves one generation at a time.
-
-    Call order for one generation: `reset()`, `commit(prefill step)`, then per step
-    `propose(request)` -> (the loop verifies) -> `commit(step)`.
+    """A proposer of draft trees; one instance serves one generation at a time. Per generation: `reset()`,
+    `commit(prefill step)`, then per step `propose(request)` -> (the loop verifies) -> `commit(step)`.
     """
 
     name: str

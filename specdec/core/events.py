@@ -1,8 +1,7 @@
-"""What the loop tells the world after each step: `StepEvent`, and its per-phase times.
+"""What the loop tells the world after each step: `StepEvent`, and its per-phase times (`PhaseTimes`).
 
-Owns `PhaseTimes` and `StepEvent`, the one door into the loop (`decode` yields one per step). An event is frozen and its
-lists are the loop's for this step only; `logits` is a view valid until the loop resumes (copy what you keep). `rows[b]`
-is the prompt index of active batch row b. Knows nothing about how a step is run.
+An event is frozen, its lists are the loop's for this step only, and `logits` is a view valid until the loop resumes;
+`rows[b]` is the prompt index of active batch row b. Knows nothing about how a step is run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Growing a draft in any concrete shape from a drafter's next-token logits.
 
-Owns `grow_tree` (one row) and the sub-vocabulary map `SubVocab`. chain(k) takes the argmax, or at T > 0 samples from
-the processed distribution and records `draft_probs`; tree(w1, ...) gives each node its top-w_d children (point-mass);
-dynamic(top_k, depth, budget) is EAGLE-2 (expand the top_k best nodes per depth, keep the best `budget` by cumulative
-log-probability, recorded in `Draft.scores`). `auto` is chosen per step by `specdec.loop.policy`, not grown here. Knows
-nothing about which model produces the logits: a drafter passes a `score` callback.
+Owns `grow_tree` (one row) and `SubVocab`: chain(k) takes the argmax (at T > 0 samples, recording `draft_probs`),
+tree(w1, ...) each node's top-w_d children, dynamic(top_k, depth, budget) is EAGLE-2 (ranked by cumulative
+log-probability, kept in `Draft.scores`). Knows nothing about which model produces the logits (a `score` callback).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Per-step records of one generation and the statistics derived from them.
+"""Per-step records of one generation and the statistics derived from them (definitions: docs/library.md).
 
-Owns the definitions (docs/library.md): MAL = 1 + mean accepted draft tokens per step = tokens committed per target
-forward (the last step counts up to the first EOS); acceptance rate at depth d among steps whose draft reached d; the
-step-time split into target forward, draft (`propose` + `commit`) and the rest. Knows nothing about models or drafters.
+Owns MAL (1 + mean accepted draft tokens per step; the last step counts up to the first EOS), acceptance per depth
+and the step-time split (target forward, draft = `propose` + `commit`, the rest). Knows nothing about models or drafters.
 """
 
 from __future__ import annotations

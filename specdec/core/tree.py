@@ -1,9 +1,6 @@
-"""Draft-tree geometry derived from one `parents` array.
-
-Owns validation of a parents array, node depths, the ancestor (tree-attention) mask, root-to-node
-paths and children lists. `parents[i]` is node i's parent, or -1 for a child of the *root* (the last
-committed token); parents precede children. A chain of k is [-1, 0, ..., k-2]; tree(2,1) is
-[-1, -1, 0, 1] with depths [1, 1, 2, 2]. Knows nothing about models, tokens or probabilities.
+"""Draft-tree geometry derived from one `parents` array: validation, depths, the ancestor (tree-attention) mask,
+root-to-node paths and children. `parents[i]` is node i's parent, -1 the *root* (the last committed token); parents
+precede children; a chain of k is [-1, 0, ..., k-2]. Knows nothing about models, tokens or probabilities.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and the early-exit copy of a
-target.
-
-Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`), `early_exit_copy` (a Target
-running the target's first k layers) and `PerRow` (batches for drafters that run no model: one copy of the drafter per
-row). Knows nothing about any one drafter, the loop or acceptance.
+"""Bookkeeping more than one drafter shares: `BlockSlots` (node id -> slot of a drafter's own cache), `early_exit_copy`
+(a Target of the target's first k layers) and `PerRow` (one drafter copy per batch row, for drafters without a model).
+Knows nothing about any one drafter, the loop or acceptance.
 """
 
 from __future__ import annotations
@@ -63,10 +60,9 @@ def early_exit_copy(target: Target, layers: int) -> Target:
 
 
 class PerRow:
-    """Batches for a drafter that runs no model (lookup, random logits): each row of a batch is
-    drafted by its own copy of the drafter, so a row's draft and state never depend on its
-    neighbours, and drafting costs what B single drafts cost (no forward to batch). A subclass
-    implements the batch-of-one `propose` and `commit_one`; `row_copy` makes row b's copy."""
+    """Batches for a drafter that runs no model: each row is drafted by its own copy (`row_copy`), so no row
+    depends on its neighbours. A subclass implements the batch-of-one `propose` and `commit_one`.
+    """
 
     batchable = True
     rows: list = []

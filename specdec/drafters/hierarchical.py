@@ -1,11 +1,10 @@
 """Hierarchical drafting (SpecMQuant): a tree drafter's tree, verified by a cheaper intermediate model, becomes the
 chain the target verifies.
 
-Owns `HierarchicalDrafter` (`hierarchical`). Each step the *top* drafter (default `eagle`) proposes a tree, the
-*intermediate* (default a `torchao_int4` copy of the target) accepts greedily in one tree forward, and the loop gets
-that path plus the intermediate's next token as a point-mass chain (exact at any temperature). On `commit` the top
-drafter hears its own tree plus that token as one extra leaf (`EXTRA_NODE_ID`) under the last path node. Batches when
-its top drafter does. Knows nothing about how the top drafter drafts or how the target verifies.
+Owns `HierarchicalDrafter` (`hierarchical`): the *top* drafter (default `eagle`) proposes a tree, the *intermediate*
+(default a `torchao_int4` copy) accepts greedily in one tree forward, and the loop verifies that path plus the
+intermediate's next token as a point-mass chain. The top drafter hears that token as one extra leaf (`EXTRA_NODE_ID`).
+Knows nothing about how the top drafter drafts or how the target verifies.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """EAGLE-3 heads in the speculators format (what vLLM serves): `Eagle3Head`, reading and writing its directory.
 
-Owns `Eagle3Head`, `Eagle3Config`, `load_speculators` (every field checked), `save_speculators`, `export_speculators`
-and `package_check` (the only place that imports `speculators`). Knows nothing about drafting (specdec/drafters/eagle.py
-runs any head). The architecture is speculators 0.9.0's `Eagle3DraftModel`: fc over the aux layers' features, one
-decoder layer whose q/k/v read concat(embedding, features), a deeper node reading its parent's output; draft column j is
-target token j + d2t[j]; aux layer id k is HF `hidden_states[k]` (`Target.capture_layers`).
+Owns `Eagle3Head` (speculators 0.9.0's `Eagle3DraftModel`), `Eagle3Config`, `load_speculators`, `save_speculators`,
+`export_speculators` and `package_check` (the only place that imports `speculators`); draft column j is target token
+j + d2t[j], aux layer id k is HF `hidden_states[k]`. Knows nothing about drafting (specdec/drafters/eagle.py).
 """
 
 from __future__ import annotations
@@ -311,10 +309,10 @@ def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype
 
 def export_speculators(head_dir: str | Path, target, out: str | Path, dtype: torch.dtype = torch.bfloat16,
                        verifier: str | None = None, check: bool = False) -> dict:
-    """Write the EAGLE-3 head of the speculators directory `head_dir` (checked against `target`) to `out` in
-    `dtype` with the target's embedding and `verifier` (a name_or_path) if given, read back, and with `check`
-    parsed by the package (`package_check`). ValueError naming why for a specdec head (another architecture)
-    or another target's head. Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ package_check's)."""
+    """Write the EAGLE-3 head of speculators directory `head_dir` (checked against `target`) to `out` in `dtype`
+    with the target's embedding and `verifier`, read it back, and with `check` parse it with the package.
+    Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ `package_check`'s).
+    """
     if not is_speculators_dir(head_dir):
         raise ValueError(f"{head_dir} is not a speculators EAGLE-3 directory. A specdec head (fc over [embedding, "
                          "final feature] + a plain decoder layer, scored by the target's lm_head) is another "

@@ -1,12 +1,10 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit, one `StepEvent` per step.
 
-Owns `decode` (the loop, a generator), `DecodeConfig`, and `generate` / `generate_batch` (folds of the events;
-`generate` is a batch of one), and the target's KV cache for one decode (created and rolled back here only). Plain
-decoding (drafter None) is the same loop with no draft. The target's cache holds every committed token but the last, the
-*root*; each step forwards [root, draft nodes...] in one tree forward. The shape comes from a `specdec.loop.policy`
-policy, whose `keep` picks what to verify; a step with no draft does not call `propose`, but every step ends in
-`drafter.commit(Step)`. Knows nothing about how a drafter drafts or how acceptance is decided (`acceptance.accept`);
-tools see a step only through its event; a batch's padding is `specdec.loop.rows`'.
+Owns `decode` (the loop, a generator), `DecodeConfig`, `generate` / `generate_batch` (folds of the events) and the
+target's KV cache for one decode (created and rolled back here only). The cache holds every committed token but the
+last, the *root*; each step forwards [root, draft nodes...] in one tree forward, in the shape a `specdec.loop.policy`
+policy asks for, and ends in `drafter.commit(Step)`. Knows nothing about how a drafter drafts or how acceptance is
+decided; tools see a step only through its event; a batch's padding is `specdec.loop.rows`'.
 """
 
 from __future__ import annotations
@@ -177,9 +175,9 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
 
 def generate(target: Target, drafter: Drafter | None, prompt: Prompt, config: DecodeConfig | None = None,
              **options) -> GenerationOutput:
-    """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding): the fold
-    of `decode` over one prompt. `prompt` is a string (chat template applied for chat models unless
-    chat=False), chat messages, or token ids. `options` are `DecodeConfig` fields (over `config`)."""
+    """Generate from `target`, drafting with `drafter` (None = plain decoding): `decode` over one prompt (a string,
+    chat messages or token ids); `options` are `DecodeConfig` fields (over `config`).
+    """
     return generate_batch(target, drafter, [prompt], config, **options)[0]
 
 

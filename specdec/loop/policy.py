@@ -1,8 +1,6 @@
-"""Per-step draft shape policies: what the loop asks before a step, and which policy a shape means.
-
-Owns `ShapePolicy`, `FixedShape` (one concrete shape, or none), `ProposeOnly` (draft, verify nothing) and
-`shape_policy` (`auto` -> `AutoPolicy`, kept with the drafter object across generations). A policy only names a
-shape, so every policy is exact by construction. Knows nothing about how drafts are grown or verified.
+"""Per-step draft shape policies: `ShapePolicy`, `FixedShape` (one shape, or none), `ProposeOnly` (verify nothing) and
+`shape_policy` (`auto` -> `AutoPolicy`, kept with the drafter across generations). A policy only names a shape, so
+every policy is exact by construction. Knows nothing about how drafts are grown or verified.
 """
 
 from __future__ import annotations
@@ -56,9 +54,9 @@ class FixedShape:
 
 
 class ProposeOnly:
-    """Asks for `shape` every step and verifies none of the proposal, so each step commits one token
-    (the target's own, or a forced one): how a tool records a drafter's proposal at every position of
-    a path (`specdec.measure.profiles`, the KV experiment)."""
+    """Asks for `shape` every step and verifies none of it, so each step commits one token: how a tool records
+    a drafter's proposal at every position of a path.
+    """
 
     max_nodes = 0
 
@@ -83,10 +81,9 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None,
                  cache: str = "dynamic", batch: int = 1) -> ShapePolicy:
-    """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
-    one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
-    is the loop's cache kind (`specdec.runtime.forwards.CACHES`): whose forwards a latency curve must time;
-    `batch` the rows each verification forwards (a batch plans with the curve at its batch size)."""
+    """The policy for a parsed shape: `FixedShape` for a concrete one, else its registered policy, reused across
+    generations of the same `drafter`; `cache` and `batch` say which latency curve it plans with.
+    """
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)

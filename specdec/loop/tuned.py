@@ -1,8 +1,5 @@
-"""The latency curve a shape policy plans with: looked up in the machine's tune record, never measured.
-
-Owns `tuned_latency`, `curve_prefix` (the part of a stored curve's name a lookup matches; the measuring
-side, `specdec.measure.latency.curve_key`, builds its names on it) and the untuned default curve.
-Knows nothing about how a curve is timed.
+"""The latency curve a shape policy plans with: `tuned_latency`, looked up in the machine's tune record, never measured;
+`curve_prefix` (what a lookup matches; `specdec.measure.latency.curve_key` builds on it). Knows nothing about timing.
 """
 
 from __future__ import annotations

@@ -105,9 +105,9 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
 
 def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
               batch: int = 1, holes: bool = False) -> str:
-    """A curve's name inside the target's tune record: what else changes its times (the kernel, the
-    attention, the threads, the grid, the cache kind, the batch and the holes; machine, target and
-    dtype name the record). A batch of one without holes adds nothing to the name."""
+    """A curve's name inside the target's tune record: kernel, attention, threads, grid, cache kind, batch and holes
+    (a batch of one without holes adds nothing).
+    """
     parts = ["w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
     return curve_prefix(target, cache) + "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
 

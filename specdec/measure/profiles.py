@@ -1,9 +1,7 @@
 """Acceptance profiles: one greedy decode, every position's draft, and shape sweeps by replay.
 
-Owns `profile(...)` (the target's plain greedy decode through the one loop, recording every position's draft) and
-`AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`: answers without a model). A node at depth d of the
-draft at position p is accepted iff its path equals the greedy tokens g[p:p+d]; a narrower shape's draft is taken as the
-wider one's top-ranked part. Knows nothing about latency or costs.
+Owns `profile(...)` and `AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`, without a model): a node at
+depth d of the draft at position p is accepted iff its path equals the greedy g[p:p+d]. Knows nothing about latency.
 """
 
 from __future__ import annotations
@@ -202,10 +200,9 @@ def profile(
     chat: bool = True,
     stop_on_eos: bool = True,
 ) -> AcceptanceProfile:
-    """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (not stopping at EOS,
-    so steps that cross it can be replayed) and record `drafter`'s draft in `shape` at every
-    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does. Reads the
-    one loop's events (`specdec.loop.decode.decode`) under a policy that verifies no proposal."""
+    """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (past EOS, so replays can cross it;
+    `stop_on_eos` only tells replays to end there) and record `drafter`'s draft in `shape` at every position.
+    """
     _greedy_only(temperature, "recorded")
     shape = parse_shape(shape)
     rows = encode_prompts(target, [prompt], chat)

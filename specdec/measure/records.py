@@ -1,9 +1,8 @@
 """Result records: what a benchmark measured, with the machine, date and command it ran under.
 
-Owns the record format (one JSON object per line), `append` / `emit` (to `<root>/<machine key>.jsonl`)
-and `read` / `validate` (refusing a record that does not say where and how it was measured). The root
-is `root=`, else `$SPECDEC_RECORDS`, else docs/measurements/results/; under pytest it must be given.
-Knows nothing about what a benchmark measures or how records are rendered (`scripts/measurements.py`).
+Owns the record format (JSON lines), `append` / `emit` (to `<root>/<machine key>.jsonl`; root `root=`, else
+`$SPECDEC_RECORDS`, else docs/measurements/results/, never under pytest) and `read` / `validate`. Knows nothing
+about what a benchmark measures or how records are rendered.
 """
 
 from __future__ import annotations
@@ -102,10 +101,8 @@ def make_record(kind: str, result: dict, argv: list[str] | None = None, *, devic
 
 def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str | Path | None = None,
            device: str = "cpu", threads: int | str | None = None, note: str | None = None) -> Path:
-    """Append one record of `result` to `<root>/<machine-key>.jsonl`; returns that file's path.
-
-    `argv` is the full command as a list (default: this process's, see `command_line`);
-    `device` is the torch device timed (`cuda` adds the GPU to the machine and its key).
+    """Append one record of `result` to `<root>/<machine-key>.jsonl`; returns that file's path. `argv`: the command
+    (default this process's, `command_line`); `device`: the torch device timed (`cuda` adds the GPU to the key).
     """
     record = make_record(kind, result, argv, device=device, threads=threads, note=note)
     validate(record, where="new record")

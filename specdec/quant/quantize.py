@@ -47,9 +47,9 @@ def _layer_signature(module: torch.nn.Module) -> tuple:
 
 
 def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
-    """Quantize `target` by `spec` (e.g. "rtn4_g32", "torchao_int4", "bnb_nf4") and return it; the given
-    target's model is modified in place (see `quantized_copy` for a copy). Raises what `check_quantizable`
-    raises, and RuntimeError if a packed backend left a layer it was given unquantized."""
+    """Quantize `target` in place by `spec` and return it (`quantized_copy` for a copy); raises what
+    `check_quantizable` raises, and RuntimeError if a layer it was given stayed unquantized.
+    """
     spec = check_quantizable(target, spec)
     b = get(spec.backend)
     model = target.model

@@ -304,9 +304,9 @@ class Target:
         return ForwardOut(logits=logits, hidden=hidden, aux=aux)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V]; a plain
-        bias-free head is computed as W @ rows^T (faster at a verification's small n on one CPU thread;
-        rounding may differ in the last bit)."""
+        """The lm_head (and soft-capping) on hidden states [B, n, H] -> logits [B, n, V]; a bias-free head as
+        W @ rows^T (faster at small n on one thread; may round differently in the last bit).
+        """
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]

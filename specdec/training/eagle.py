@@ -1,11 +1,8 @@
 """Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `Rollouts`, `rollout_batch` (left-padded batched continuations with the target's final hidden states),
-`TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test), `depth_losses` (feature regression + cross-entropy
-per depth) and `acceptance_per_depth`. Depth s >= 2 runs, for every j, the pair (depth s-1's predicted feature, t_{j+s})
-at position j+s-1, attending to depth-1 entries 0..j and its own chain's deeper entries, and is scored against h_{j+s}:
-what a chain draft computes, so validation acceptance per depth equals chain drafting's greedy acceptance. Knows nothing
-about files or drafting (prompts.py, tokens.py, features.py and run.py own those).
+Owns `Rollouts`, `rollout_batch`, `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test: depth s runs
+(depth s-1's prediction, t_{j+s}) as a chain draft would, so validation acceptance equals chain drafting's),
+`depth_losses` and `acceptance_per_depth`. Knows nothing about files or drafting.
 """
 
 from __future__ import annotations
@@ -166,10 +163,10 @@ def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 def unroll(head, embed, batch: TrainBatch, depth: int, noise: float = 0.0,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
-    """The head's predicted features for depths 1..depth, each [B, n, H] with n = L - 1 pairs; entry
-    j of depth s predicts h_{j+s} (see the module docstring). Depth 1 reads the true features (with
-    the batch's aux layers, if any, as drafting does; plus uniform noise of width `noise`, EAGLE's
-    robustness trick); deeper depths read the previous depth's predictions (gradients flow through them)."""
+    """The head's predicted features for depths 1..depth, each [B, n, H] (n = L - 1 pairs; entry j of depth s
+    predicts h_{j+s}). Depth 1 reads the true features plus uniform noise of width `noise`; deeper depths read
+    the previous depth's predictions, gradients flowing through them.
+    """
     n = batch.tokens.shape[1] - 1
     feats = batch.hidden[:, :n]  # [B, n, H]
     if batch.aux is not None:

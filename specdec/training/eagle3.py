@@ -26,9 +26,9 @@ from specdec.training.tokens import TokenSet, target_identity
 
 def new_eagle3_head(target, aux_layers: tuple[int, ...], draft_vocab: torch.Tensor, *, layers: int = 1,
                     seed: int = 0) -> Eagle3Head:
-    """A fresh float32 EAGLE-3 head for `target`: `layers` Llama decoder layers of the target's
-    geometry (heads, kv heads, head_dim, intermediate size, rope, eps), fc over `aux_layers` (HF
-    hidden_states indices), lm_head rows = the target's lm_head rows of `draft_vocab` [N] (target ids)."""
+    """A fresh float32 EAGLE-3 head for `target`: `layers` Llama decoder layers of its geometry, fc over
+    `aux_layers`, lm_head rows = the target's rows of `draft_vocab`.
+    """
     geometry = HeadConfig.for_target(target, aux_layers=tuple(aux_layers))
     geometry.check_target(target)
     text = target.model.config.get_text_config()
@@ -102,10 +102,9 @@ def train_step(head: Eagle3Head, embed, batch: TrainBatch, opt: torch.optim.Opti
 
 @torch.no_grad()
 def eagle3_acceptance(head: Eagle3Head, embed, batches: list[TrainBatch], depth: int) -> dict[str, float]:
-    """Greedy chain acceptance on target sequences, drafting as the eagle drafter does (draft token =
-    draft_vocab[argmax lm_head(logit_features(x))]): over every pair j whose next depth + 1 tokens are
-    the target's continuation, `acc@s` = P(depth s right | depths 1..s-1 right) and `chain_mal` =
-    1 + sum_s P(depths 1..s right) (chain(depth)'s mean acceptance length, bonus included)."""
+    """Greedy chain acceptance on target sequences, drafting as the eagle drafter does: `acc@s` = P(depth s right |
+    depths 1..s-1 right) and `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs with a greedy continuation.
+    """
     head.eval()
     return chain_acceptance(head, embed, batches, depth,
                             lambda pred: head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)])

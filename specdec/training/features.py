@@ -1,8 +1,7 @@
 """The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
 
-Owns `token_sequences`, `recompute` (final and aux-layer hidden states, one causal prefill per sequence) and
-`token_features` (sets -> `ShardedRollouts`, a few shards in memory at a time). The cache is disposable, keyed by
-weights and shard SHA-256 (`<dir>/<weights[:16]>/<shard>-<layers>.safetensors`). Knows nothing about training.
+Owns `token_sequences`, `recompute` and `token_features` (a disposable per-shard cache keyed by weights and shard
+SHA-256, a few shards in memory at a time). Knows nothing about training.
 """
 
 from __future__ import annotations
@@ -52,9 +51,9 @@ def frozen_target(name: str, device: str, threads: int):
 
 
 def overlapping(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) -> set[str]:
-    """Ids of training prompts that share an 8-word run with a validation prompt in `held` (dropped from
-    training), the texts found again from the sets' prompt sources; SystemExit naming the set when a
-    prompt id is not among them (its source changed)."""
+    """Ids of training prompts sharing an 8-word run with a validation prompt in `held`, texts found from the
+    sets' sources (SystemExit when a prompt id is no longer among them).
+    """
     texts = {}
     for s in sets:
         sources = sorted({src for info in s.shards for src in info.sources})
@@ -90,9 +89,9 @@ def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tup
 @torch.no_grad()
 def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = ()
                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """`recompute` of several sequences in one right-padded forward (a GPU's way: one forward for
-    BATCH_ON_DEVICE sequences, not one each). Causal attention never lets a real position see the
-    padding after it, so each sequence gets its own states, up to rounding."""
+    """`recompute` of several sequences in one right-padded forward (a GPU's way); causal attention keeps
+    each sequence's states its own, up to rounding.
+    """
     lengths = [len(t) for t in seqs]
     ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -191,10 +190,9 @@ class ShardedRollouts:
 
 def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_dir: str | Path,
                    identity: dict | None = None, resident: int = 16) -> ShardedRollouts:
-    """The sequences of `sets` with the target's features recomputed (see `recompute`), as a ShardedRollouts
-    (row = the sequence's position in `token_sequences(sets)`): every shard's features computed into
-    `cache_dir` first (bf16, those already there are kept), then read on demand. Every set must name this
-    target (`identity`, default target_identity(target))."""
+    """The sequences of `sets` (rows in `token_sequences` order) with the target's features as a ShardedRollouts:
+    each shard's computed once into `cache_dir` (bf16), then read on demand. Every set must name this target.
+    """
     identity = identity or target_identity(target)
     check_target(sets, identity)
     cache = Path(cache_dir) / identity["weights_sha256"][:16]

@@ -1,13 +1,9 @@
-"""The `gpu` command of `python -m specdec.training`: on a lent CUDA machine, continue the one EAGLE run
-within a wall-time budget: roll out what the first set lacks (until --rollout-share of it), then
-resume the run with `--grow` (with --probe-steps, first fitting the schedule to the budget).
+"""The `gpu` command of `python -m specdec.training`: on a lent CUDA machine, continue the one EAGLE run within a
+wall-time budget: roll out what the first set lacks (until --rollout-share of it), then resume the run with `--grow`
+(with --probe-steps, first fitting the schedule to the budget). A failed stage 1 is reported; stage 2 still runs.
 
     python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh)
     python -m specdec.training gpu --smoke --work W --sources S    # CPU: tiny target (the tests')
-
-It calls `rollout` and `run` (specdec/training/cli.py) on the shards, compact state and curve a CPU
-session uses; an ended run is followed by a new one (`--init-head`). A failed stage 1 is reported and
-stage 2 still runs. Prints one JSON summary line.
 """
 
 from __future__ import annotations
@@ -51,9 +47,9 @@ def train_argv(args, minutes: float, resume: bool) -> list[str]:
 
 
 def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
-    """(max_steps, anneal_start) that end the run inside the budget: the probe's rate (steps per second of
-    training, validation and checkpoints included) over the budget left after another setup as long as the
-    probe's, the last `anneal_share` of those steps annealing."""
+    """(max_steps, anneal_start) that end the run inside the budget at the probe's rate, the last `anneal_share`
+    of the steps annealing.
+    """
     rate = probe["steps_done"] / max(probe["train_seconds"], 1e-9)
     left = 60 * (args.minutes - MARGIN_MINUTES) - (time.time() - started) - probe["setup_seconds"]
     steps = max(int(rate * left), 2)

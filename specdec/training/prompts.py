@@ -136,9 +136,9 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
 
 
 def shared_ngrams(prompts: Iterable[Prompt], others: Iterable[str], n: int = 8) -> list[str]:
-    """Texts of `prompts` that share an n-word run with any of the `others` texts, or contain the
-    whole of an `others` text of 4..n-1 words (so 'Why do cats purr?' is caught too; shorter texts
-    such as 'Say hello.' are common phrases, not prompts a training set could leak)."""
+    """Texts of `prompts` that share an n-word run with any of `others`, or contain a whole `others` text of
+    4..n-1 words (shorter ones are common phrases).
+    """
     others = list(others)
     banned = set().union(set(), *(ngrams(t, n) for t in others))
     short: dict[int, set[tuple[str, ...]]] = {}

@@ -1,10 +1,8 @@
 """One EAGLE training run, cut and resumed across machines and days, never restarted.
 
-Owns `RunConfig`, `lr_factor` (warm-up, constant, then a cosine anneal from `anneal_start` to `max_steps`: a function of
-the step alone), `validation_prompts` (fixed for the run's life) and `Run` (head + AdamW + step + batch order +
-generator + data checksum, one atomic checkpoint that `Run.resume` continues exactly; `compact=True` keeps matrices and
-moments in bf16). Resuming refuses another head geometry, other settings (only the schedule's length may change, before
-`anneal_start`) or other data. Knows nothing about how data is made or read: it trains on `TrainBatch`es.
+Owns `RunConfig`, `lr_factor` (warm-up, constant, cosine anneal: a function of the step alone), `validation_prompts`
+and `Run` (everything the next step depends on, in one atomic checkpoint that `Run.resume` continues exactly).
+Knows nothing about how data is made or read.
 """
 
 from __future__ import annotations

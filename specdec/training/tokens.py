@@ -1,11 +1,8 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
-Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name, quantization, dtype,
-SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash, the unit of resumption), `fill_token_set` and
-`set_checksum`. A set holds manifest.json (format, target identity, rollout settings, runs, per-shard file, bytes,
-sha256, prompt_ids, sources, prompt_len, length) and shard-NNNNN.u16 (its sequences concatenated, little-endian). A
-shard is renamed into place before the manifest records it, so a killed run loses at most one shard; one writer at a
-time (`<set>/write.lock`). Knows nothing about features or training (`specdec.training.features`).
+Owns `TokenSet` (open, verify, append, read), `source_prompts`, `target_identity`, `prompt_id` (the unit of
+resumption), `fill_token_set` and `set_checksum`. A shard is renamed into place before the manifest records it, so a
+killed run loses at most one shard; one writer at a time. Knows nothing about features or training.
 """
 
 from __future__ import annotations
@@ -89,9 +86,9 @@ def source_prompts(sources: Sequence[str], seed: int = 0) -> list[tuple[str, Pro
 
 
 def target_identity(target) -> dict:
-    """{name, quant, dtype, weights_sha256, tokenizer_sha256}: the SHA-256 of every state-dict tensor
-    (name, dtype, shape, bytes; sorted by name) and of the tokenizer (vocabulary, special tokens, chat
-    template). Two targets with equal identities produce the same tokens from the same prompts."""
+    """{name, quant, dtype, weights_sha256, tokenizer_sha256}: equal identities produce the same tokens from
+    the same prompts.
+    """
     weights = hashlib.sha256()
     for name, tensor in sorted(target.model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
