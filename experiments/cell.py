@@ -95,9 +95,8 @@ def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
 
 
 def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
-    """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and `verify_widths` count
-    each step once per row it served): steps, steps per padded verify width and per (active rows, width) as "RxW", the
-    target's forward seconds per such shape, and everything but drafting summed over steps."""
+    """What the cost model reads of one batched run, per batch step: steps per padded width and per (rows, width) "RxW",
+    forward seconds per such shape, and everything but drafting summed over steps."""
     return {f"{prefix}batch_steps": stats.steps,
             f"{prefix}batch_verify_widths": {str(w): n for w, n in sorted(stats.verify_widths.items())},
             f"{prefix}batch_verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(stats.verify_shapes.items())},
@@ -154,9 +153,9 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
 
 def drafting_probe(pairs: Sequence[tuple[specdec.Target, specdec.drafters.Drafter]], prompt, depth: int, seed: int,
                    options: dict) -> list[dict[str, float]]:
-    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes} for d in (1,
-    `depth`), from `PROBE_REPEATS` chain(d) runs of `PROBE_TOKENS` tokens on `prompt`, depths and pairs alternating so
-    that paired drafters share the machine's state. A depth no step drafted in full is left out."""
+    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step drafting d nodes} for d in (1,
+    `depth`), from `PROBE_REPEATS` alternating chain(d) runs on `prompt`; a depth no step drafted in full is left
+    out."""
     times: list[dict[int, list[float]]] = [{1: [], depth: []} for _ in pairs]
     for repeat in range(PROBE_REPEATS):
         for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):
@@ -196,8 +195,7 @@ def run_cell(
 
     Question i uses seed `sampling.seed + i`. `reference` / `reference_drafter` = None: `target` is its
     own reference. `on_unit(turns)` is called after each turn's runs (a batch: each group's). With
-    `teacher_forcing` (T = 0), a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
-    """
+    `teacher_forcing` (T = 0), a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe."""
     if (reference is None) != (reference_drafter is None):
         raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")
     if teacher_forcing and sampling.temperature > 0:

@@ -79,8 +79,7 @@ def load_prompts(spec: str, count: int) -> list[str]:
 
 def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **options) -> list[int]:
     """HF `generate` greedy: exactly `new_tokens` argmax tokens with EOS neither stopping nor suppressed
-    (`eos_token_id=None`; `min_new_tokens` would mask it), as `specdec.generate(..., stop_on_eos=False)`.
-    """
+    (`eos_token_id=None`; `min_new_tokens` would mask it), as `specdec.generate(..., stop_on_eos=False)`."""
     x = torch.tensor([ids], device=target.device)  # [1, L]
     out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
                                 eos_token_id=None, **options)
@@ -99,9 +98,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def configurations(target, args, cache: str) -> dict:
-    """{name: run(ids) -> (tokens, stats or None)}: HF generate, HF prompt lookup, our plain loop (and their torch-kernel
-    and dynamic-cache variants when those differ), then each drafter x shape of `args`.
-    """
+    """{name: run(ids) -> (tokens, stats or None)}: HF generate, HF prompt lookup, our plain loop (and their
+    torch-kernel and dynamic-cache variants when those differ), then each drafter x shape of `args`."""
     n = args.new_tokens
 
     def hf(ids: list[int], **options) -> tuple[list[int], None]:

@@ -94,9 +94,8 @@ def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> di
 
 
 def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) -> dict:
-    """A cell's `entry_stats`, its bootstrap drawn once (seed `CELL_SEED`) and kept in the cell's
-    `stats.json`: the cell's console line, REPORT.md and the leaderboard print the same intervals.
-    Another `n_boot` draws its own (and stores nothing)."""
+    """A cell's `entry_stats`, bootstrapped once (seed `CELL_SEED`) and kept in its `stats.json`, so the console,
+    REPORT.md and the leaderboard print the same intervals; another `n_boot` draws its own and stores nothing."""
     path = store.cell_dir(cell_id) / STATS_FILE
     if path.exists():
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -130,9 +129,8 @@ def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
 
 
 def build_table(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, cells: dict | None = None) -> pd.DataFrame:
-    """One line per (setting, category incl. `overall`, entry), with ranks by MAL and by speedup
-    within each (setting, category). An entry of one cell whose statistics `cells` holds ({cell id:
-    `stored_stats`}) reads its overall line from them: the interval the report and the console print."""
+    """One line per (setting, category incl. `overall`, entry), ranked by MAL and by speedup within each (setting,
+    category); a one-cell entry's overall line comes from `cells` ({cell id: `stored_stats`}) when given."""
     rng = np.random.default_rng(seed)
     records = []
     for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
@@ -245,8 +243,7 @@ def atomic_text(path: Path, text: str) -> None:
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
     """Write leaderboard.md, leaderboard.csv, the PNGs and Spec-Bench's answer files (spec_bench/) for the store at
-    `results` into `out` (default RESULTS/leaderboard). Returns (markdown, out directory).
-    """
+    `results` into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
     rows = load_rows(results)
     store = open_existing(results)
     cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)

@@ -148,9 +148,8 @@ def kernel_label(cfg: ExperimentConfig) -> str:
 
 
 def quant_labels(spec: str, target: specdec.Target, label: str = "") -> dict[str, Any]:
-    """The kernel label, the bits label (the spec's bit-width; the weights' dtype width when it has none), whether the
-    backend only simulates the numerics (weights stored dequantized: acceptance at that bit-width, cost of the
-    unquantized model) and whether the cell is an A/A control (the reference measured again under another label)."""
+    """The kernel label, the bits (the spec's, else the dtype's width), whether the backend only simulates the numerics
+    (weights stored dequantized) and whether the cell is an A/A control (the reference under another label)."""
     parsed = quantization.parse_spec(spec)
     bits = parsed.bits if parsed.bits is not None else torch.finfo(target.dtype).bits
     numerics_only = not quantization.get(parsed.backend).packed and not is_reference(spec)
@@ -176,8 +175,7 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
 
 def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
     """`runner.latency_widths` plus the width of the shape's full draft (not for `auto`), so the cost model never
-    interpolates across a kernel's cost step where most verifications are.
-    """
+    interpolates across a kernel's cost step where most verifications are."""
     shape = specdec.parse_shape(cfg.shape.spec)
     extra = set() if isinstance(shape, AutoShape) else {shape.max_nodes + 1}
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
@@ -186,8 +184,7 @@ def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
 class CellCurves:
     """The latency curves a cell stores (its target's and its reference's, at the cell's batch and every
     fewer rows), timed through `cache="auto"` in `CurveTimer` passes taken between the cell's units:
-    ceil(`runner.latency_repeats` / units) after each, so each curve sees the machine its runs saw.
-    """
+    ceil(`runner.latency_repeats` / units) after each, so each curve sees the machine its runs saw."""
 
     def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], units: int) -> None:
         self.per_unit = -(-cfg.runner.latency_repeats // units)

@@ -199,8 +199,7 @@ def open_existing(root: str | os.PathLike) -> ResultsStore:
 
 def load_rows(root: str | os.PathLike, *, on_damage: str = "warn"):
     """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn); a damaged
-    cell is skipped with a `DamagedCellWarning` (`on_damage="warn"`) or raises `DamagedCellError` (`"raise"`).
-    """
+    cell is skipped with a `DamagedCellWarning` (`on_damage="warn"`) or raises `DamagedCellError` (`"raise"`)."""
     import pandas as pd
 
     if on_damage not in ("warn", "raise"):

@@ -55,8 +55,7 @@ def load_target(
     `dtype` defaults to float32 for built-ins, else the checkpoint's; `quant` is a `specdec.quant` spec;
     `kernel` is `auto` (tuned, else the machine default) or one of `specdec.runtime.kernels.CHOICES`;
     `threads` (an int, or `auto`: tuned, else `specdec.machine.DEFAULT_THREADS`) is set process-wide;
-    `attn_implementation=None` is transformers' choice with `sdpa` swapped for `specdec_sdpa`.
-    """
+    `attn_implementation=None` is transformers' choice with `sdpa` swapped for `specdec_sdpa`."""
     device = check_device(device)
     if kernel not in kernels.CHOICES:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(kernels.CHOICES)}")
@@ -228,8 +227,7 @@ def tiny_target(
     logit_scale: float = 1.0,
 ) -> Target:
     """A randomly initialised causal LM of `family` (llama | qwen2 | mistral), 4 query heads over 2 KV
-    heads; `logit_scale` > 1 sharpens its distributions; the default vocabulary gets a ByteTokenizer.
-    """
+    heads; `logit_scale` > 1 sharpens its distributions; the default vocabulary gets a ByteTokenizer."""
     import transformers
 
     configs = {

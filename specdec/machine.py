@@ -139,8 +139,7 @@ def _locked(folder: Path) -> Iterator[None]:
 
 def update_record(label: str, device: torch.device | str, dtype: torch.dtype, **fields) -> dict:
     """Merge `fields` into the target's record (nested dicts one level deep) and write it atomically under the
-    machine's lock; returns the record. An untrustworthy existing record is a TuneError.
-    """
+    machine's lock; returns the record. An untrustworthy existing record is a TuneError."""
     path = record_path(label, device, dtype)
     with _locked(path.parent):
         record = load_record(label, device, dtype) or {

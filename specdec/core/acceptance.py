@@ -58,8 +58,7 @@ def acceptance_probability(target_prob: torch.Tensor, draft_prob: torch.Tensor) 
 
 def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection (the target itself
-    when the residual has no mass: rejection then had probability ~0, and the target is the exact conditional).
-    """
+    when the residual has no mass: rejection then had probability ~0, and the target is the exact conditional)."""
     residual = (target_probs - draft_probs).clamp(min=0.0)
     mass = residual.sum()
     return residual / mass if mass > 0 else target_probs

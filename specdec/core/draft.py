@@ -28,8 +28,7 @@ KVLayers = list[tuple[torch.Tensor, torch.Tensor]]  # (keys, values) per decoder
 @dataclass(frozen=True)
 class Draft:
     """A draft tree: node i proposes `tokens[0, i]` after its parent (after the root, the last committed token,
-    when `parents[i] == -1`); parents precede children. A chain has parents [-1, 0, 1, ...].
-    """
+    when `parents[i] == -1`); parents precede children. A chain has parents [-1, 0, 1, ...]."""
 
     tokens: torch.Tensor  # [B, N] long
     parents: torch.Tensor  # [N] long, -1 = child of the root
@@ -105,8 +104,7 @@ class Step:
 
     Sent once after the prefill (`acceptances` empty) and after every verification. The *kept rows*
     (made permanent): after the prefill every prompt token but the root, after a step the root and the
-    accepted nodes: the committed tokens `token_ids[:, L - num_new - 1 : L - 1]`, at `positions`.
-    """
+    accepted nodes: the committed tokens `token_ids[:, L - num_new - 1 : L - 1]`, at `positions`."""
 
     token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root (left-padded: `lengths`)
     num_new: list[int]
@@ -166,9 +164,8 @@ class Step:
         return self.draft_of(row).node_ids[torch.tensor(self.acceptances[row].path, dtype=torch.long)]
 
     def target_kv(self) -> KVLayers:
-        """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]:
-        views into the target's cache, valid until the loop's next step. Copy what you keep; never
-        write into them. Built on demand, so drafters that ignore it cost nothing."""
+        """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]: views into the
+        target's cache, valid until the next step (copy what you keep), built on demand."""
         return self._kv()
 
 
@@ -205,8 +202,7 @@ class DraftRequest:
 @runtime_checkable
 class Drafter(Protocol):
     """A proposer of draft trees; one instance serves one generation at a time. Per generation: `reset()`,
-    `commit(prefill step)`, then per step `propose(request)` -> (the loop verifies) -> `commit(step)`.
-    """
+    `commit(prefill step)`, then per step `propose(request)` -> (the loop verifies) -> `commit(step)`."""
 
     name: str
 
@@ -217,9 +213,8 @@ class Drafter(Protocol):
         """Return a draft for the continuation of `request.token_ids`, in `request.shape`."""
 
     def commit(self, step: Step) -> None:
-        """Take in what the target committed (`specdec.core.draft.Step`): drop the state of rejected
-        draft nodes (rollback), keep the accepted ones (`step.accepted_node_ids()`), and read the
-        target's features or KV for the committed positions if the drafter uses them."""
+        """Take in what the target committed (`Step`): roll back rejected nodes' state, keep the accepted ones
+        (`step.accepted_node_ids()`), and read the target's features or KV if the drafter uses them."""
 
 
 @runtime_checkable

@@ -25,8 +25,7 @@ ScoreFn = Callable[[list[int], torch.Tensor, list[int]], torch.Tensor]
 @dataclass(frozen=True)
 class SubVocab:
     """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`; growers rank and
-    sample within the columns, never building a full-vocabulary tensor (but sampled `draft_probs`).
-    """
+    sample within the columns, never building a full-vocabulary tensor (but sampled `draft_probs`)."""
 
     ids: torch.Tensor  # [Vd] long target token ids, on the drafter's device
     size: int  # The full (target) vocabulary size V.
@@ -54,8 +53,7 @@ def grow_tree(
 
     `vocab` (None = whole vocabulary) maps logit columns to token ids; `score` returns logits over the
     same columns. Widths larger than the columns are clamped. Host syncs: none for chains and static
-    trees beyond sampling's; one per expanded depth of a dynamic tree, and one for its final selection.
-    """
+    trees beyond sampling's; one per expanded depth of a dynamic tree, and one for its final selection."""
     if root_logits.shape[0] != 1:
         raise NotImplementedError(f"grow_tree supports batch size 1 only, got {root_logits.shape[0]}")
     if max_depth < 1:

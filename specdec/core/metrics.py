@@ -1,7 +1,7 @@
 """Per-step records of one generation and the statistics derived from them (definitions: docs/library.md).
 
-Owns MAL (1 + mean accepted draft tokens per step; the last step counts up to the first EOS), acceptance per depth
-and the step-time split (target forward, draft = `propose` + `commit`, the rest). Knows nothing about models or drafters.
+Owns MAL (1 + mean accepted draft tokens per step; the last step counts up to the first EOS), acceptance per depth and
+the step-time split (target forward, draft = `propose` + `commit`, the rest). Knows nothing about models or drafters.
 """
 
 from __future__ import annotations
@@ -201,8 +201,7 @@ class BatchStats:
 def position_acceptance(steps: list[StepRecord]) -> tuple[list[int], list[int], list[int]]:
     """(tried, kept, histogram) of a run's steps, counts that pool over runs: tried[i-1] = steps whose draft
     reached position i with 1..i-1 accepted, kept[i-1] = those that accepted i too, histogram[k] = steps
-    that accepted k. E.g. accepted 2, 0, 1 of depth-3 drafts: [3, 2, 1], [2, 1, 0], [1, 1, 1, 0].
-    """
+    that accepted k. E.g. accepted 2, 0, 1 of depth-3 drafts: [3, 2, 1], [2, 1, 0], [1, 1, 1, 0]."""
     depth = max((s.draft_depth for s in steps), default=0)
     tried = [sum(s.draft_depth >= i and s.accepted >= i - 1 for s in steps) for i in range(1, depth + 1)]
     kept = [sum(s.draft_depth >= i and s.accepted >= i for s in steps) for i in range(1, depth + 1)]

@@ -41,8 +41,7 @@ def target_probs_from_logits(logits: torch.Tensor, sampling: SamplingConfig) -> 
 
     Temperature, then top-k (ties with the k-th kept), then top-p (ties in index order), as transformers'
     warpers; greedy configs give the one-hot of the argmax (first index on ties). Logits are shifted by their
-    maximum first, so a tiny temperature cannot overflow (inf - inf = nan).
-    """
+    maximum first, so a tiny temperature cannot overflow (inf - inf = nan)."""
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
     work_dtype = torch.promote_types(logits.dtype, torch.float32)

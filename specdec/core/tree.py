@@ -44,8 +44,7 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool, on the
-    device of `parents`; vectorized by pointer jumping (ceil(log2 depth) rounds).
-    """
+    device of `parents`; vectorized by pointer jumping (ceil(log2 depth) rounds)."""
     n = parents.numel()
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)
     up = parents

@@ -41,8 +41,7 @@ class NoDrafter:
 @register("random")
 class RandomDrafter(PerRow):
     """Drafts from i.i.d. standard-normal logits, in any shape, from the request's (in a batch, the row's own)
-    random stream; stateless, so its row copies are plain copies (`PerRow`).
-    """
+    random stream; stateless, so its row copies are plain copies (`PerRow`)."""
 
     name = "random"
 

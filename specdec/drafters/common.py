@@ -17,8 +17,7 @@ class BlockSlots:
     """Where a drafter's cache holds the draft nodes it ran this step: node id -> block slot.
 
     The *block* is the entries appended while growing a draft; `parents` holds each entry's parent slot
-    (-1 = the root); `accepted(step)` gathers the accepted path's slots by node id.
-    """
+    (-1 = the root); `accepted(step)` gathers the accepted path's slots by node id."""
 
     def __init__(self) -> None:
         self.parents: list[int] = []  # parent slot per block entry, -1 = the root
@@ -61,8 +60,7 @@ def early_exit_copy(target: Target, layers: int) -> Target:
 
 class PerRow:
     """Batches for a drafter that runs no model: each row is drafted by its own copy (`row_copy`), so no row
-    depends on its neighbours. A subclass implements the batch-of-one `propose` and `commit_one`.
-    """
+    depends on its neighbours. A subclass implements the batch-of-one `propose` and `commit_one`."""
 
     batchable = True
     rows: list = []

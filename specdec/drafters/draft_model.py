@@ -115,8 +115,7 @@ class ModelDrafter:
 def build_small(*, target: Target, model: str | Target | None = None, layers: int | None = None,
                 cache: str = "auto", **load_options):
     """A small draft model (`model=`), or by default an early-exit self-draft of the target's first `layers`
-    layers (a quarter); `cache` is the draft model's own cache kind.
-    """
+    layers (a quarter); `cache` is the draft model's own cache kind."""
     if model is None:
         total = target.model.config.num_hidden_layers
         return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small",

@@ -27,8 +27,7 @@ def grow_rows(shape: Shape, root_logits: list[torch.Tensor | None], score_rows: 
               sampling: SamplingConfig, generators: list[torch.Generator], max_depths: list[int],
               vocab: SubVocab | None = None) -> list[Draft]:
     """One draft per row, as `grow_tree` would grow it alone (`root_logits[b]` None: an empty draft), with
-    `score_rows` answering each round of the rows' score calls at once; a row's error is raised once all stop.
-    """
+    `score_rows` answering each round of the rows' score calls at once; a row's error is raised once all stop."""
     drafts = [Draft.empty() for _ in root_logits]  # a row with no root logits keeps its empty draft
     rows = [b for b, logits in enumerate(root_logits) if logits is not None]
     turn = {row: threading.Semaphore(0) for row in rows}  # released: the row runs (one row at a time)

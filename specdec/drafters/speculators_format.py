@@ -119,9 +119,8 @@ class Eagle3Head(nn.Module):
         mask: torch.Tensor | None,  # [n, past + n] or [B, 1, n, past + n] additive, None = plain causal
         cache: DynamicCache | None = None,
     ) -> torch.Tensor:
-        """The residual stream after the last layer, [B, n, H] (normed with norm_output): what children
-        read and `logit_features` scores. Target features carry the final hidden state first (as every
-        specdec head receives them); this head reads only the aux layers after it."""
+        """The residual stream after the last layer, [B, n, H] (normed with norm_output): what children read and
+        `logit_features` scores. Of target features (final hidden state first), this head reads only the aux layers."""
         hsize, dtype = self.config.hidden_size, self.fc.weight.dtype
         if features.shape[-1] == hsize:
             g = features.to(dtype)
@@ -261,8 +260,7 @@ def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype
                      embedding: torch.Tensor | None = None) -> Path:
     """Write `head` as a speculators checkpoint (speculators 0.9.0's config.json fields, weights in `dtype`,
     d2t/t2d for a reduced vocabulary); returns the directory. A head that reads the target's embedding
-    needs it as `embedding` [V, H]: speculators would leave it uninitialised.
-    """
+    needs it as `embedding` [V, H]: speculators would leave it uninitialised."""
     if not isinstance(head, Eagle3Head):
         raise TypeError(f"save_speculators writes EAGLE-3 heads (Eagle3Head); got {type(head).__name__}. specdec's "
                         "own EagleHead is another architecture that the speculators format cannot express "
@@ -311,8 +309,7 @@ def export_speculators(head_dir: str | Path, target, out: str | Path, dtype: tor
                        verifier: str | None = None, check: bool = False) -> dict:
     """Write the EAGLE-3 head of speculators directory `head_dir` (checked against `target`) to `out` in `dtype`
     with the target's embedding and `verifier`, read it back, and with `check` parse it with the package.
-    Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ `package_check`'s).
-    """
+    Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ `package_check`'s)."""
     if not is_speculators_dir(head_dir):
         raise ValueError(f"{head_dir} is not a speculators EAGLE-3 directory. A specdec head (fc over [embedding, "
                          "final feature] + a plain decoder layer, scored by the target's lm_head) is another "

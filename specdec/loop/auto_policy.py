@@ -28,8 +28,7 @@ def _ema(old: float | None, new: float, weight: float) -> float:
 
 def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tuple[int, ...]]:
     """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most max_nodes nodes
-    (e.g. (2, 2, 1): 2 + 4 + 4 = 10), by depth then widest first; grown only from vectors that still fit.
-    """
+    (e.g. (2, 2, 1): 2 + 4 + 4 = 10), by depth then widest first; grown only from vectors that still fit."""
     out: list[tuple[int, ...]] = []
     level = [((), 1, 0)]  # (widths, nodes at the deepest level, nodes in all)
     for _ in range(max_depth):
@@ -103,9 +102,8 @@ class AutoPolicy:
         self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
 
     def acceptance(self, optimistic: bool = False) -> np.ndarray:
-        """s[d, r] (docs/design/auto.md): posterior means; depth 1 under the Beta(1, 3) prior, each
-        deeper depth under a prior of the same weight centred on the depth above. `optimistic`:
-        s+[d, r], the mean plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
+        """s[d, r] (docs/design/auto.md): posterior means, each depth's prior centred on the depth above (depth 1:
+        Beta(1, 3)); `optimistic`: s+, plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
         weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
         prior = np.full(self.trials.shape[1], self.PRIOR_SUCCESSES / weight)
         out = np.empty_like(self.trials)
@@ -260,8 +258,7 @@ class AutoPolicy:
                          path: list[int]) -> None:
         """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for widths[d]
         children; per rank one trial of v, kept if that child was proposed and verified; the root and the accepted
-        nodes (`path`, indices into the verified draft) add the same trials to u.
-        """
+        nodes (`path`, indices into the verified draft) add the same trials to u."""
         count = proposal.num_nodes
         verified = np.ones(count, dtype=bool) if keep is None else np.isin(np.arange(count), keep)
         accepted = {-1, *(path if keep is None else keep[list(path)].tolist())}  # proposal indices
@@ -299,8 +296,7 @@ class AutoPolicy:
     def _calibrate_trimmed(self, proposed: Draft, keep: np.ndarray, acceptance: Acceptance,
                            features: tuple[np.ndarray, np.ndarray]) -> None:
         """Trimmed children of the last accepted node (or of the root), when the step ended on a bonus token: "child ==
-        next token" is then a fair trial of the child (exact at T = 0).
-        """
+        next token" is then a fair trial of the child (exact at T = 0)."""
         last = int(keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
         kids = np.flatnonzero(proposed.parents.numpy() == last)
         kids = kids[~np.isin(kids, keep)]

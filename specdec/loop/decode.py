@@ -94,9 +94,8 @@ def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
 
 def decode(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
            config: DecodeConfig = DecodeConfig()) -> Iterator[StepEvent]:
-    """Decode `prompts` as one batch, one `StepEvent` per step (`specdec.core.events`). At T = 0 each row
-    equals the target's greedy decoding at the width it verifies (fp32: plain greedy decoding); at T > 0
-    it follows the target's sampling law (after top-k / top-p). Input errors come before any work."""
+    """Decode `prompts` as one batch, one `StepEvent` per step: at T = 0 the target's greedy decoding at the width it
+    verifies, at T > 0 its sampling law (after top-k / top-p). Input errors come before any work."""
     rows, limits, policy, kind, needed, buckets = _plan(target, drafter, prompts, config)
     batched, sampling, hear = len(rows) > 1, config.sampling, drafter.commit if drafter is not None else _no_commit
     stop = _stop_set(target, config)
@@ -176,8 +175,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
 def generate(target: Target, drafter: Drafter | None, prompt: Prompt, config: DecodeConfig | None = None,
              **options) -> GenerationOutput:
     """Generate from `target`, drafting with `drafter` (None = plain decoding): `decode` over one prompt (a string,
-    chat messages or token ids); `options` are `DecodeConfig` fields (over `config`).
-    """
+    chat messages or token ids); `options` are `DecodeConfig` fields (over `config`)."""
     return generate_batch(target, drafter, [prompt], config, **options)[0]
 
 
@@ -186,8 +184,7 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[Pr
     """`generate` for a list of prompts at once: one output per prompt, its statistics, and the batch's. A finished row
     leaves the batch; a drafter must be batchable for more than one prompt. Row b draws only from its own generator,
     seeded `seed + b`: with a concrete shape its output equals `generate(..., seed=seed + b)` on its prompt alone, token
-    for token; with `shape="auto"` (one shape per step for the batch) token for token at T = 0 and in law at T > 0.
-    """
+    for token; with `shape="auto"` (one shape per step for the batch) token for token at T = 0 and in law at T > 0."""
     config = replace(config, **options) if config is not None else DecodeConfig(**options)
     rows, stop = encode_prompts(target, prompts, config.chat), _stop_set(target, config)
     outputs, stats = [[] for _ in rows], [GenerationStats() for _ in rows]
@@ -259,8 +256,7 @@ def _forced(draft: Draft, force: Sequence[int]) -> Acceptance:
 def _plan(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt], config: DecodeConfig,
           ) -> tuple[list[list[int]], list[int], ShapePolicy, str, int, tuple[int, ...] | None]:
     """Check the inputs before any work and size the cache: (token ids, limits, shape policy, cache kind,
-    capacity, width buckets); TypeError / ValueError naming what is wrong.
-    """
+    capacity, width buckets); TypeError / ValueError naming what is wrong."""
     rows = encode_prompts(target, prompts, config.chat)
     limits = [_limit(config.max_new_tokens, b) for b in range(len(rows))] if isinstance(
         config.max_new_tokens, int) or len(config.max_new_tokens) == len(rows) else None

@@ -55,8 +55,7 @@ class FixedShape:
 
 class ProposeOnly:
     """Asks for `shape` every step and verifies none of it, so each step commits one token: how a tool records
-    a drafter's proposal at every position of a path.
-    """
+    a drafter's proposal at every position of a path."""
 
     max_nodes = 0
 
@@ -82,8 +81,7 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None,
                  cache: str = "dynamic", batch: int = 1) -> ShapePolicy:
     """The policy for a parsed shape: `FixedShape` for a concrete one, else its registered policy, reused across
-    generations of the same `drafter`; `cache` and `batch` say which latency curve it plans with.
-    """
+    generations of the same `drafter`; `cache` and `batch` say which latency curve it plans with."""
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)

@@ -48,9 +48,8 @@ def left_padded(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int] 
 
 
 def verify_block(drafts: list[Draft], roots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's
-    root (block index 0) then its draft nodes, padded to the widest row (padding: children of the
-    block's start, never anyone's ancestor, marked invalid)."""
+    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's root then its draft,
+    padded to the widest row (padding: children of the block's start, never an ancestor, marked invalid)."""
     if len(drafts) == 1:
         d = drafts[0]
         tokens = torch.cat([d.tokens.new_tensor([[roots[0]]]), d.tokens], 1)  # [1, 1 + N]

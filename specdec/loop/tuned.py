@@ -28,8 +28,7 @@ DEFAULT_WIDTH_COST = 1 / 24  # The untuned curve's cost of each token past the f
 def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
     """The latency curve `shape="auto"` plans with, looked up, never measured: the widest stored for this
     target, kernel, attention, threads, cache and batch in the machine's tune record, else the untuned
-    t(w) = 1 + (batch * w - 1) * DEFAULT_WIDTH_COST, whose `machine` says "not tuned".
-    """
+    t(w) = 1 + (batch * w - 1) * DEFAULT_WIDTH_COST, whose `machine` says "not tuned"."""
     kind = resolve_cache(cache, target, batch)
     prefix = curve_prefix(target, kind) + "w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}

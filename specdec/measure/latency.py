@@ -25,8 +25,7 @@ def _sync(device: torch.device) -> None:
 
 class CurveTimer:
     """Times a latency curve in passes: `sample()` times every width after every context (order rotated), `curve()` is
-    the median so far; caches are filled and warmed at construction (arguments: `measure_latency`).
-    """
+    the median so far; caches are filled and warmed at construction (arguments: `measure_latency`)."""
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                  contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
@@ -91,10 +90,8 @@ class CurveTimer:
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """Time one forward of each width after each context (median of `repeats` passes of a `CurveTimer`).
-    `cache` names the forward (`specdec.runtime.forwards.CACHES`); `batch` > 1 times that many rows
-    through the batched tree forward; `holes` times under a batch-with-holes mask.
-    """
+    """Time one forward of each width after each context (median of `repeats` `CurveTimer` passes) through `cache`'s
+    forward; `batch` > 1 times that many rows, `holes` under a batch-with-holes mask."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = CurveTimer(target, widths, contexts, seed=seed, cache=cache, batch=batch, holes=holes)
@@ -106,8 +103,7 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
 def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
               batch: int = 1, holes: bool = False) -> str:
     """A curve's name inside the target's tune record: kernel, attention, threads, grid, cache kind, batch and holes
-    (a batch of one without holes adds nothing).
-    """
+    (a batch of one without holes adds nothing)."""
     parts = ["w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
     return curve_prefix(target, cache) + "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
 

@@ -74,9 +74,8 @@ class AcceptanceProfile:
         return self.drafts[position].subtree(keep)
 
     def accepted_per_step(self, shape: str | Shape, temperature: float = 0.0) -> list[int]:
-        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed. A step
-        commits what the loop would: its tokens up to the first EOS (kept) and within max_new_tokens,
-        so 1 + sum / len is the run's own MAL (its new tokens over its steps)."""
+        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed, committing what the loop
+        would (up to the first EOS, within max_new_tokens): 1 + sum / len is the run's own MAL."""
         _greedy_only(temperature, "simulated")
         shape = parse_shape(shape)
         _derivable(self.shape, shape, None)  # fail before any work for a wrong kind of shape
@@ -201,8 +200,7 @@ def profile(
     stop_on_eos: bool = True,
 ) -> AcceptanceProfile:
     """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (past EOS, so replays can cross it;
-    `stop_on_eos` only tells replays to end there) and record `drafter`'s draft in `shape` at every position.
-    """
+    `stop_on_eos` only tells replays to end there) and record `drafter`'s draft in `shape` at every position."""
     _greedy_only(temperature, "recorded")
     shape = parse_shape(shape)
     rows = encode_prompts(target, [prompt], chat)

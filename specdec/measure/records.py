@@ -102,8 +102,7 @@ def make_record(kind: str, result: dict, argv: list[str] | None = None, *, devic
 def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str | Path | None = None,
            device: str = "cpu", threads: int | str | None = None, note: str | None = None) -> Path:
     """Append one record of `result` to `<root>/<machine-key>.jsonl`; returns that file's path. `argv`: the command
-    (default this process's, `command_line`); `device`: the torch device timed (`cuda` adds the GPU to the key).
-    """
+    (default this process's, `command_line`); `device`: the torch device timed (`cuda` adds the GPU to the key)."""
     record = make_record(kind, result, argv, device=device, threads=threads, note=note)
     validate(record, where="new record")
     root = Path(root) if root is not None else default_root()

@@ -32,8 +32,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     """GPTQ-quantize `weight` [O, I] given the Hessian [I, I] of its layer's inputs; returns the
     dequantized weight in weight's dtype. One column at a time: round it, spread its error
     e_i = (w_i - q_i) / U[i, i] over later columns by w_j -= e_i U[i, j] (U: upper Cholesky of H^-1);
-    group scales are fitted at a group's first column. float64 for float64 weights, else float32.
-    """
+    group scales are fitted at a group's first column. float64 for float64 weights, else float32."""
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"gptq_quantize needs weight [O, I] and hessian [I, I], got {tuple(weight.shape)} "
                          f"and {tuple(hessian.shape)}")

@@ -15,9 +15,8 @@ from specdec.quant.registry import QuantSpec, QuantSpecError, get
 
 
 def quantizable_linears(model: nn.Module) -> list[str]:
-    """Qualified names of the `nn.Linear` modules a backend quantizes (all but the lm_head).
-    ValueError for a model whose linears are packed for a kernel (`specdec.runtime.kernels`): they would
-    be skipped silently; `quantize_target` and `quantized_copy` unpack them first."""
+    """Qualified names of the `nn.Linear` modules a backend quantizes (all but the lm_head); ValueError for linears
+    packed for a kernel (they would be skipped silently: `quantize_target` unpacks them first)."""
     from specdec.runtime.kernels import OneDNNLinear
 
     packed = [name for name, module in model.named_modules() if isinstance(module, OneDNNLinear)]

@@ -20,8 +20,7 @@ from specdec.quant.texts import calibration_description
 def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     """Every check `quantize_target` makes before touching the model; returns the parsed spec.
     Raises `QuantSpecError` for what the backend does not support (or an already quantized target)
-    and `BackendUnavailableError` (naming the pip extra) when it cannot run here.
-    """
+    and `BackendUnavailableError` (naming the pip extra) when it cannot run here."""
     spec = parse_spec(spec)
     b = get(spec.backend)
     previous = target.quant
@@ -48,8 +47,7 @@ def _layer_signature(module: torch.nn.Module) -> tuple:
 
 def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
     """Quantize `target` in place by `spec` and return it (`quantized_copy` for a copy); raises what
-    `check_quantizable` raises, and RuntimeError if a layer it was given stayed unquantized.
-    """
+    `check_quantizable` raises, and RuntimeError if a layer it was given stayed unquantized."""
     spec = check_quantizable(target, spec)
     b = get(spec.backend)
     model = target.model

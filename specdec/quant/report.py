@@ -75,9 +75,7 @@ def _timed_forward(target: Target, cache: KVCache, tokens: torch.Tensor, context
 
 
 def latency_curve(reference: Target, quantized: Target, config: ReportConfig) -> dict[str, Any]:
-    """Median forward milliseconds per (context, width) for both models and their ratios, the two timed
-    back to back per width in an order that alternates between repeats.
-    """
+    """Median forward milliseconds per (context, width) for both models (interleaved) and their ratios."""
     models = (reference, quantized)
     longest = max(config.contexts) + max(config.widths)
     limit = min(m.context_length for m in models)

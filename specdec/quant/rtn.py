@@ -42,8 +42,7 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None, symmet
     """Round-to-nearest quantize `weight` [O, I] group-wise along I (`group_size` None: per row) and
     return it dequantized in weight's dtype. Asymmetric: s = (max - min) / (2^b - 1), w' = min + s
     round((w - min) / s) (min a float offset, as GGUF Q4_1); symmetric: s = max|w| / (2^(b-1) - 1),
-    w' = s round(w / s). Computed in float32 (float64 for float64 weights).
-    """
+    w' = s round(w / s). Computed in float32 (float64 for float64 weights)."""
     if weight.dim() != 2:
         raise ValueError(f"rtn_quantize expects a 2-D weight [out, in], got shape {tuple(weight.shape)}")
     if not 2 <= bits <= 8:

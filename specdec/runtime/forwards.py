@@ -42,8 +42,7 @@ def _graphs(target: Target, capacity: int, buckets: tuple[int, ...], capture: st
 
 def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:
     """The `CACHES` key `generate_batch(cache=...)` runs `rows` prompts with: `auto` -> `static` for a batch (a
-    growing cache copies every row at every step), else `graphs` on CUDA and the tuned kind (`dynamic`) on CPU.
-    """
+    growing cache copies every row at every step), else `graphs` on CUDA and the tuned kind (`dynamic`) on CPU."""
     if cache == "auto":
         if rows > 1 or target.device.type == "cuda":
             return "static" if rows > 1 else "graphs"
@@ -69,8 +68,7 @@ def verification_width(cache: str, widest: int, buckets: Sequence[int] | None) -
 
 def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False) -> str:
     """The `CACHES` key a model drafter's cache resolves to: `auto` -> `graphs` on CUDA unless it `evicts`, else
-    `dynamic`; ValueError for an unknown kind or a preallocated one for an evicting drafter.
-    """
+    `dynamic`; ValueError for an unknown kind or a preallocated one for an evicting drafter."""
     kind = resolve_cache(cache, model)
     if cache == "auto" and evicts:
         return "dynamic"
@@ -82,8 +80,7 @@ def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False)
 
 def drafter_cache(model: Target, cache: str = "auto", evicts: bool = False) -> tuple[Cache, Forward]:
     """A model drafter's own (cache, forward) for a new generation (kind: `drafter_cache_kind`); preallocated kinds
-    hold the context length plus two widest buckets.
-    """
+    hold the context length plus two widest buckets."""
     kind = drafter_cache_kind(model, cache, evicts)
     if kind == "dynamic":
         return KVCache(), model.forward

@@ -28,8 +28,7 @@ def tree_attention(
 
     `parents` (None = a chain) covers the *tree block*: the last len(parents) positions, i.e. the
     newest cached entries then the n new tokens, -1 meaning a child of the position before the block.
-    A new token sees everything before the block and its ancestors in it, at block_start + depth - 1.
-    """
+    A new token sees everything before the block and its ancestors in it, at block_start + depth - 1."""
     parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
     block_start, positions, visible = tree_block(parents, n, past, next_position)  # [n], [n, M]
     if not dtype.is_floating_point:
@@ -41,9 +40,8 @@ def tree_attention(
 
 def tree_block(parents: torch.Tensor, n: int, past: int, next_position: int | None = None,
                ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The geometry `tree_attention` masks by, on the device of `parents` (no host sync there):
-    (stored index of the tree block's first entry, positions [n], visible [n, M]: which block
-    entries each new token sees). Also used by `specdec.runtime.graphs` to fill its static buffers."""
+    """The geometry `tree_attention` masks by, without a host sync: (stored index of the block's first entry,
+    positions [n], visible [n, M]); also fills `specdec.runtime.graphs`' static buffers."""
     block = parents.numel() - n  # block entries already cached
     block_start = past - block  # stored index of the block's first entry
     if block_start < 0 or block < 0:
@@ -59,8 +57,7 @@ def batch_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n]. `parents` is
     None (a chain), [M] or [B, M]; row b's block sits at `next_positions[b]`. `valid` [B, past] and
-    `new_valid` [B, n] mark real entries: holes are masked for every query, a padding token sees itself only.
-    """
+    `new_valid` [B, n] mark real entries: holes are masked for every query, a padding token sees itself only."""
     rows = next_positions.shape[0]
     if parents is None:
         parents = tree_ops.chain_parents(n)
@@ -244,8 +241,7 @@ class Target:
         Without `parents` (or with chain parents) the tokens are a causal chain; with them, a tree block
         (`tree_attention`). `logits_rows` selects which rows get logits; `hidden` and `aux` cover every row.
         Batches: each row at its own `cache.next_positions`, `parents` [B, M] may differ per row, padding
-        (`valid` False) becomes holes, masked by `batch_attention`.
-        """
+        (`valid` False) becomes holes, masked by `batch_attention`."""
         batch, n = tokens.shape
         holes = getattr(cache, "valid", None) is not None or valid is not None
         if batch > 1 or holes or (parents is not None and parents.dim() == 2):
@@ -305,8 +301,7 @@ class Target:
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The lm_head (and soft-capping) on hidden states [B, n, H] -> logits [B, n, V]; a bias-free head as
-        W @ rows^T (faster at small n on one thread; may round differently in the last bit).
-        """
+        W @ rows^T (faster at small n on one thread; may round differently in the last bit)."""
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]

@@ -33,7 +33,7 @@ EVAL_SUITES = ROOT / "experiments" / "prompts"
 NATURAL = sorted(name for name in SOURCES if name.startswith("natural-"))
 KEEP = "data/eagle/run-state.pt"
 RUN_SETTINGS = ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth", "ce_vocab",
-                "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight")  # RunConfig fields, each an option of `run`
+                "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight")  # RunConfig fields that `run` takes
 
 
 def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:

@@ -72,8 +72,7 @@ def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_to
                   generator: torch.Generator | None = None) -> Rollouts:
     """Let `target` continue every prompt at once (temperature 0 = greedy) in one left-padded batch over
     a preallocated cache, each prompt prefilled alone; a row ends at EOS (dropped) or `max_new_tokens`
-    and leaves the batch. Hidden states come back on the CPU as float32; `prompt_index` and `aux` stay empty.
-    """
+    and leaves the batch. Hidden states come back on the CPU as float32; `prompt_index` and `aux` stay empty."""
     device = target.device
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
@@ -153,9 +152,8 @@ def make_batch(data: Rollouts, rows: list[int], max_len: int, device: torch.devi
 
 
 def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive mask [n, step * n] for depth `step` (1-based) over the cached depths 1..step: query j
-    sees depth-1 keys 0..j and, at each deeper depth, only its own chain's key j.
-    Example n = 3, step = 2 (1 = visible): [[1 0 0 | 1 0 0], [1 1 0 | 0 1 0], [1 1 1 | 0 0 1]]."""
+    """Additive mask [n, step * n] for depth `step` (1-based): query j sees depth-1 keys 0..j and, at each deeper depth,
+    only its own chain's key j. E.g. n = 3, step = 2: [[1 0 0 | 1 0 0], [1 1 0 | 0 1 0], [1 1 1 | 0 0 1]]."""
     eye = torch.eye(n, dtype=torch.bool, device=device)
     visible = torch.cat([torch.ones(n, n, dtype=torch.bool, device=device).tril()] + [eye] * (step - 1), 1)
     return torch.zeros(n, step * n, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
@@ -165,8 +163,7 @@ def unroll(head, embed, batch: TrainBatch, depth: int, noise: float = 0.0,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """The head's predicted features for depths 1..depth, each [B, n, H] (n = L - 1 pairs; entry j of depth s
     predicts h_{j+s}). Depth 1 reads the true features plus uniform noise of width `noise`; deeper depths read
-    the previous depth's predictions, gradients flowing through them.
-    """
+    the previous depth's predictions, gradients flowing through them."""
     n = batch.tokens.shape[1] - 1
     feats = batch.hidden[:, :n]  # [B, n, H]
     if batch.aux is not None:
@@ -202,8 +199,7 @@ def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight:
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """EAGLE's loss, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted, true feature) + ce_weight *
     CE over the draft vocabulary (`vocab_weight` [N, H]), each depth divided by the depth-1 positions. generated_only:
-    pair j counts at depth s only if t_{j+s+1} is the target's continuation (prompt tokens are never drafted).
-    """
+    pair j counts at depth s only if t_{j+s+1} is the target's continuation (prompt tokens are never drafted)."""
     targets = depth_targets(batch, len(predicted))
     if generated_only:  # e.g. prompt_len 3: depth 1 keeps pairs j >= 1 (t_{j+2} at index >= 3)
         targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
@@ -237,8 +233,7 @@ def acceptance_per_depth(head, embed, vocab_weight: torch.Tensor, vocab: torch.T
 @torch.no_grad()
 def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_tokens) -> dict[str, float]:
     """Greedy chain acceptance on target sequences: `acc@s` = P(depth s right | depths 1..s-1 right) and
-    `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs whose next `depth + 1` tokens are greedy.
-    """
+    `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs whose next `depth + 1` tokens are greedy."""
     reach = torch.zeros(depth + 1)
     for batch in batches:
         outs = unroll(head, embed, batch, depth)

@@ -1,8 +1,9 @@
-"""Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's features.
+"""Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's
+features.
 
-Owns `new_eagle3_head`, `eagle3_loss` (cross-entropy per unrolled depth against the target's law
-restricted to the draft vocabulary), `train_step`, `eagle3_acceptance` and `main` (the `eagle3`
-command). Knows nothing about files, schedules or where the features come from (training/eagle.py).
+Owns `new_eagle3_head`, `eagle3_loss` (cross-entropy per unrolled depth against the target's law restricted to the draft
+vocabulary), `train_step`, `eagle3_acceptance` and `main` (the `eagle3` command). Knows nothing about files, schedules
+or where the features come from (training/eagle.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from specdec.training.tokens import TokenSet, target_identity
 def new_eagle3_head(target, aux_layers: tuple[int, ...], draft_vocab: torch.Tensor, *, layers: int = 1,
                     seed: int = 0) -> Eagle3Head:
     """A fresh float32 EAGLE-3 head for `target`: `layers` Llama decoder layers of its geometry, fc over
-    `aux_layers`, lm_head rows = the target's rows of `draft_vocab`.
-    """
+    `aux_layers`, lm_head rows = the target's rows of `draft_vocab`."""
     geometry = HeadConfig.for_target(target, aux_layers=tuple(aux_layers))
     geometry.check_target(target)
     text = target.model.config.get_text_config()
@@ -57,9 +57,8 @@ def teacher_rows(target, head: Eagle3Head) -> torch.Tensor:
 
 
 def scored_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per depth s: (h_{j+s} [B, n, H], counted [B, n] bool): the pair exists (j + s < length) and the
-    token its prediction stands for, t_{j+s+1}, is the target's continuation (prompt tokens are never
-    drafted). E.g. prompt_len 3, s = 1: pairs j >= 1 count (t_{j+2} at index >= 3)."""
+    """Per depth s: (h_{j+s} [B, n, H], counted [B, n] bool): the pair exists and t_{j+s+1} is the target's continuation
+    (prompt tokens are never drafted)."""
     return [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
             for s, (true, valid) in enumerate(depth_targets(batch, depth), start=1)]
 
@@ -68,8 +67,7 @@ def eagle3_loss(head: Eagle3Head, predicted: list[torch.Tensor], batch: TrainBat
                 softcap: float | None = None, depth_decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum over depths s (weight depth_decay**(s-1)) of CE(target's probs, head's probs) over the draft
     vocabulary at counted positions, each depth divided by the counted depth-1 positions; the target's
-    logits are h_{j+s} @ `rows`.T (soft-capped with `softcap`). Stats: `top1@s`.
-    """
+    logits are h_{j+s} @ `rows`.T (soft-capped with `softcap`). Stats: `top1@s`."""
     targets = scored_targets(batch, len(predicted))
     count = targets[0][1].sum().clamp(min=1)
     total = predicted[0].new_zeros((), dtype=torch.float32)
@@ -103,8 +101,7 @@ def train_step(head: Eagle3Head, embed, batch: TrainBatch, opt: torch.optim.Opti
 @torch.no_grad()
 def eagle3_acceptance(head: Eagle3Head, embed, batches: list[TrainBatch], depth: int) -> dict[str, float]:
     """Greedy chain acceptance on target sequences, drafting as the eagle drafter does: `acc@s` = P(depth s right |
-    depths 1..s-1 right) and `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs with a greedy continuation.
-    """
+    depths 1..s-1 right) and `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs with a greedy continuation."""
     head.eval()
     return chain_acceptance(head, embed, batches, depth,
                             lambda pred: head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)])

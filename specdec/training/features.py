@@ -52,8 +52,7 @@ def frozen_target(name: str, device: str, threads: int):
 
 def overlapping(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) -> set[str]:
     """Ids of training prompts sharing an 8-word run with a validation prompt in `held`, texts found from the
-    sets' sources (SystemExit when a prompt id is no longer among them).
-    """
+    sets' sources (SystemExit when a prompt id is no longer among them)."""
     texts = {}
     for s in sets:
         sources = sorted({src for info in s.shards for src in info.sources})
@@ -90,8 +89,7 @@ def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tup
 def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = ()
                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """`recompute` of several sequences in one right-padded forward (a GPU's way); causal attention keeps
-    each sequence's states its own, up to rounding.
-    """
+    each sequence's states its own, up to rounding."""
     lengths = [len(t) for t in seqs]
     ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -191,8 +189,7 @@ class ShardedRollouts:
 def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_dir: str | Path,
                    identity: dict | None = None, resident: int = 16) -> ShardedRollouts:
     """The sequences of `sets` (rows in `token_sequences` order) with the target's features as a ShardedRollouts:
-    each shard's computed once into `cache_dir` (bf16), then read on demand. Every set must name this target.
-    """
+    each shard's computed once into `cache_dir` (bf16), then read on demand. Every set must name this target."""
     identity = identity or target_identity(target)
     check_target(sets, identity)
     cache = Path(cache_dir) / identity["weights_sha256"][:16]

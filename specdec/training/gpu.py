@@ -48,8 +48,7 @@ def train_argv(args, minutes: float, resume: bool) -> list[str]:
 
 def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
     """(max_steps, anneal_start) that end the run inside the budget at the probe's rate, the last `anneal_share`
-    of the steps annealing.
-    """
+    of the steps annealing."""
     rate = probe["steps_done"] / max(probe["train_seconds"], 1e-9)
     left = 60 * (args.minutes - MARGIN_MINUTES) - (time.time() - started) - probe["setup_seconds"]
     steps = max(int(rate * left), 2)

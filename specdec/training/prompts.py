@@ -43,9 +43,8 @@ def prompt_text(prompt: Prompt) -> str:
 
 
 def load(files: list[Path]) -> list[Prompt]:
-    """Every prompt of `files` (lines of {"turns": [user, assistant, user, ...]}), in file order, each
-    turn stripped, duplicates (by text) dropped. ValueError naming the file and line for a line that is
-    not a chat with an odd number of turns."""
+    """Every prompt of `files` (lines of {"turns": [user, assistant, user, ...]}), in order, stripped and deduplicated;
+    ValueError naming file and line for a chat without an odd number of turns."""
     out, seen = [], set()
     roles = ("user", "assistant")
     for path in files:
@@ -137,8 +136,7 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
 
 def shared_ngrams(prompts: Iterable[Prompt], others: Iterable[str], n: int = 8) -> list[str]:
     """Texts of `prompts` that share an n-word run with any of `others`, or contain a whole `others` text of
-    4..n-1 words (shorter ones are common phrases).
-    """
+    4..n-1 words (shorter ones are common phrases)."""
     others = list(others)
     banned = set().union(set(), *(ngrams(t, n) for t in others))
     short: dict[int, set[tuple[str, ...]]] = {}

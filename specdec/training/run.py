@@ -183,10 +183,8 @@ class Run:
     @classmethod
     def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
                shards: list[list[str]] | None = None, grow: bool = False, fork: bool = False) -> Run:
-        """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
-        (ShardError / ValueError naming `path`). `grow` accepts sets that only gained shards (joining at the
-        next permutation); `fork` starts another run whose settings may differ; `data_history` records both.
-        """
+        """The run saved at `path`, checked against `cfg`, the head geometry and the data (ShardError / ValueError
+        naming `path`); `grow` accepts sets that only gained shards, `fork` starts another run with other settings."""
         path = Path(path)
         state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -248,10 +246,8 @@ def trim_curve(path: str | Path, step: int) -> None:
 
 def advance(run: Run, data: Rollouts, rows: list[int], val_batches, *, until: int, val_every: int,
             checkpoint: str | Path, curve: str | Path, deadline: float = float("inf"), on_best=None) -> bool:
-    """Train `run` on `rows` of `data` up to step `until`. Every `val_every` steps and at max_steps:
-    validate, append the curve point, save. At `until` or past `deadline`: save, stop without validating.
-    `on_best(run)` follows a new best. Returns whether `until` was reached.
-    """
+    """Train `run` on `rows` of `data` up to step `until`: every `val_every` steps and at max_steps validate, append the
+    curve point and save; at `until` or past `deadline` save and stop. Returns whether `until` was reached."""
     while run.step < until:
         run.train_step(data, rows)
         if run.step % val_every == 0 or run.step == run.cfg.max_steps:

@@ -87,8 +87,7 @@ def source_prompts(sources: Sequence[str], seed: int = 0) -> list[tuple[str, Pro
 
 def target_identity(target) -> dict:
     """{name, quant, dtype, weights_sha256, tokenizer_sha256}: equal identities produce the same tokens from
-    the same prompts.
-    """
+    the same prompts."""
     weights = hashlib.sha256()
     for name, tensor in sorted(target.model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
@@ -115,8 +114,7 @@ def rollout_settings(*, temperature: float, seed: int, max_new_tokens: int) -> d
 
 class TokenSet:
     """A rollout set: every shard of one target under one rollout setting. Opening a folder checks its
-    manifest and every shard's size and SHA-256 (a ShardError naming the difference or the file).
-    """
+    manifest and every shard's size and SHA-256 (a ShardError naming the difference or the file)."""
 
     def __init__(self, root: str | Path, target: dict, rollout: dict, prompts: dict | None = None) -> None:
         self.root = Path(root)
@@ -291,10 +289,8 @@ def set_checksum(sets: Sequence[TokenSet]) -> str:
 def fill_token_set(target, tset: TokenSet, prompts: Sequence[tuple[str, Prompt]], *, shard_prompts: int,
                    batch_size: int, deadline: float = float("inf"), max_shards: int | None = None,
                    run: dict | None = None, log=print) -> int:
-    """Roll out every prompt of `prompts` ((source, prompt) pairs) that `tset` lacks, `shard_prompts` per
-    shard and `batch_size` per forward, until `deadline` (between batches; an incomplete shard is dropped)
-    or `max_shards`. A sampled set seeds each shard with (seed, shard index). Returns the shards written.
-    """
+    """Roll out every prompt of `prompts` ((source, prompt) pairs) that `tset` lacks, a shard at a time, until
+    `deadline` (an incomplete shard is dropped) or `max_shards`; returns the shards written."""
     from specdec.training.eagle import rollout_batch
 
     settings = tset.rollout
