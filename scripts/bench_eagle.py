@@ -1,8 +1,7 @@
-"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop, per head, draft shape and vocabulary.
+"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop per head, shape and vocabulary (at T = 0 every one must
+reproduce the plain greedy output). Prints a card, then one JSON line.
 
     python scripts/bench_eagle.py [--suite FILE] [--heads old=shipped new=PATH] [--temperature 0.7]
-
-At T = 0 every configuration must reproduce the plain greedy output. Prints a card, then one JSON line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Latency curve, top-1 agreement and KL of every quantization backend available here.
+"""Latency curve, top-1 agreement and KL (`specdec.quant.quant_report`) of every quantization backend available here;
+unavailable specs are listed with the reason. Prints a card, then one JSON line.
 
     python scripts/bench_quant.py [--specs bf16,torchao_int4,rtn4] [--target tiny-llama --widths 1,4]
-
-Per spec, `specdec.quant.quant_report` of a quantized copy against the target; unavailable specs
-are listed with the reason. Prints a card, then one JSON line.
 """
 
 from __future__ import annotations

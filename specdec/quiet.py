@@ -1,9 +1,6 @@
-"""Known third-party noise at import and load time, silenced narrowly.
-
-Owns `install_log_filters()` (drops torchao's "Failed to load ... .so" and torch's "register_constant()
-... deprecated" records, nothing else; run by `specdec/__init__.py` before transformers is imported)
-and `no_progress_bars()` (a context without transformers' progress bars, its GGUF reader's tqdm
-included). Knows nothing about models, drafters or quantization.
+"""Known third-party noise at import and load time, silenced narrowly: `install_log_filters()` (torchao's "Failed to
+load ... .so" and torch's "register_constant() ... deprecated", nothing else) and `no_progress_bars()`
+(transformers' bars, its GGUF reader's included). Knows nothing about models, drafters or quantization.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Draft shapes as data: chain, static tree, dynamic (EAGLE-2) tree and `auto`.
-
-Owns `ChainShape`, `TreeShape`, `DynamicShape`, `AutoShape` and `parse_shape` (`chain(4)`, `tree(4,2,2)`,
-`dynamic(top_k=8,depth=6,budget=32)`, `auto`); concrete shapes answer `depth`, `widths` and `max_nodes`. Knows
-nothing about drafts or models (growing: `specdec.core.grow`; `auto`: `specdec.loop.policy`).
+"""Draft shapes as data: `ChainShape`, `TreeShape`, `DynamicShape` (EAGLE-2), `AutoShape` and `parse_shape`
+(`chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`, `auto`). Knows nothing about drafts or models
+(growing: `specdec.core.grow`; `auto`: `specdec.loop.policy`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Model-based drafting: a second causal LM (or a cheaper copy of the target) drafts in any shape.
-
-Owns `ModelDrafter`: a draft `Target` with its own KV cache, grown with `grow_tree` (one tree forward per level),
-keeping the accepted nodes by node id (`BlockSlots`); batches share one cache with holes. `small` builds one from
-`model=`, or is the `self_draft` preset `layers=first(k)`.
+"""Model-based drafting: `ModelDrafter`, a second causal LM (or a cheaper copy of the target) with its own KV cache,
+grown with `grow_tree` one tree forward per level, keeping accepted nodes by id (`BlockSlots`); batches share one cache
+with holes. `small` builds one from `model=`, or is the `self_draft` preset `layers=first(k)`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""`ngram`: prompt-lookup drafting from the committed tokens themselves.
-
-The trailing n-gram (n from `max_ngram` down to `min_ngram`) is looked up earlier in the sequence; a
-chain takes the best continuation (longest n, then most recent), trees merge several into a trie.
-Point-mass drafts; `Draft.scores` weigh each node by its matches, with a prior from a running rate
-at which the best candidate's first token was committed (its only state), for `auto` to calibrate.
+"""`ngram`: prompt-lookup drafting from the committed tokens themselves: the trailing n-gram (`max_ngram` down to
+`min_ngram`) looked up earlier, a chain taking the best continuation, trees merging several into a trie. `Draft.scores`
+weigh nodes by their matches, with a prior from a running hit rate (its only state) for `auto` to calibrate.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The width effect: how far a drafted run's next-token law is from the plain loop's on the same text.
-
-Owns `token_laws` (each committed token's logits row and forward width, from a decode's events), `prompt_width_effect`
-(a drafted run, then the plain loop forced on its text: TV, top-2 gap shift, argmax changes per position) and
-`width_effect` (over prompts x shapes, with a t-interval over prompts). Knows nothing about certificates or records.
+"""The width effect: how far a drafted run's next-token law is from the plain loop's on the same text. Owns
+`token_laws`, `prompt_width_effect` (TV, top-2 gap shift, argmax changes per position) and `width_effect` (over
+prompts x shapes, with a t-interval over prompts). Knows nothing about certificates or records.
 """
 
 from __future__ import annotations

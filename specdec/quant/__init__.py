@@ -1,9 +1,6 @@
-"""Quantized targets: a registry of quantization backends selected by one spec string.
-
-    target = specdec.load_target("smollm2-135m", quant="rtn3_g64")      # or quantize_target(t, spec)
-    draft = specdec.quant.quantized_copy(target, "torchao_int4")          # original left untouched
-
-Importing this package registers every backend; optional libraries load only when used.
+"""Quantized targets: a registry of quantization backends selected by one spec string
+(`load_target(..., quant="rtn3_g64")`, `quantize_target`, `quantized_copy`). Importing this package registers every
+backend; optional libraries load only when used.
 """
 
 import importlib

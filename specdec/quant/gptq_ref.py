@@ -1,10 +1,8 @@
 """GPTQ reference (`gptqref3`, `gptqref4`): the GPTQ algorithm written out in torch, numerics only.
 
-Owns `gptq_quantize` (weight [O, I] + Hessian [I, I] -> quantized-then-dequantized weight),
-`layer_hessians` (H = 2/n sum x x^T per quantizable linear, one pass of the unquantized model over
-`specdec.quant.texts`) and the backend `gptqref`, stored dequantized like `rtn`. As Frantar et al.'s
-reference code: damped Hessian, upper Cholesky of its inverse, error feedback in lazy blocks of 128
-columns, group scales at a group's first column, no act-order. Knows nothing about drafting or kernels.
+Owns `gptq_quantize`, `layer_hessians` (H = 2/n sum x x^T per linear, one pass of the unquantized model over
+`specdec.quant.texts`) and the backend `gptqref` (stored dequantized, like `rtn`), as Frantar et al.'s reference code
+(damping, lazy blocks of 128 columns, no act-order). Knows nothing about drafting or kernels.
 """
 
 from __future__ import annotations

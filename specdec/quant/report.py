@@ -1,8 +1,6 @@
-"""The quantization report: what a quantized target costs and how far it moved from the original.
-
-Owns `quant_report(reference, quantized)`, a JSON-ready dict: weight bytes and bits per parameter, top-1 agreement and
-mean KL(reference || quantized) on `EVAL_TEXT`, and the latency curve of both models timed interleaved, as ratios
-quantized / reference (< 1 is faster). Knows nothing about how either model was quantized.
+"""The quantization report: `quant_report(reference, quantized)`, weight bytes and bits per parameter, top-1 agreement
+and KL on `EVAL_TEXT`, and both latency curves timed interleaved, as ratios. Knows nothing about how either was
+quantized.
 """
 
 from __future__ import annotations

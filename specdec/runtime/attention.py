@@ -1,8 +1,6 @@
-"""The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU.
-
-Owns `sdpa_gqa` (registered as `specdec_sdpa`: a masked multi-query CPU forward passes the mask and `enable_gqa` to
-`F.scaled_dot_product_attention` instead of `repeat_kv`, bit-identical; everything else runs transformers' own) and
-`use_gqa_attention`, which `load_target` applies. Knows nothing about caches, trees or drafting.
+"""The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU. Owns `sdpa_gqa`
+(`specdec_sdpa`: a masked multi-query CPU forward passes `enable_gqa` to SDPA instead of `repeat_kv`, bit-identical)
+and `use_gqa_attention` (applied by `load_target`). Knows nothing about caches, trees or drafting.
 """
 
 from __future__ import annotations

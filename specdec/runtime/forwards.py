@@ -1,8 +1,6 @@
-"""The (cache, forward) pairs a generation runs its target on, and how `generate` picks one.
-
-Owns `CACHES` (name -> factory of a target's KV cache and its forward), `resolve_cache`, `verification_width` and
-`drafter_cache` (a model drafter's own pair). The loop and `specdec.measure.latency` both use it, so a latency curve
-times the forward the loop runs. Knows nothing about drafts or acceptance.
+"""The (cache, forward) pairs a generation runs its target on: `CACHES`, `resolve_cache`, `verification_width` and
+`drafter_cache`. The loop and `specdec.measure.latency` share it, so a curve times the forward the loop runs. Knows
+nothing about drafts or acceptance.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A causal LM wrapped for speculative decoding: tree forward, prompt encoding, decoding.
 
-Owns: `Target`, which holds a Hugging Face causal LM and its tokenizer and scores a whole draft
-tree in one forward (tree attention mask + per-node positions), returning logits and the final
-hidden states (the lm_head input) for every node. It also serves as the model of model-based
-drafters (a small draft model is "just a second model"). Knows nothing about acceptance; the KV
-cache it writes into is owned by the caller (the verifier for the target, a drafter for its own).
+Owns `Target`: a Hugging Face causal LM and its tokenizer that scores a whole draft tree in one forward (tree mask and
+per-node positions), returning logits and final hidden states per node; also the model of model drafters. Knows
+nothing about acceptance; the KV cache it writes into belongs to the caller.
 """
 
 from __future__ import annotations

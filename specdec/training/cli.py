@@ -3,9 +3,8 @@
     nice -n 19 python -m specdec.training rollout --out data/eagle/smollm2-135m/greedy-192 --minutes 85
     nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 --aux-layers 3 15 --resume
 
-`rollout` continues a set (another target or other settings in its folder is an error), its prompts checked
-against every evaluation suite. `run` caches features per machine, keeps the validation prompts in the checkpoint,
-needs --grow for sets that gained shards, and --resume for an existing checkpoint; --keep receives the compact state.
+`rollout` continues a set (its prompts checked against every evaluation suite); `run` keeps its validation prompts in
+the checkpoint, needs --grow for sets that gained shards and --resume for an existing checkpoint.
 """
 
 from __future__ import annotations

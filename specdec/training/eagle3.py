@@ -1,9 +1,6 @@
-"""Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's
-features.
-
-Owns `new_eagle3_head`, `eagle3_loss` (cross-entropy per unrolled depth against the target's law restricted to the draft
-vocabulary), `train_step`, `eagle3_acceptance` and `main` (the `eagle3` command). Knows nothing about files, schedules
-or where the features come from (training/eagle.py).
+"""Training an EAGLE-3 head (specdec/drafters/speculators_format.py) on a target's features: `new_eagle3_head`,
+`eagle3_loss` (cross-entropy per unrolled depth over the draft vocabulary), `train_step`, `eagle3_acceptance` and
+`main` (the `eagle3` command). Knows nothing about files, schedules or where features come from.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The `page` command of `python -m specdec.training`: docs/measurements/eagle-run.md (+ .png) from
-data/eagle/curve*.jsonl and the rollout sets' manifests (`--check`: exit 1 when out of date).
-
-Owns nothing but the rendering (compute per device: a gap over an hour cuts sessions; the validation
-curve). Knows nothing about how a run trains.
+data/eagle/curve*.jsonl and the sets' manifests (`--check`: exit 1 when out of date). Owns nothing but the rendering.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Training prompt sources for the EAGLE head and the n-gram disjointness check.
 
-Owns `SOURCES` (name -> function(n, seed) -> prompts: `natural-<name>` from
-data/prompts/natural_<name>.jsonl, and `templates-v1`, the first shipped head's instructions),
-`Prompt` (a chat tuple ending in a user turn), `collect` and `shared_ngrams` / `check_disjoint`.
-Never reads the evaluation suites. Knows nothing about targets, tokenizers or rollouts.
+Owns `SOURCES` (`natural-<name>` from data/prompts/, and `templates-v1`), `Prompt`, `collect` and `shared_ngrams` /
+`check_disjoint`. Never reads the evaluation suites. Knows nothing about targets, tokenizers or rollouts.
 """
 
 from __future__ import annotations
