@@ -1,8 +1,7 @@
-"""The batch sweep behind scripts/bench_batch.py: decode tokens/s per drafter x shape x context x batch,
-paired with plain decoding, and the crossovers read from its cells.
+"""The batch sweep behind scripts/bench_batch.py: tokens/s per drafter x shape x context x batch, paired with plain.
 
-Owns `rows_at`, `sized` (`kv=POLICY@F` sized to the context), `sweep` and `crossovers` (see the
-script's docstring). Knows nothing about argument parsing, tuning or records: the script does those.
+Owns `rows_at`, `sized` (`kv=POLICY@F` sized to the context), `sweep` and `crossovers`. Knows nothing about argument
+parsing, tuning or records.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The report's batch section: speculation speedup against batch size, per drafter x shape x kernel.
 
-Owns `batch_table` (per cell: the geometric mean over the cell's rows of drafted / plain tokens/s on
-the kernel and on fp32, each with a 95% bootstrap interval over rows) and `batch_section` (its
-markdown, printed only when the store holds more than one batch size). A row of a batch cell is one
-group of prompts decoded together (`experiments.cell`), so its tokens/s are the batch's total.
-Knows nothing about stores or files: it reads the rows `experiments.store.load_rows` returns.
+Owns `batch_table` (geometric means of drafted / plain tokens/s over a cell's groups, with bootstrap intervals) and
+`batch_section`. Knows nothing about stores or files.
 """
 
 from __future__ import annotations

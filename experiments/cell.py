@@ -1,12 +1,8 @@
 """One paired cell: a drafter and a shape on a kernel, in a 2x2 against the unquantized reference.
 
-Owns the measuring protocol (experiments/README.md, "What a cell measures"): per question and turn,
-*drafted* and *plain* on the cell's kernel, *reference* and *reference_drafted* on fp32, same prompt,
-seed and `max_new_tokens`, back to back in a balanced rotating order (`ORDERS`); with `reference=None`
-the first two stand in for the other two. Teacher-forced acceptance (T = 0) scores every kernel on the
-fp32 plain text (`teacher_forced`); a chain(K) cell adds its replays and the drafting probe. Batches
-(`batch` > 1): first turns only, one row per group. Returns plain dict rows; knows nothing about Hydra
-or where rows are stored.
+Owns the measuring protocol (experiments/README.md): per turn, drafted and plain on the kernel and on fp32, back to
+back in a balanced order (`ORDERS`), teacher-forced acceptance, a chain(K) cell's replays and drafting probe, and
+batches. Returns plain dict rows; knows nothing about Hydra or the store.
 """
 
 from __future__ import annotations
@@ -27,19 +23,16 @@ from specdec.runtime.forwards import CACHES
 from experiments.questions import Question
 
 RUNS = ("drafted", "plain", "reference", "reference_drafted")
-PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")
-"""Each run's key prefix in a row, in `RUNS` order."""
+PREFIXES = ("", "baseline_", "reference_", "reference_drafted_")  # Each run's key prefix in a row, in `RUNS` order.
 ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (3, 2, 1, 0), (2, 0, 3, 1))
-"""The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every
-run is in every position once and follows every other run once per four prompts. Across rows too: the
-prompts run back to back, so a row's first run follows the previous row's last, and the sequence of
-16 runs (cyclic; the warm-up ends as the last row does) is unchanged by swapping the kernel's runs
-with the reference's (drafted <-> reference_drafted, plain <-> reference) in every run's position and
-predecessor. A carry-over from one run to the next, or a drift with position, then biases the
-kernel's speculation and the reference's alike and cancels in the interaction."""
+"""The four runs' orders, prompt by prompt (indices into RUNS). Within each row a Williams square: every run is in every
+position once and follows every other run once per four prompts. Across rows too: the prompts run back to back, so a
+row's first run follows the previous row's last, and the sequence of 16 runs (cyclic; the warm-up ends as the last row
+does) is unchanged by swapping the kernel's runs with the reference's (drafted <-> reference_drafted, plain <->
+reference) in every run's position and predecessor. A carry-over from one run to the next, or a drift with position,
+then biases the kernel's speculation and the reference's alike and cancels in the interaction."""
 PROBE_TOKENS = 32
-PROBE_REPEATS = 3
-"""The drafting probe (module docstring): new tokens per run and runs per depth."""
+PROBE_REPEATS = 3  # The drafting probe (module docstring): new tokens per run and runs per depth.
 _PROFILES: dict[tuple, tuple[object, AcceptanceProfile]] = {}
 """(reference drafter id, shape, prompt, max_new_tokens) -> (that drafter, its fp32 profile): shared by
 the cells of a process (the drafter is kept so its id cannot be reused by another)."""
@@ -102,10 +95,8 @@ def _batch_output(outs: specdec.BatchOutput) -> specdec.GenerationOutput:
 
 
 def _batch_fields(prefix: str, stats: BatchStats) -> dict[str, Any]:
-    """What the cost model reads of one batched run, per batch step (a row's `verify_time_s` and
-    `verify_widths` count each step once per row it served): steps, steps per padded verify width and
-    per (active rows, width) as "RxW", the target's forward seconds per such shape, and everything but
-    drafting summed over steps."""
+    """What the cost model reads of one batched run, per batch step: steps per padded width and per (rows, width) "RxW",
+    forward seconds per such shape, and everything but drafting summed over steps."""
     return {f"{prefix}batch_steps": stats.steps,
             f"{prefix}batch_verify_widths": {str(w): n for w, n in sorted(stats.verify_widths.items())},
             f"{prefix}batch_verify_shapes": {f"{r}x{w}": n for (r, w), n in sorted(stats.verify_shapes.items())},
@@ -162,10 +153,9 @@ def teacher_forced(fp32: AcceptanceProfile, target: specdec.Target, shape: str) 
 
 def drafting_probe(pairs: Sequence[tuple[specdec.Target, specdec.drafters.Drafter]], prompt, depth: int, seed: int,
                    options: dict) -> list[dict[str, float]]:
-    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step that drafted d nodes}
-    for d in (1, `depth`), from `PROBE_REPEATS` chain(d) runs of `PROBE_TOKENS` tokens on `prompt`, depths
-    and pairs alternating so that paired drafters share the machine's state. A depth no step drafted in
-    full is left out."""
+    """Per (target, drafter) of `pairs`: {str(d): median drafting seconds of a step drafting d nodes} for d in (1,
+    `depth`), from `PROBE_REPEATS` alternating chain(d) runs on `prompt`; a depth no step drafted in full is left
+    out."""
     times: list[dict[int, list[float]]] = [{1: [], depth: []} for _ in pairs]
     for repeat in range(PROBE_REPEATS):
         for d in ((1, depth) if repeat % 2 == 0 else (depth, 1)):
@@ -203,13 +193,9 @@ def run_cell(
 ) -> list[dict[str, Any]]:
     """Measure `drafter` on `target` in the paired 2x2 on every turn of `questions`; one row per turn.
 
-    Question i uses seed `sampling.seed + i` for every run. `reference` is the unquantized target and
-    `reference_drafter` the drafter built for it (None: `target` is the reference, and its two runs
-    stand in for the reference's). `teacher_forcing` adds teacher-forced acceptance (T = 0 only).
-    `on_unit` is called after each turn's runs (at a batch, each group's) with the number of turns they
-    measured. `batch` > 1: see the module docstring.
-    With `teacher_forcing`, a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe.
-    """
+    Question i uses seed `sampling.seed + i`. `reference` / `reference_drafter` = None: `target` is its
+    own reference. `on_unit(turns)` is called after each turn's runs (a batch: each group's). With
+    `teacher_forcing` (T = 0), a chain(K) cell (K >= 2) at batch 1 also runs the drafting probe."""
     if (reference is None) != (reference_drafter is None):
         raise ValueError("reference and reference_drafter go together: give both (a kernel cell) or neither")
     if teacher_forcing and sampling.temperature > 0:

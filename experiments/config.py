@@ -1,9 +1,7 @@
 """The experiment's structured configs: one dataclass per Hydra group, registered in the ConfigStore.
 
-Owns the strict schema every composed config is checked against, its registration, and one
-auto-generated `drafter` preset per registered drafter without a YAML preset. The dataclasses are not
-`frozen` because Hydra merges presets into them (the runner makes the composed config read-only); the
-`sampling` group is `specdec.SamplingConfig`, built and validated by `OmegaConf.to_object`.
+Owns the strict schema, its registration and a `drafter` preset per registered drafter without a YAML one. Not
+`frozen`: Hydra merges presets into them (the runner makes the composed config read-only).
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ class ModelConfig:
 
     name: str = MISSING
     """Built-in name (`smollm2-135m`, `tiny-llama`, ...), local directory or hub id for `load_target`."""
-    device: str = "cpu"
-    """Device the target (and the drafter) run on."""
-    dtype: Optional[str] = None
-    """Weights dtype name (e.g. `float32`); None = the loader's default for that model."""
+    device: str = "cpu"  # Device the target (and the drafter) run on.
+    dtype: Optional[str] = None  # Weights dtype name (e.g. `float32`); None = the loader's default for that model.
     kernel: str = "auto"
     """What runs the plain linear layers (`specdec.runtime.kernels`): `auto` (measured once per machine), `torch`,
     `onednn`; the one chosen is in each cell's `target_info.kernel`."""
@@ -41,8 +37,7 @@ class ModelConfig:
 class DrafterConfig:
     """The drafter of a cell: a registry name and the options its factory takes."""
 
-    name: str = MISSING
-    """A name registered in `specdec.drafters` (`specdec.drafters.names()`)."""
+    name: str = MISSING  # A name registered in `specdec.drafters` (`specdec.drafters.names()`).
     options: Dict[str, Any] = field(default_factory=dict)
     """Keyword options for the drafter's factory; add one with `+drafter.options.KEY=VALUE`."""
 
@@ -71,19 +66,15 @@ class QuantConfig:
 class DatasetConfig:
     """Which prompts a cell runs."""
 
-    name: str = ""
-    """The selection's name in board titles (e.g. `main`); empty = `source`."""
+    name: str = ""  # The selection's name in board titles (e.g. `main`); empty = `source`.
     source: str = "default"
     """A suite name in experiments/prompts (`default`, `smoke`), a path to a JSONL file in the
     Spec-Bench / MT-bench question format, or `hf:HUB_ID[:SPLIT]` for a `datasets` hub dataset."""
-    categories: List[str] = field(default_factory=list)
-    """Keep only these categories (empty = all)."""
-    question_ids: List[str] = field(default_factory=list)
-    """Keep only these question ids, in file order (empty = all)."""
+    categories: List[str] = field(default_factory=list)  # Keep only these categories (empty = all).
+    question_ids: List[str] = field(default_factory=list)  # Keep only these question ids, in file order (empty = all).
     per_category: Optional[int] = None
     """Keep at most this many questions per category (first in file order); None = all."""
-    max_turns: Optional[int] = None
-    """Run at most this many turns of each question; None = every turn."""
+    max_turns: Optional[int] = None  # Run at most this many turns of each question; None = every turn.
 
 
 @dataclass
@@ -102,13 +93,11 @@ class RunnerConfig:
     """Before timing a cell, one untimed generation of this many tokens, drafted and plain (0 = none)."""
     target_cache_size: int = 3
     """Loaded targets kept in memory across the cells of one multirun (by model and quant spec)."""
-    progress: bool = True
-    """Show tqdm progress bars over cells and prompts."""
+    progress: bool = True  # Show tqdm progress bars over cells and prompts.
     latency_widths: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Widths of the target latency curve stored in every cell (`experiments.run.CellCurves`, timed between the
     cell's prompts); the cost model reads it. Must start at 1."""
-    latency_contexts: List[int] = field(default_factory=lambda: [64, 256])
-    """Context lengths of that curve."""
+    latency_contexts: List[int] = field(default_factory=lambda: [64, 256])  # Context lengths of that curve.
     latency_repeats: int = 11
     """Timed passes over that curve's points (median kept): at least this many, as many after each prompt. The cost
     model takes its shape R(w) = L(w) / L(1), so the median must hold against a slow forward or two on a shared
@@ -117,8 +106,7 @@ class RunnerConfig:
     """At T = 0, also measure acceptance teacher-forced on the fp32 continuation (`experiments.cell`):
     one fp32 acceptance profile per prompt and drafter x shape, one kernel forward per prompt."""
     threads: int = 1
-    """torch intra-op threads (0 = torch's default); recorded in every cell's hardware metadata
-    (`torch_threads`)."""
+    """torch intra-op threads (0 = torch's default); recorded in every cell's hardware metadata (`torch_threads`)."""
 
 
 @dataclass
@@ -132,8 +120,7 @@ class ExperimentConfig:
     dataset: DatasetConfig = MISSING
     sampling: SamplingConfig = MISSING
     """`specdec.SamplingConfig`; question i of a cell uses seed `sampling.seed + i` (both runs)."""
-    max_new_tokens: int = 64
-    """New tokens per turn."""
+    max_new_tokens: int = 64  # New tokens per turn.
     batch: int = 1
     """Prompts decoded together (`specdec.generate_batch`): the grid's batch axis (`batch=1,8`). A batch
     cell runs first turns only, in groups of `batch` consecutive questions; each run of the paired 2x2
@@ -164,9 +151,8 @@ def check_keys(cfg: Any) -> None:
 
 
 def register_configs(drafter_presets: bool = True) -> None:
-    """Store the schema (as `experiment_schema`) and, unless told not to (a quick check that should not
-    import the drafters), a `drafter/NAME` preset for every registered drafter without a YAML preset.
-    Idempotent."""
+    """Store the schema (as `experiment_schema`) and, unless told not to (a quick check that should not import the
+    drafters), a `drafter/NAME` preset for every registered drafter without a YAML preset. Idempotent."""
     store = ConfigStore.instance()
     schema = OmegaConf.structured(ExperimentConfig)
     schema.sampling = OmegaConf.structured(SamplingConfig)

@@ -1,9 +1,7 @@
-"""Decoding speed of specdec's loop against Hugging Face `generate`: the configurations and the race
-behind scripts/bench_decode.py (its docstring says what is measured).
+"""Decoding speed of specdec's loop against Hugging Face `generate`: the race behind scripts/bench_decode.py.
 
-Owns `parse` (every bad option a SystemExit before anything loads), `load_prompts`, `hf_generate`,
-`configurations`, `race` (every configuration back to back per prompt) and `rows`. Knows nothing
-about tuning, printing or records.
+Owns `parse` (bad options exit before anything loads), `load_prompts`, `hf_generate`, `configurations`, `race` and
+`rows`. Knows nothing about tuning, printing or records.
 """
 
 from __future__ import annotations
@@ -80,10 +78,8 @@ def load_prompts(spec: str, count: int) -> list[str]:
 
 
 def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **options) -> list[int]:
-    """HF `generate` greedy: exactly `new_tokens` argmax tokens, EOS neither stopping nor suppressed,
-    i.e. the rule of `specdec.generate(..., stop_on_eos=False)`. (`min_new_tokens` would mask EOS out
-    of the logits, so HF would take the runner-up wherever EOS is the argmax and the outputs would
-    part there; `eos_token_id=None` turns off the stop instead.) `options` go to `generate` as is."""
+    """HF `generate` greedy: exactly `new_tokens` argmax tokens with EOS neither stopping nor suppressed
+    (`eos_token_id=None`; `min_new_tokens` would mask it), as `specdec.generate(..., stop_on_eos=False)`."""
     x = torch.tensor([ids], device=target.device)  # [1, L]
     out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
                                 eos_token_id=None, **options)
@@ -102,9 +98,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def configurations(target, args, cache: str) -> dict:
-    """{name: run(ids) -> (tokens, stats or None)}: HF generate, HF prompt lookup, our plain loop (and
-    HF on transformers' own linears when the kernel is not `torch`, plain on `dynamic` when the cache
-    is not), then each drafter x shape of `args`."""
+    """{name: run(ids) -> (tokens, stats or None)}: HF generate, HF prompt lookup, our plain loop (and their
+    torch-kernel and dynamic-cache variants when those differ), then each drafter x shape of `args`."""
     n = args.new_tokens
 
     def hf(ids: list[int], **options) -> tuple[list[int], None]:
@@ -135,9 +130,8 @@ def configurations(target, args, cache: str) -> dict:
 
 
 def race(target, configs: dict, prompt_ids: list[list[int]]) -> dict[str, dict]:
-    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up:
-    {name: {seconds, tokens, same (outputs equal to plain's), parted (first differing token of each
-    other output), stats}}."""
+    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up: {name: {seconds, tokens,
+    same (outputs equal to plain's), parted (first differing token of each other output), stats}}."""
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed
         run(prompt_ids[0][:16])

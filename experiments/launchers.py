@@ -1,11 +1,7 @@
 """Before a grid starts: is the Hydra launcher it names usable here? A clear error instead of Hydra's.
 
-Owns `check_launcher(overrides)`: for `hydra/launcher=NAME` (the configs in conf/hydra/launcher/ and the
-plugins' own names) it checks that the plugin is importable and, for Ray, that a cluster answers at the
-address the run would connect to, and raises `LauncherError` naming what to install or run. Knows
-nothing about cells or the store (every launcher writes the one store: experiments/store.py).
-
-    python -m experiments.launchers hydra/launcher=ray_cluster hydra.launcher.ray.init.address=HEAD:6379
+Owns `check_launcher(overrides)`: the `hydra/launcher=NAME` plugin must import and, for Ray, a cluster must answer;
+else `LauncherError` naming what to install or run. Knows nothing about cells or the store.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The leaderboard: ranks drafter x shape x bits by MAL and by speedup, with bootstrap intervals.
 
-Owns the aggregation of stored rows into boards and their rendering (markdown, CSV, PNGs), and the
-one-line summary of a cell. A *board* is one setting (`SETTING`); its *entries* are drafter x shape x
-quant. Statistics are pooled over the entry's turns, not averaged over prompts: MAL = 1 + accepted /
-target forwards; speedup (drafted / plain, same target), speedup_quant (plain / reference plain) and
-speedup_compound (drafted / reference plain) are tokens/s ratios; acceptance at depth d = steps whose
-accepted path reached d / steps whose draft did. Intervals are 95% percentile bootstraps over
-questions. Knows nothing about how rows were measured (`experiments.store.load_rows`).
+Owns the aggregation of stored rows into boards (one per `SETTING`), their rendering (markdown, CSV, PNGs) and a cell's
+one-line summary; statistics pool an entry's turns, intervals are 95% bootstraps over questions. Knows nothing about
+how rows were measured.
 
     python -m experiments.leaderboard RESULTS [--out DIR] [--bootstrap 2000] [--seed 0]
 """
@@ -30,10 +26,8 @@ SETTING = ["model", "dataset", "prompts", "temperature", "top_k", "top_p", "seed
 """What makes a board: entries are only ranked against entries run on the same prompts (`prompts` is
 the content hash of the selected questions), model, sampling and length."""
 ENTRY = ["drafter", "shape", "quant", "bits"]
-CELL_SEED = 0
-"""Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell."""
-N_BOOT = 2000
-"""Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them."""
+CELL_SEED = 0  # Bootstrap seed of a cell's statistics (`stored_stats`), drawn once and stored with the cell.
+N_BOOT = 2000  # Bootstrap resamples of a cell's stored intervals: the console line, REPORT.md and the board read them.
 STATS_FILE = "stats.json"
 _SUMS = ["steps", "accepted_tokens", "new_tokens", "wall_time_s", "baseline_new_tokens", "baseline_wall_time_s",
          "reference_new_tokens", "reference_wall_time_s"]
@@ -100,9 +94,8 @@ def entry_stats(rows: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> di
 
 
 def stored_stats(store, cell_id: str, rows: pd.DataFrame, n_boot: int = N_BOOT) -> dict:
-    """A cell's `entry_stats`, its bootstrap drawn once (seed `CELL_SEED`) and kept in the cell's
-    `stats.json`: the cell's console line, REPORT.md and the leaderboard print the same intervals.
-    Another `n_boot` draws its own (and stores nothing)."""
+    """A cell's `entry_stats`, bootstrapped once (seed `CELL_SEED`) and kept in its `stats.json`, so the console,
+    REPORT.md and the leaderboard print the same intervals; another `n_boot` draws its own and stores nothing."""
     path = store.cell_dir(cell_id) / STATS_FILE
     if path.exists():
         stored = json.loads(path.read_text(encoding="utf-8"))
@@ -125,9 +118,8 @@ def acceptance_curve(rows: pd.DataFrame) -> list[float]:
 
 
 def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
-    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft
-    tokens), pooled over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], [])
-    for rows stored without them."""
+    """(acceptance rate at draft position i given 1 .. i-1 accepted, share of steps accepting k draft tokens), pooled
+    over `rows` from their `specdec.core.metrics.position_acceptance` counts; ([], []) for rows stored without them."""
     if "position_tried" not in rows:
         return [], []
     tried, kept, histogram = (np.array(pooled(rows[c]), dtype=float)
@@ -137,9 +129,8 @@ def position_rates(rows: pd.DataFrame) -> tuple[list[float], list[float]]:
 
 
 def build_table(rows: pd.DataFrame, n_boot: int = N_BOOT, seed: int = 0, cells: dict | None = None) -> pd.DataFrame:
-    """One line per (setting, category incl. `overall`, entry), with ranks by MAL and by speedup
-    within each (setting, category). An entry of one cell whose statistics `cells` holds ({cell id:
-    `stored_stats`}) reads its overall line from them: the interval the report and the console print."""
+    """One line per (setting, category incl. `overall`, entry), ranked by MAL and by speedup within each (setting,
+    category); a one-cell entry's overall line comes from `cells` ({cell id: `stored_stats`}) when given."""
     rng = np.random.default_rng(seed)
     records = []
     for keys, group in rows.groupby(SETTING + ENTRY, sort=True, dropna=False):
@@ -251,9 +242,8 @@ def atomic_text(path: Path, text: str) -> None:
 
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike | None = None, n_boot: int = N_BOOT,
                       seed: int = 0) -> tuple[str, Path]:
-    """Build every board from the store at `results` and write leaderboard.md, leaderboard.csv and
-    the PNGs into `out` (default RESULTS/leaderboard), and Spec-Bench's answer files into its
-    spec_bench/ (`experiments.specbench`). Returns (markdown, out directory)."""
+    """Write leaderboard.md, leaderboard.csv, the PNGs and Spec-Bench's answer files (spec_bench/) for the store at
+    `results` into `out` (default RESULTS/leaderboard). Returns (markdown, out directory)."""
     rows = load_rows(results)
     store = open_existing(results)
     cells = {cid: stored_stats(store, cid, part.reset_index(drop=True), n_boot)

@@ -1,9 +1,7 @@
 """Prompt suites: questions in the Spec-Bench / MT-bench format, from a file or the `datasets` hub.
 
-Owns `Question`, reading `{"question_id": ..., "category": ..., "turns": [...]}` one JSON object per
-line (extra keys ignored), resolving suite names to `experiments/prompts/`, and selecting questions by
-category, id, count and turns. Knows nothing about models: how turns become token ids is the cell's
-business.
+Owns `Question`, reading and checking the JSONL format, suite names, and selecting questions by category, id, count and
+turns. Knows nothing about models.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ class PromptSuiteError(ValueError):
 class Question:
     question_id: str
     category: str
-    turns: tuple[str, ...]
-    """User messages; turn i > 0 follows the model's own answer to turn i - 1."""
+    turns: tuple[str, ...]  # User messages; turn i > 0 follows the model's own answer to turn i - 1.
 
 
 def suite_names() -> list[str]:

@@ -1,12 +1,10 @@
 """Hydra entry point: compose a cell's config, skip it if stored, else measure it and store it.
 
-    python -m experiments.run drafter=eagle shape=chain4 dataset=quick          # one cell (~1 min)
     python -m experiments.run -m drafter=ngram,small shape=chain4,dynamic32 quant=none,rtn8,rtn4
 
-Owns a cell's identity (`cell_key`, hashed into the cell id), the per-process cache of loaded
-targets, the latency curves a cell times between its prompts (`CellCurves`), the cell's labels
-(bit-width and "numerics only" from the quantization registry), its metadata and the progress and
-summary lines. Never branches on a drafter or quantization name.
+Owns a cell's identity (`cell_key`, hashed into the cell id), the per-process cache of targets and drafters, the
+latency curves a cell times between its prompts (`CellCurves`), its labels, metadata and summary lines. Never
+branches on a drafter or quantization name.
 """
 
 from __future__ import annotations
@@ -150,10 +148,8 @@ def kernel_label(cfg: ExperimentConfig) -> str:
 
 
 def quant_labels(spec: str, target: specdec.Target, label: str = "") -> dict[str, Any]:
-    """The kernel label, the bits label (the spec's bit-width; the weights' dtype width when it has
-    none), whether the backend only simulates the numerics (weights stored dequantized: acceptance at
-    that bit-width, cost of the unquantized model) and whether the cell is an A/A control (the
-    reference measured again under another label)."""
+    """The kernel label, the bits (the spec's, else the dtype's width), whether the backend only simulates the numerics
+    (weights stored dequantized) and whether the cell is an A/A control (the reference under another label)."""
     parsed = quantization.parse_spec(spec)
     bits = parsed.bits if parsed.bits is not None else torch.finfo(target.dtype).bits
     numerics_only = not quantization.get(parsed.backend).packed and not is_reference(spec)
@@ -178,20 +174,17 @@ def model_sizes(target: specdec.Target) -> dict[str, Any]:
 
 
 def curve_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
-    """The widths of a cell's latency curve: `runner.latency_widths` plus the width of the shape's full
-    draft (root + `max_nodes`; `auto` plans its own widths), so the cost model never interpolates across a
-    kernel's cost step at the width most verifications have."""
+    """`runner.latency_widths` plus the width of the shape's full draft (not for `auto`), so the cost model never
+    interpolates across a kernel's cost step where most verifications are."""
     shape = specdec.parse_shape(cfg.shape.spec)
     extra = set() if isinstance(shape, AutoShape) else {shape.max_nodes + 1}
     return tuple(sorted(set(cfg.runner.latency_widths) | extra))
 
 
 class CellCurves:
-    """The latency curves a cell stores: its target's and (for a kernel's cell) its reference's, at the
-    cell's batch and, for a batch, at every fewer rows too. Timed through the forward the cell's loop runs
-    (`cache="auto"`), in `CurveTimer` passes taken between the cell's units (a prompt's runs; at a batch,
-    a group's): ceil(R / units) passes after every unit, R = `runner.latency_repeats`, so each curve sees
-    the machine its runs saw and every unit's first run follows the same pause."""
+    """The latency curves a cell stores (its target's and its reference's, at the cell's batch and every
+    fewer rows), timed through `cache="auto"` in `CurveTimer` passes taken between the cell's units:
+    ceil(`runner.latency_repeats` / units) after each, so each curve sees the machine its runs saw."""
 
     def __init__(self, cfg: ExperimentConfig, targets: dict[str, specdec.Target], units: int) -> None:
         self.per_unit = -(-cfg.runner.latency_repeats // units)
@@ -227,9 +220,8 @@ class CellCurves:
 
 
 def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specdec.Target:
-    """The cell's target (quantized by `spec`, default the cell's), loaded once per (model, device,
-    dtype, quant) per process (LRU of `runner.target_cache_size`; evicting a target drops the
-    drafters built for it)."""
+    """The cell's target (quantized by `spec`, default the cell's), loaded once per (model, device, dtype, quant) per
+    process (LRU of `runner.target_cache_size`; evicting a target drops the drafters built for it)."""
     key = _target_key(cfg, spec)
     if key in _TARGETS:
         _TARGETS.move_to_end(key)
@@ -247,9 +239,7 @@ def load_cached_target(cfg: ExperimentConfig, spec: str | None = None) -> specde
 
 def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target,
                          spec: str | None = None) -> specdec.drafters.Drafter:
-    """The cell's drafter for `target` (quantized by `spec`, default the cell's), built once per (target,
-    name, options) per process: cells that differ only in shape or sampling share it (`generate`
-    resets a drafter before every generation)."""
+    """The cell's drafter for `target`, built once per (target, name, options) per process (`generate` resets it)."""
     key = (_target_key(cfg, spec), cfg.drafter.name, json.dumps(cfg.drafter.options, sort_keys=True, default=str))
     if key not in _DRAFTERS:
         _DRAFTERS[key] = specdec.drafters.build(cfg.drafter.name, target=target, **cfg.drafter.options)
@@ -257,8 +247,7 @@ def build_cached_drafter(cfg: ExperimentConfig, target: specdec.Target,
 
 
 def run_experiment(cfg: DictConfig) -> str:
-    """Run one cell (skipping it when the store has it) and print its one-line summary. Returns the
-    cell id."""
+    """Run one cell (skipping it when the store has it) and print its one-line summary. Returns the cell id."""
     check_keys(cfg)
     OmegaConf.set_readonly(cfg, True)
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
@@ -341,8 +330,7 @@ class CellProgress(Callback):
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
         self.total = sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
-        self.bar = tqdm(total=self.total, desc="cells", unit="cell", position=0,
-                        disable=not config.runner.progress)
+        self.bar = tqdm(total=self.total, desc="cells", unit="cell", position=0, disable=not config.runner.progress)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status == JobStatus.FAILED:

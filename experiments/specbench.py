@@ -1,10 +1,7 @@
 """Spec-Bench's answer format: a results store's drafted runs as `model_answer/<model_id>.jsonl`.
 
-Owns the mapping from stored rows to Spec-Bench's answer records (one line per question:
-`question_id`, `category`, `answer_id`, `model_id` and `choices: [{index, turns, decoding_steps,
-new_tokens, wall_time, accept_lengths}]`, per turn except `accept_lengths`, every step's acceptance
-length over all turns), written by the leaderboard. Knows nothing about how rows were measured; rows
-without `text` / `accept_lengths` are refused.
+Owns the mapping from stored rows to Spec-Bench's answer records (one line per question, `choices` with per-turn
+steps, tokens, wall time and every step's acceptance length). Knows nothing about how rows were measured.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The results store: one directory per finished cell, written atomically, readable with pandas.
 
-Layout of a store RESULTS/ (version 1):
-
-    RESULTS/STORE.json                 {"format": "specdec-results", "version": 1}, written once
-    RESULTS/cells/<cell_id>/cell.json  the cell: key, resolved config, git commit, hardware, versions
-    RESULTS/cells/<cell_id>/rows.jsonl one JSON object per (question, turn): tokens, MAL, timings, ...
-    RESULTS/cells/<cell_id>/done       written last: a cell directory without it is not finished
-    RESULTS/.partial/                  cells being written (or left behind by a killed run)
-    RESULTS/hydra/                     Hydra's own logs, never read by the store
-
-A cell is written in full under .partial/ (fsynced, `done` last), then renamed into cells/ in one
-atomic `rename`, which is also the per-cell claim between concurrent writers: the first finished
-copy lands, a later one is dropped, and nothing in cells/ is ever overwritten. A damaged finished
-cell is named by `damaged_cells`; `load_rows` skips it with a `DamagedCellWarning` (or raises
-`DamagedCellError` with `on_damage="raise"`), never silently averaging it. Owns none of the
-measuring: rows arrive as plain dicts.
+Layout (version 1): RESULTS/STORE.json, RESULTS/cells/<cell_id>/{cell.json, rows.jsonl, done (written last)},
+RESULTS/.partial/ (cells being written), RESULTS/hydra/ (Hydra's logs). A cell is written under .partial/, then
+renamed into cells/: the atomic rename is also the claim between concurrent writers; nothing in cells/ is overwritten.
+Owns none of the measuring: rows arrive as plain dicts.
 """
 
 from __future__ import annotations
@@ -209,10 +198,8 @@ def open_existing(root: str | os.PathLike) -> ResultsStore:
 
 
 def load_rows(root: str | os.PathLike, *, on_damage: str = "warn"):
-    """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn).
-
-    A damaged cell (see `ResultsStore.damage`) is skipped with one `DamagedCellWarning` naming it and
-    what is wrong (`on_damage="warn"`), or stops the read with `DamagedCellError` (`"raise"`)."""
+    """Every row of every finished, undamaged cell as one pandas DataFrame (one row per question turn); a damaged
+    cell is skipped with a `DamagedCellWarning` (`on_damage="warn"`) or raises `DamagedCellError` (`"raise"`)."""
     import pandas as pd
 
     if on_damage not in ("warn", "raise"):

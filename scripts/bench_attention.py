@@ -1,11 +1,8 @@
 """Latency curve of a target under transformers' `sdpa` and specdec's `specdec_sdpa`, interleaved.
 
-    python scripts/bench_attention.py                                     # embedded target, 256 and 1024 cached
-    python scripts/bench_attention.py --caches dynamic,static --widths 1,5,9 --repeats 3
-    python scripts/bench_attention.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
+    python scripts/bench_attention.py [--caches dynamic,static] [--widths 1,5,9] [--target tiny-llama --contexts 8]
 
-Per cache kind and context: forward milliseconds per attention and width (a width-w forward is a
-masked tree block) and their ratio, a check that both give the same logits, then one JSON line.
+Per cache and context: milliseconds per attention and width, their ratio, a same-logits check, one JSON line.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Batches: where speculation stops paying as the batch grows, and where lossy-KV self-drafting starts.
 
-For each context length and batch size, every drafter x shape runs `specdec.generate_batch` on the
-same B rows, with plain decoding in the same rotation, `--repeats` times; every row decodes exactly
-`--tokens` tokens. Prints tokens/s, the paired speedup over plain, MAL and the step-time split per
-configuration, then the crossovers: (a) per drafter x shape x context, the smallest batch where the
-speedup falls below 1; (b) per lossy KV policy of `self_draft`, the cells where it beats plain and the
-full cache. One JSON line closes the run (`specdec.measure.records`, kind `batch`).
+Per context x batch, every drafter x shape runs `generate_batch` on the same rows, plain in the same rotation,
+`--repeats` times; prints tok/s, paired speedup, MAL and step-time split, then the crossovers (the smallest batch where
+speedup < 1; the cells where a lossy KV policy beats plain and the full cache) and one JSON line (record kind `batch`).
+In `--drafters`, `kv=window@F` -> `window(sink=4,recent=F*C-4)`, `snapkv@F` -> `snapkv(budget=F*C,window=16)`.
 
-    python scripts/bench_batch.py [--model smollm2-135m] [--batches 1,2,4,8,16,32] [--contexts 256,2048]
-        [--drafters "none,ngram,eagle,self_draft[kv=full],self_draft[kv=window@0.05],..."]
-        [--shapes "chain(4);auto"] [--tokens 32] [--repeats 2] [--threads 1] [--cache static]
-
-In `--drafters`, `kv=window@F` -> `window(sink=4,recent=F*C-4)`, `snapkv@F` ->
-`snapkv(budget=F*C,window=16)`; other specs pass as is.
+    python scripts/bench_batch.py [--batches 1,2,4,8] [--contexts 256,2048] [--drafters "none,ngram,..."]
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop, per head, draft shape and vocabulary.
+"""Benchmark EAGLE heads: MAL and tokens/s vs the plain loop per head, shape and vocabulary (at T = 0 every one must
+reproduce the plain greedy output). Prints a card, then one JSON line.
 
-    python scripts/bench_eagle.py                                  # the shipped head on the default suite
-    python scripts/bench_eagle.py --suite experiments/prompts/chat_heldout.jsonl \\
-        --heads old=shipped new=outputs/eagle/head-best.safetensors          # old vs new side by side
-    python scripts/bench_eagle.py --temperature 0.7 ...            # the T > 0 board (no identity check)
-
-Prompts: the first turn of each question in `--suite`. At T = 0 every configuration must reproduce
-the plain greedy output (else AssertionError); all configurations run back to back per prompt.
-Prints a human card, then one JSON line.
+    python scripts/bench_eagle.py [--suite FILE] [--heads old=shipped new=PATH] [--temperature 0.7]
 """
 
 from __future__ import annotations

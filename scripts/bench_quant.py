@@ -1,12 +1,7 @@
-"""Latency curve, top-1 agreement and KL of every quantization backend available here.
+"""Latency curve, top-1 agreement and KL (`specdec.quant.quant_report`) of every quantization backend available here;
+unavailable specs are listed with the reason. Prints a card, then one JSON line.
 
-    python scripts/bench_quant.py                                  # the embedded target, all default specs
-    python scripts/bench_quant.py --specs bf16,torchao_int4,rtn4 --repeats 3
-    python scripts/bench_quant.py --target tiny-llama --widths 1,4 --contexts 8 --repeats 1   # smoke
-
-Per spec, `specdec.quant.quant_report` of a quantized copy against the unquantized target (timed
-interleaved); unavailable and invalid specs are listed with the reason. Prints a card, then one JSON
-object as the last line.
+    python scripts/bench_quant.py [--specs bf16,torchao_int4,rtn4] [--target tiny-llama --widths 1,4]
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     python scripts/bench_versions.py 174ff2e HEAD --rounds 6 --prompts 4   # on a quiet core: taskset -c 1
 
-Each revision is checked out once into a temporary worktree; every round runs each (revision, config)
-in a fresh interpreter (one torch thread) that decodes the same prompts greedily and prints its tokens
-per second, the order rotating round by round. Prints a table of the ratio new / old per config with a
-95% interval over rounds, and one JSON line last. Writes nothing into the checkout.
+Each revision is checked out once into a temporary worktree and run in a fresh one-thread interpreter per round and
+config; prints the ratio new / old per config with a 95% interval over rounds, then one JSON line.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Measure the width effect on the embedded target: how far a drafted run's next-token law is from
-the plain loop's (TV per token, 95% CI over prompts), and the bf16 near-tie allowance derived from it.
+"""Measure the width effect on the embedded target (TV per token, 95% CI over prompts) and the bf16
+near-tie allowance of tests/test_embedded.py derived from it (NEAR_TIE_MARGIN x the largest top-2
+gap shift). Recorded (kind `width_effect`) and printed as one JSON line.
 
-    python scripts/bench_width_effect.py                      # bf16, eagle, 12 prompts x 32 tokens
-    python scripts/bench_width_effect.py --dtype float32      # the control: fp32 has no width effect
-
-The greedy near-tie allowance of `tests/test_embedded.py` is NEAR_TIE_MARGIN x the largest shift of
-the plain top-2 logit gap seen in any drafted run. Recorded (`specdec.measure.records`, kind
-`width_effect`) and printed as one JSON line.
+    python scripts/bench_width_effect.py [--dtype float32]   # default bf16, eagle, 12 prompts x 32 tokens
 """
 
 from __future__ import annotations

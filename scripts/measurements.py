@@ -1,17 +1,11 @@
 """Generate docs/measurements/<machine>.md from the stored result records, or record a command's result.
 
-Owns the rendering of records (`specdec.measure.records`) into one markdown file per machine, each
-record newest first with its date, command, threads, versions and result, rendered generically.
-Knows nothing about what any benchmark measures.
+Owns rendering records (`specdec.measure.records`) into one markdown file per machine, newest first.
+Knows nothing about what any benchmark measures. Bad input prints one `error:` line and exits 2.
 
-    python scripts/measurements.py                        # regenerate docs/measurements/*.md
-    python scripts/measurements.py --check                # exit 1 if a generated file is out of date
-    python scripts/measurements.py record KIND -- python -m specdec.tune smollm2-135m
-        # run the command, show its output, and store its last stdout line (a JSON object) as a record
-    python scripts/measurements.py --publish results/main
-        # copy the main job's RESULTS/records/*.jsonl into docs/measurements/results/ and regenerate
-
-Bad input prints one `error:` line naming file:line and exits with status 2.
+    python scripts/measurements.py [--check]             # regenerate (or check) docs/measurements/*.md
+    python scripts/measurements.py record KIND -- CMD    # run CMD, store its last stdout line as a record
+    python scripts/measurements.py --publish results/main  # add the main job's records, regenerate
 """
 
 from __future__ import annotations
@@ -157,11 +151,7 @@ def record_command(argv: list[str]) -> int:
         parser.error("no command given: record KIND [options] -- COMMAND ...")
     split = argv.index("--")
     args = parser.parse_args(argv[:split])
-    try:
-        return record(args.kind, argv[split + 1:], args.results, args.note)
-    except records.RecordError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return record(args.kind, argv[split + 1:], args.results, args.note)
 
 
 def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
@@ -183,7 +173,15 @@ def publish(run: Path, results: Path = RESULTS, out: Path = OUT) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Bad records print one `error:` line and exit 2 (`_main`)."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except records.RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["record"]:
         return record_command(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -194,19 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                         "directory (RUN/records/*.jsonl) that --results lacks, once each")
     args = parser.parse_args(argv)
     if args.publish is not None:
-        try:
-            return publish(args.publish, args.results, args.out)
-        except records.RecordError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        return publish(args.publish, args.results, args.out)
     if not args.results.is_dir():
-        print(f"error: {args.results} is not a directory of records", file=sys.stderr)
-        return 2
-    try:
-        files = generate(args.results, args.out)
-    except records.RecordError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise records.RecordError(f"{args.results} is not a directory of records")
+    files = generate(args.results, args.out)
     old = stale(args.out, files)
     if args.check:
         behind = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + old

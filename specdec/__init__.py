@@ -1,13 +1,8 @@
 """specdec: speculative decoding research with one exact verifier.
 
-Public API:
-    target = specdec.load_target("smollm2-135m")
-    drafter = specdec.drafters.build("ngram", target=target)
-    out = specdec.generate(target, drafter, "Why is the sky blue?", shape="chain(4)")
-    for event in specdec.decode(target, drafter, ["Why is the sky blue?"], specdec.DecodeConfig()): ...
+    out = specdec.generate(specdec.load_target("smollm2-135m"), None, "Why is the sky blue?")
 
-The face is lazy (PEP 562): `import specdec` loads no submodule; each name below loads its module on
-first use, so `import specdec.X` pays only for X.
+The face is lazy (PEP 562): `import specdec` loads no submodule; each name below loads its module on first use.
 """
 
 from specdec.quiet import install_log_filters

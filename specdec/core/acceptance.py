@@ -1,23 +1,10 @@
 """Exact acceptance: which draft nodes the target keeps, and which token it adds after them.
 
-Owns the acceptance math, as pure functions of (draft, target distributions, torch.Generator):
-- greedy (temperature 0): accept the longest root-to-node path whose every token equals the
-  target's argmax at its parent; then add the target's argmax after it;
-- sampling: multi-candidate recursive rejection sampling over siblings, which covers classic
-  speculative sampling (a chain with draft probabilities) and point-mass (deterministic) drafts.
-
-Why sampling is exact. At a node with target distribution `target_probs` and candidate children
-x_1..x_m, each drawn from `draft_probs_i` (given the earlier siblings; a point-mass draft has
-draft_probs_i = one_hot(x_i)): accept x_i with probability min(1, target(x_i) / draft_i(x_i)); on
-rejection replace the target by the normalised residual max(0, target - draft_i) and try x_{i+1}.
-By the one-step speculative-sampling lemma the token leaving each trial is distributed as the
-current target, so the accepted child (or the *recovered* token drawn from the last residual) is
-distributed as the node's target distribution, and walking down the accepted child repeats it.
-When a node has no children left, the *bonus* token is drawn from its full target distribution.
-
-Knows nothing about models or caches: it is given target logits for the root and every node.
-`specdec.certify.mutants` edits lines of this module's source (the certificate's wrong rules): a
-changed line there makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
+Owns the acceptance math as pure functions of (draft, target distributions, torch.Generator): greedy (the longest path
+of argmax tokens, then the argmax) and multi-candidate recursive rejection sampling (accept x_i with probability
+min(1, target(x_i) / draft_i(x_i)), else go on with the residual max(0, target - draft_i); point-mass drafts have
+draft_i = one_hot(x_i)). Knows nothing about models or caches. `specdec.certify.mutants` edits lines of this
+source: a changed line makes `python -m specdec.certify --self-test` fail, naming the mutant to update.
 """
 
 from __future__ import annotations
@@ -70,11 +57,8 @@ def acceptance_probability(target_prob: torch.Tensor, draft_prob: torch.Tensor) 
 
 
 def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection.
-
-    If the residual has no mass (target == draft up to rounding, so rejection had probability ~0)
-    the target itself is returned, which is then the exact conditional distribution.
-    """
+    """norm(max(0, target - draft)) [V]: the distribution to sample from after a rejection (the target itself
+    when the residual has no mass: rejection then had probability ~0, and the target is the exact conditional)."""
     residual = (target_probs - draft_probs).clamp(min=0.0)
     mass = residual.sum()
     return residual / mass if mass > 0 else target_probs

@@ -1,7 +1,5 @@
-"""The latency curve: median forward seconds of a target per (context length, width), as data.
-
-Owns `LatencyCurve` (its interpolation, JSON form and files). Knows nothing about how a curve is
-timed (`specdec.measure.latency`) or looked up for a policy (`specdec.loop.tuned`).
+"""The latency curve: `LatencyCurve`, median forward seconds per (context, width) as data, its interpolation and files.
+Knows nothing about how a curve is timed (`specdec.measure.latency`) or looked up (`specdec.loop.tuned`).
 """
 
 from __future__ import annotations
@@ -19,24 +17,16 @@ SCHEMA = "specdec.measure.latency/1"
 class LatencyCurve:
     """Median forward seconds of a target per (context length, width)."""
 
-    target: str
-    """The target's label (`name` or `name@quant`)."""
+    target: str  # The target's label (`name` or `name@quant`).
     device: str
     dtype: str
-    machine: str
-    """`machine_name()` of the device the times were taken on."""
-    threads: int
-    """torch intra-op threads during the measurement."""
-    widths: tuple[int, ...]
-    """Tokens per forward, ascending, starting at 1."""
-    contexts: tuple[int, ...]
-    """Cached tokens before the forward, ascending."""
-    seconds: tuple[tuple[float, ...], ...]
-    """seconds[c][w]: median time of one forward at contexts[c], widths[w]."""
-    batch: int = 1
-    """Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification)."""
-    holes: bool = False
-    """Timed as rows with holes run (an explicit mask over the real entries: `measure_latency`)."""
+    machine: str  # `machine_name()` of the device the times were taken on.
+    threads: int  # torch intra-op threads during the measurement.
+    widths: tuple[int, ...]  # Tokens per forward, ascending, starting at 1.
+    contexts: tuple[int, ...]  # Cached tokens before the forward, ascending.
+    seconds: tuple[tuple[float, ...], ...]  # seconds[c][w]: median time of one forward at contexts[c], widths[w].
+    batch: int = 1  # Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification).
+    holes: bool = False  # Timed as rows with holes run (an explicit mask over the real entries: `measure_latency`).
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))

@@ -1,15 +1,10 @@
 """The drafter contract and the data that flows between the loop, the drafters and the verifier.
 
-Owns the `Drafter` protocol (`reset`, `propose`, `commit`), `DraftRequest` (what the loop asks a
-drafter before each step) and three plain records:
-- `Draft`: the one shape every drafter returns (tokens, `parents`, optional `draft_probs`, and the
-  drafter's own `node_ids`, which survive pruning so a drafter finds its nodes again by a gather);
-- `Acceptance`: the verifier's decision for one sequence (accepted node indices, the next token);
-- `Step`: what the loop tells a drafter after each verification (and once after the prefill)
-  through `drafter.commit(step)`: the committed tokens, the accepted nodes, and the target's
-  hidden states and a read-only view of its KV entries for the positions just committed.
-Knows nothing about models, caches, acceptance rules or any particular drafter (they register in
-`specdec.drafters`); imports only `tree` (geometry).
+Owns the `Drafter` protocol (`reset`, `propose`, `commit`), `DraftRequest` (what the loop asks before each step),
+`Draft` (the one shape every drafter returns, with `node_ids` that survive pruning), `Acceptance` (the verifier's
+decision for one sequence) and `Step` (what `drafter.commit` hears after the prefill and each verification: committed
+tokens, accepted nodes, the target's hidden states and a read-only view of its KV for those positions).
+Knows nothing about models, caches, acceptance rules or any particular drafter; imports only `tree`.
 """
 
 from __future__ import annotations
@@ -27,17 +22,13 @@ from specdec.core.shapes import Shape
 if TYPE_CHECKING:
     from specdec.core.sampling import SamplingConfig
 
-KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
-"""(keys, values) per decoder layer, each [B, kv_heads, S, head_dim]."""
+KVLayers = list[tuple[torch.Tensor, torch.Tensor]]  # (keys, values) per decoder layer, each [B, kv_heads, S, head_dim].
 
 
 @dataclass(frozen=True)
 class Draft:
-    """A draft tree. A chain is the tree with parents [-1, 0, 1, ...].
-
-    Node i proposes token `tokens[0, i]` as a continuation of its parent (or of the root, the last
-    committed token, when `parents[i] == -1`). Parents precede children.
-    """
+    """A draft tree: node i proposes `tokens[0, i]` after its parent (after the root, the last committed token,
+    when `parents[i] == -1`); parents precede children. A chain has parents [-1, 0, 1, ...]."""
 
     tokens: torch.Tensor  # [B, N] long
     parents: torch.Tensor  # [N] long, -1 = child of the root
@@ -96,13 +87,11 @@ class Draft:
 class Acceptance:
     """The verifier's decision for one sequence and one step."""
 
-    path: list[int]
-    """Draft node indices accepted, root's child first (length = accepted tokens this step)."""
+    path: list[int]  # Draft node indices accepted, root's child first (length = accepted tokens this step).
     next_token: int
     """The token sampled by the target after the accepted path: the *bonus* token when the whole
     path to a leaf was accepted, else the *recovered* token drawn from the residual."""
-    bonus: bool
-    """True when next_token is a bonus token (the last accepted node had no children left to try)."""
+    bonus: bool  # True when next_token is a bonus token (the last accepted node had no children left to try).
 
     @property
     def num_accepted(self) -> int:
@@ -113,24 +102,15 @@ class Acceptance:
 class Step:
     """What the loop tells a drafter after the target committed tokens (`Drafter.commit`).
 
-    Sent once after the prefill (`draft` empty, `acceptances` empty) and after every verification.
-    The *kept rows* are the target positions whose state was just made permanent: after the prefill,
-    every prompt token but the last (the root, which the target has not run yet); after a step, the
-    root and the accepted draft nodes. In both cases they are the committed tokens
-    `token_ids[:, L - num_new - 1 : L - 1]` (clipped at 0), at absolute positions `positions`.
-
-    Worked example: 10 committed tokens, root at position 9, draft of 5 nodes, accepted nodes [1, 4]
-    plus a recovered token -> num_new = 3, kept rows = root + nodes 1, 4 at positions [9, 10, 11],
-    token_ids has 13 columns, and the next root is token_ids[:, 12] (not yet run by the target).
-    """
+    Sent once after the prefill (`acceptances` empty) and after every verification. The *kept rows*
+    (made permanent): after the prefill every prompt token but the root, after a step the root and the
+    accepted nodes: the committed tokens `token_ids[:, L - num_new - 1 : L - 1]`, at `positions`."""
 
     token_ids: torch.Tensor  # [B, L] every committed token, the last one is the next root (left-padded: `lengths`)
     num_new: list[int]
-    """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the
-    whole prompt)."""
+    """Per sequence: tokens committed by this step (accepted + next token; after the prefill: the whole prompt)."""
     draft: Draft
-    acceptances: list[Acceptance]
-    """One per sequence; empty after the prefill."""
+    acceptances: list[Acceptance]  # One per sequence; empty after the prefill.
     positions: torch.Tensor  # [B, K] absolute positions of the kept rows
     target_hidden: torch.Tensor  # [B, K, H] the target's final hidden state (lm_head input) per kept row
     target_aux: torch.Tensor | None = None  # [B, K, kH] hidden states of `Target.aux_layers` per kept row
@@ -184,9 +164,8 @@ class Step:
         return self.draft_of(row).node_ids[torch.tensor(self.acceptances[row].path, dtype=torch.long)]
 
     def target_kv(self) -> KVLayers:
-        """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]:
-        views into the target's cache, valid until the loop's next step. Copy what you keep; never
-        write into them. Built on demand, so drafters that ignore it cost nothing."""
+        """Read-only (keys, values) per target layer for the kept rows, [B, kv_heads, K, head_dim]: views into the
+        target's cache, valid until the next step (copy what you keep), built on demand."""
         return self._kv()
 
 
@@ -197,10 +176,8 @@ class DraftRequest:
     token_ids: torch.Tensor  # [B, L] every committed token: prompt + generated; the last is the root
     shape: Shape
     sampling: SamplingConfig
-    generator: torch.Generator
-    """The random stream of row 0 (of the only row at B = 1)."""
-    max_depth: int
-    """Nodes deeper than this are useless (generation ends first); drafters may stop early."""
+    generator: torch.Generator  # The random stream of row 0 (of the only row at B = 1).
+    max_depth: int  # Nodes deeper than this are useless (generation ends first); drafters may stop early.
     lengths: list[int] | None = None
     """Batches: committed tokens per row, left-padded in `token_ids` (None = every row has L)."""
     generators: list[torch.Generator] | None = None
@@ -224,11 +201,8 @@ class DraftRequest:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A proposer of draft trees. One instance serves one generation at a time.
-
-    Call order for one generation: `reset()`, `commit(prefill step)`, then per step
-    `propose(request)` -> (the loop verifies) -> `commit(step)`.
-    """
+    """A proposer of draft trees; one instance serves one generation at a time. Per generation: `reset()`,
+    `commit(prefill step)`, then per step `propose(request)` -> (the loop verifies) -> `commit(step)`."""
 
     name: str
 
@@ -239,18 +213,16 @@ class Drafter(Protocol):
         """Return a draft for the continuation of `request.token_ids`, in `request.shape`."""
 
     def commit(self, step: Step) -> None:
-        """Take in what the target committed (`specdec.core.draft.Step`): drop the state of rejected
-        draft nodes (rollback), keep the accepted ones (`step.accepted_node_ids()`), and read the
-        target's features or KV for the committed positions if the drafter uses them."""
+        """Take in what the target committed (`Step`): roll back rejected nodes' state, keep the accepted ones
+        (`step.accepted_node_ids()`), and read the target's features or KV if the drafter uses them."""
 
 
 @runtime_checkable
 class BatchDrafter(Drafter, Protocol):
-    """A drafter that serves a batch (`specdec.generate_batch` with more than one prompt): it sets
-    `batchable = True`, drafts every row in `propose_batch` (one `Draft` per row, each [1, N_b];
-    rows may differ in size and shape) and drops finished rows in `select_rows`. Its `commit` takes
-    B-row steps (`Step.row(b)`, `Step.kept`, `Step.lengths`). A row draws randomness only from its own
-    `request.generators[b]`, so its draft never depends on its neighbours."""
+    """A drafter that serves a batch (`specdec.generate_batch` with more than one prompt): it sets `batchable = True`,
+    drafts every row in `propose_batch` (one `Draft` per row, each [1, N_b]; rows may differ in size and shape) and
+    drops finished rows in `select_rows`. Its `commit` takes B-row steps (`Step.row(b)`, `Step.kept`, `Step.lengths`). A
+    row draws randomness only from its own `request.generators[b]`, so its draft never depends on its neighbours."""
 
     batchable: bool
 

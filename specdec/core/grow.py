@@ -1,21 +1,8 @@
 """Growing a draft in any concrete shape from a drafter's next-token logits.
 
-Owns `grow_tree` (one row) and the sub-vocabulary map `SubVocab`. Knows nothing about which model
-produces the logits: a drafter passes a `score` callback that runs its own model on new nodes.
-
-How each shape uses the drafter's distribution:
-- chain(k): one token per depth; greedy configs take the argmax, sampling configs *sample* from the
-  drafter's distribution (processed with the same temperature/top-k/top-p as the target) and record
-  it as `draft_probs`, so the verifier can run classic speculative sampling;
-- tree(w1, w2, ...): every node at depth d gets its top-`w_d` children: deterministic (point-mass)
-  siblings, verified by multi-candidate recursive rejection;
-- dynamic(top_k, depth, budget): EAGLE-2. At each depth the `top_k` nodes with the best cumulative
-  draft log-probability are expanded into their `top_k` best children; at the end all candidates
-  are re-ranked by cumulative log-probability and the best `budget` nodes are kept (point-mass,
-  with `Draft.scores` = each node's cumulative draft log-probability, as chains and static trees
-  also record);
-- auto(...): not grown here: `specdec.loop.policy` picks one of the shapes above (or none) per step.
-All growers work on tensors on the drafter's device (no per-node Python scalars).
+Owns `grow_tree` (one row) and `SubVocab`: chain(k) takes the argmax (at T > 0 samples, recording `draft_probs`),
+tree(w1, ...) each node's top-w_d children, dynamic(top_k, depth, budget) is EAGLE-2 (ranked by cumulative
+log-probability, kept in `Draft.scores`). Knows nothing about which model produces the logits (a `score` callback).
 """
 
 from __future__ import annotations
@@ -37,16 +24,11 @@ ScoreFn = Callable[[list[int], torch.Tensor, list[int]], torch.Tensor]
 
 @dataclass(frozen=True)
 class SubVocab:
-    """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`.
-
-    Growers rank and sample within the columns and map the chosen columns back through `ids`, so a
-    drafter scoring 4,096 of 49,152 tokens never builds a 49,152-wide tensor (sampling chains
-    expand their `draft_probs` to the full vocabulary once per draft, since the verifier needs them).
-    """
+    """A drafter's reduced vocabulary: column j of its logits is target token `ids[j]`; growers rank and
+    sample within the columns, never building a full-vocabulary tensor (but sampled `draft_probs`)."""
 
     ids: torch.Tensor  # [Vd] long target token ids, on the drafter's device
-    size: int
-    """The full (target) vocabulary size V."""
+    size: int  # The full (target) vocabulary size V.
 
     def to_target(self, columns: torch.Tensor) -> torch.Tensor:
         return self.ids[columns]
@@ -69,12 +51,9 @@ def grow_tree(
 ) -> Draft:
     """Grow a draft in `shape` from a drafter's next-token logits (see the module docstring).
 
-    `vocab` (None = the logits cover the whole vocabulary) maps logit columns to token ids; `score`
-    then returns logits over the same columns and is passed target token ids. Widths and top_k larger
-    than the number of columns are clamped to it (a node cannot have more distinct children).
-    Host syncs: none for chains and static trees beyond sampling's; one per expanded depth for
-    dynamic trees (the expanded node ids `score` receives) and one for the final selection.
-    """
+    `vocab` (None = whole vocabulary) maps logit columns to token ids; `score` returns logits over the
+    same columns. Widths larger than the columns are clamped. Host syncs: none for chains and static
+    trees beyond sampling's; one per expanded depth of a dynamic tree, and one for its final selection."""
     if root_logits.shape[0] != 1:
         raise NotImplementedError(f"grow_tree supports batch size 1 only, got {root_logits.shape[0]}")
     if max_depth < 1:

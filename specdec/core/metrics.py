@@ -1,16 +1,7 @@
-"""Per-step records of one generation and the statistics derived from them.
+"""Per-step records of one generation and the statistics derived from them (definitions: docs/library.md).
 
-Owns the definitions, stated once:
-- *accepted tokens* of a step: draft tokens the target kept (bonus/recovered token excluded);
-- *mean accepted tokens*: their mean over steps;
-- *acceptance length* of a step: accepted tokens + 1 (the target's own token, bonus or recovered);
-- *mean acceptance length* (MAL) = 1 + mean accepted tokens: tokens committed per target forward (a
-  run's last step counts its tokens up to the first EOS, the ones the output keeps: MAL = new tokens / steps);
-- *acceptance rate at depth d*: among steps whose draft reached depth d, the fraction whose
-  accepted path reached depth d;
-- the *step-time split*: target forward (the verification's one tree forward), draft (the drafter's
-  `propose` + `commit`), and everything else (masks, acceptance, cache rollback, bookkeeping).
-Knows nothing about models or drafters.
+Owns MAL (1 + mean accepted draft tokens per step; the last step counts up to the first EOS), acceptance per depth and
+the step-time split (target forward, draft = `propose` + `commit`, the rest). Knows nothing about models or drafters.
 """
 
 from __future__ import annotations
@@ -42,11 +33,9 @@ class GenerationStats:
     """Statistics of one generation (or, via `merge`, of several)."""
 
     steps: list[StepRecord] = field(default_factory=list)
-    new_tokens: int = 0
-    """Tokens returned (after truncation at EOS / max_new_tokens)."""
+    new_tokens: int = 0  # Tokens returned (after truncation at EOS / max_new_tokens).
     prefill_time_s: float = 0.0
-    wall_time_s: float = 0.0
-    """Prefill plus every step, as timed by the loop."""
+    wall_time_s: float = 0.0  # Prefill plus every step, as timed by the loop.
 
     @property
     def num_steps(self) -> int:
@@ -162,15 +151,13 @@ class BatchStats:
 
     rows: int
     steps: int = 0
-    new_tokens: int = 0
-    """Tokens returned over all rows."""
+    new_tokens: int = 0  # Tokens returned over all rows.
     prefill_time_s: float = 0.0
     wall_time_s: float = 0.0
     target_time_s: float = 0.0
     draft_time_s: float = 0.0
     step_time_s: float = 0.0
-    row_mal: list[float] = field(default_factory=list)
-    """Each row's mean acceptance length, in prompt order."""
+    row_mal: list[float] = field(default_factory=list)  # Each row's mean acceptance length, in prompt order.
     verify_widths: dict[int, int] = field(default_factory=dict)
     """Steps per width of the batch's verify forward (1 + the most draft nodes of any active row: every
     row is padded to it), what a step costs on the batch's latency curve."""
@@ -212,11 +199,9 @@ class BatchStats:
 
 
 def position_acceptance(steps: list[StepRecord]) -> tuple[list[int], list[int], list[int]]:
-    """(tried, kept, histogram) of a run's steps, counts so that they pool over runs:
-    tried[i-1] = steps whose draft reached position i with positions 1..i-1 accepted, kept[i-1] = those
-    that accepted position i too (the rate at position i given i - 1 accepted = kept / tried), and
-    histogram[k] = steps that accepted k draft tokens. E.g. accepted 2, 0, 1 of depth-3 drafts:
-    tried [3, 2, 1], kept [2, 1, 0], histogram [1, 1, 1, 0]."""
+    """(tried, kept, histogram) of a run's steps, counts that pool over runs: tried[i-1] = steps whose draft
+    reached position i with 1..i-1 accepted, kept[i-1] = those that accepted i too, histogram[k] = steps
+    that accepted k. E.g. accepted 2, 0, 1 of depth-3 drafts: [3, 2, 1], [2, 1, 0], [1, 1, 1, 0]."""
     depth = max((s.draft_depth for s in steps), default=0)
     tried = [sum(s.draft_depth >= i and s.accepted >= i - 1 for s in steps) for i in range(1, depth + 1)]
     kept = [sum(s.draft_depth >= i and s.accepted >= i for s in steps) for i in range(1, depth + 1)]

@@ -1,9 +1,7 @@
 """Sampling settings and the one function that turns target logits into the target distribution.
 
-Owns: `SamplingConfig` (temperature, top-k, top-p, seed) with its validation, and
-`target_probs_from_logits`, which defines *the* distribution speculative sampling must reproduce.
-After top-k / top-p are applied, the truncated renormalised distribution *is* the target
-distribution: exactness is stated with respect to it. Knows nothing about drafts or caches.
+Owns `SamplingConfig` and `target_probs_from_logits`, which defines *the* distribution (after top-k / top-p)
+speculative sampling must reproduce. Knows nothing about drafts or caches.
 """
 
 from __future__ import annotations
@@ -21,12 +19,9 @@ class SamplingConfig:
     """Softmax temperature; 0 = greedy decoding. Must be >= 0. Any T > 0, however small (1e-40 in a
     float32 forward included), samples softmax(logits / T), computed without overflow: as T -> 0 it
     becomes the uniform law on the tokens tied at the maximum logit (greedy picks the first of them)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens before sampling; 0 = no top-k filter. Must be >= 0."""
-    top_p: float = 1.0
-    """Nucleus filter: keep the smallest set of tokens whose mass reaches top_p. In (0, 1]."""
-    seed: int = 0
-    """Seed of the torch.Generator that drives every random choice of one generation."""
+    top_k: int = 0  # Keep only the k most likely tokens before sampling; 0 = no top-k filter. Must be >= 0.
+    top_p: float = 1.0  # Nucleus filter: keep the smallest set of tokens whose mass reaches top_p. In (0, 1].
+    seed: int = 0  # Seed of the torch.Generator that drives every random choice of one generation.
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -44,13 +39,9 @@ class SamplingConfig:
 def target_probs_from_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """Target distribution for sampling. logits [..., V] -> probs [..., V] (float32 or wider).
 
-    Order: temperature, then top-k (every token tied with the k-th kept), then top-p (the smallest
-    prefix of the tokens sorted by probability, ties in index order, whose mass reaches top_p), as
-    transformers' Temperature-, TopK- and TopPLogitsWarper. Greedy configs give the one-hot of the
-    argmax (first index on ties, as torch.argmax). The logits
-    are shifted by their maximum before the division, so a tiny temperature sends the others to -inf
-    and keeps the maximum at 0, instead of overflowing there (inf - inf = nan).
-    """
+    Temperature, then top-k (ties with the k-th kept), then top-p (ties in index order), as transformers'
+    warpers; greedy configs give the one-hot of the argmax (first index on ties). Logits are shifted by their
+    maximum first, so a tiny temperature cannot overflow (inf - inf = nan)."""
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
     work_dtype = torch.promote_types(logits.dtype, torch.float32)

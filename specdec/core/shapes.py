@@ -1,10 +1,6 @@
-"""Draft shapes as data: chain, static tree, dynamic (EAGLE-2) tree and `auto`.
-
-Owns the shape configs (`ChainShape`, `TreeShape`, `DynamicShape`, `AutoShape`) and parsing of shape
-strings such as `chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`, `auto`. Every
-concrete shape answers `depth`, `widths` (children per node at each depth, at most) and `max_nodes`. Knows nothing about drafts or models: how a
-shape is grown from a drafter's logits is `specdec.core.grow`; `auto` is a policy of the loop
-(`specdec.loop.policy`), which picks one of the concrete shapes (or none) per step.
+"""Draft shapes as data: `ChainShape`, `TreeShape`, `DynamicShape` (EAGLE-2), `AutoShape` and `parse_shape`
+(`chain(4)`, `tree(4,2,2)`, `dynamic(top_k=8,depth=6,budget=32)`, `auto`). Knows nothing about drafts or models
+(growing: `specdec.core.grow`; `auto`: `specdec.loop.policy`).
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from typing import Any
 class ChainShape:
     """A single sequence of k draft tokens (the 'sequence draft')."""
 
-    k: int
-    """Number of draft tokens, >= 1."""
+    k: int  # Number of draft tokens, >= 1.
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -46,8 +41,7 @@ class ChainShape:
 class TreeShape:
     """A static tree: every node at depth d (1-based) has widths[d-1] children."""
 
-    widths: tuple[int, ...]
-    """Branching per depth, each >= 1; len(widths) is the tree depth."""
+    widths: tuple[int, ...]  # Branching per depth, each >= 1; len(widths) is the tree depth.
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(self.widths))
@@ -74,12 +68,9 @@ class TreeShape:
 class DynamicShape:
     """EAGLE-2 dynamic tree: expand the top_k best nodes per depth, keep the best `budget` nodes."""
 
-    top_k: int = 8
-    """Children per expanded node and nodes expanded per depth, >= 1."""
-    depth: int = 6
-    """Maximum draft depth, >= 1."""
-    budget: int = 32
-    """Nodes kept after re-ranking (the verification width), >= 1."""
+    top_k: int = 8  # Children per expanded node and nodes expanded per depth, >= 1.
+    depth: int = 6  # Maximum draft depth, >= 1.
+    budget: int = 32  # Nodes kept after re-ranking (the verification width), >= 1.
 
     def __post_init__(self) -> None:
         for name in ("top_k", "depth", "budget"):
@@ -104,12 +95,9 @@ class DynamicShape:
 class AutoShape:
     """Choose a static shape (or no draft) every step from measured costs: see `specdec.loop.policy`."""
 
-    max_depth: int = 8
-    """Deepest draft considered, >= 1."""
-    max_width: int = 4
-    """Most children per node considered (1 = chains only), >= 1."""
-    max_nodes: int = 32
-    """Most draft nodes verified in one step, >= 1."""
+    max_depth: int = 8  # Deepest draft considered, >= 1.
+    max_width: int = 4  # Most children per node considered (1 = chains only), >= 1.
+    max_nodes: int = 32  # Most draft nodes verified in one step, >= 1.
     probe: int = 4
     """After this many steps without a draft, draft chain(1) once to refresh the estimates; the
     interval doubles after each probe that is rejected (resets on an accepted one). >= 1."""
@@ -139,8 +127,7 @@ class AutoShape:
         return f"auto(max_depth={self.max_depth},max_width={self.max_width},max_nodes={self.max_nodes}{trim}{explore})"
 
 
-Shape = ChainShape | TreeShape | DynamicShape
-"""A concrete draft shape: what a drafter is asked to grow."""
+Shape = ChainShape | TreeShape | DynamicShape  # A concrete draft shape: what a drafter is asked to grow.
 ShapeSpec = Shape | AutoShape
 """What `generate` accepts: a concrete shape, or `auto` (a concrete shape chosen per step)."""
 SHAPES: dict[str, type] = {"chain": ChainShape, "tree": TreeShape, "dynamic": DynamicShape, "auto": AutoShape}

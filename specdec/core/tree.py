@@ -1,17 +1,6 @@
-"""Draft-tree geometry derived from one `parents` array.
-
-Owns: validation of a parents array, node depths, the ancestor (tree-attention) mask, root-to-node
-paths and children lists. Knows nothing about models, tokens or probabilities.
-
-Convention (used everywhere in specdec): a draft of N nodes is described by `parents`, a length-N
-list/1-D long tensor where `parents[i]` is the index of node i's parent, or -1 when node i is a child
-of the *root*, i.e. of the last committed token. Parents precede children (`parents[i] < i`).
-A chain of k tokens is `[-1, 0, 1, ..., k-2]`.
-
-Worked example, the tree `tree(2,1)` with tokens a,b at depth 1 and one child under each:
-    parents = [-1, -1, 0, 1]      # nodes: a, b, a.x, b.y
-    depths  = [ 1,  1, 2, 2]      # depth 1 = first token after the root
-    path_to(3) = [1, 3]           # b, then b.y
+"""Draft-tree geometry derived from one `parents` array: validation, depths, the ancestor (tree-attention) mask,
+root-to-node paths and children. `parents[i]` is node i's parent, -1 the *root* (the last committed token); parents
+precede children; a chain of k is [-1, 0, ..., k-2]. Knows nothing about models, tokens or probabilities.
 """
 
 from __future__ import annotations
@@ -43,9 +32,8 @@ def chain_parents(k: int) -> torch.Tensor:
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself).
-    Host parents (every draft's) are walked once in order, since parents precede children; device
-    ones by the ancestor mask."""
+    """Depth of every node, 1 for children of the root. [N] long (= ancestors including itself). Host parents (every
+    draft's) are walked once in order, since parents precede children; device ones by the ancestor mask."""
     if parents.device.type != "cpu":
         return ancestor_mask(parents).sum(1)
     out: list[int] = []
@@ -56,14 +44,7 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """`mask[i, j]` is True when node j is node i or one of its ancestors. [N, N] bool, on the
-    device of `parents`.
-
-    Row i is what node i may attend to among the draft nodes (the committed prefix is always visible).
-    Vectorized by pointer jumping: after round r every row holds its ancestors up to 2^r levels up
-    (`up` = the ancestor 2^r levels up, -1 past the root), so a tree of depth D takes ceil(log2 D)
-    rounds. Example: chain [-1, 0, 1, 2]: round 0 marks parents, up = [-1, -1, 0, 1]; round 1 ORs
-    in row up[i], giving the full lower triangle.
-    """
+    device of `parents`; vectorized by pointer jumping (ceil(log2 depth) rounds)."""
     n = parents.numel()
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)
     up = parents

@@ -1,8 +1,5 @@
-"""Drafters: every proposer of draft trees, registered by name.
-
-`specdec.drafters.build(name, target=target, **options)` builds one; `names()` lists them. Importing
-this package imports every module in it, so each drafter registers itself: adding a drafter means
-adding one module with an `@register("name")` line, and the invariant tests pick it up.
+"""Drafters: every proposer of draft trees, registered by name (`build(name, target=target, **options)`, `names()`).
+Each module registers itself on import with `@register("name")`; the invariant tests pick it up.
 """
 
 import importlib

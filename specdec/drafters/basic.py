@@ -1,9 +1,5 @@
-"""The two trivial drafters: `none` (plain autoregressive decoding) and `random` (garbage drafts).
-
-`none` proposes nothing, so the loop degenerates to one target forward per token with the same
-cache and sampler as every speculative run: the baseline of every speedup. `random` proposes
-uniformly random logits grown into the requested shape: a draft that is almost always wrong, used
-to show that exactness does not depend on the draft's quality.
+"""The two trivial drafters: `none` (plain decoding through the same loop: the baseline of every speedup) and `random`
+(random logits grown into the shape: exactness does not depend on the draft's quality).
 """
 
 from __future__ import annotations
@@ -44,10 +40,8 @@ class NoDrafter:
 
 @register("random")
 class RandomDrafter(PerRow):
-    """Drafts from i.i.d. standard-normal logits over the target vocabulary, in any shape, drawn from
-    the request's random stream: in a batch row b draws from its own (`request.row(b).generator`), so
-    it drafts what its prompt alone with seed + b drafts. It keeps no state, so its row copies are
-    plain copies (`PerRow`)."""
+    """Drafts from i.i.d. standard-normal logits, in any shape, from the request's (in a batch, the row's own)
+    random stream; stateless, so its row copies are plain copies (`PerRow`)."""
 
     name = "random"
 

@@ -1,10 +1,6 @@
-"""Bookkeeping that more than one drafter shares: which cache slots hold which draft nodes, and
-the early-exit copy of a target.
-
-Owns `BlockSlots` (node id -> slot of a drafter's own cache, for rollback in `commit`),
-`early_exit_copy` (a Target running the target's first k layers) and `PerRow` (batches for drafters
-that run no model: one copy of the drafter per row). Knows nothing about any one drafter, the loop
-or acceptance.
+"""Bookkeeping more than one drafter shares: `BlockSlots` (node id -> slot of a drafter's own cache), `early_exit_copy`
+(a Target of the target's first k layers) and `PerRow` (one drafter copy per batch row, for drafters without a model).
+Knows nothing about any one drafter, the loop or acceptance.
 """
 
 from __future__ import annotations
@@ -20,12 +16,8 @@ from specdec.runtime.model import Target
 class BlockSlots:
     """Where a drafter's cache holds the draft nodes it ran this step: node id -> block slot.
 
-    The *block* is the run of cache entries a drafter appended while growing a draft, after its
-    committed prefix; `parents` records each entry's parent slot (-1 = the root), which is what a
-    tree forward of the next level needs. `accepted(step)` turns the accepted path into the slots to
-    keep, by a gather on node ids. Example: nodes 0, 1, 5 ran into slots 0, 1, 2 and the accepted
-    path has node ids [1, 5, 7] -> slots [1, 2] (node 7 was a leaf, never run).
-    """
+    The *block* is the entries appended while growing a draft; `parents` holds each entry's parent slot
+    (-1 = the root); `accepted(step)` gathers the accepted path's slots by node id."""
 
     def __init__(self) -> None:
         self.parents: list[int] = []  # parent slot per block entry, -1 = the root
@@ -67,10 +59,8 @@ def early_exit_copy(target: Target, layers: int) -> Target:
 
 
 class PerRow:
-    """Batches for a drafter that runs no model (lookup, random logits): each row of a batch is
-    drafted by its own copy of the drafter, so a row's draft and state never depend on its
-    neighbours, and drafting costs what B single drafts cost (no forward to batch). A subclass
-    implements the batch-of-one `propose` and `commit_one`; `row_copy` makes row b's copy."""
+    """Batches for a drafter that runs no model: each row is drafted by its own copy (`row_copy`), so no row
+    depends on its neighbours. A subclass implements the batch-of-one `propose` and `commit_one`."""
 
     batchable = True
     rows: list = []

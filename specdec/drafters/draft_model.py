@@ -1,10 +1,6 @@
-"""Model-based drafting: a second causal LM (or a cheaper copy of the target) drafts in any shape.
-
-Owns `ModelDrafter`, which runs a draft `Target` with its own KV cache: it feeds the committed tokens
-it has not seen, grows the requested shape with `grow_tree` (one tree forward per level) and, on
-`commit`, keeps exactly the accepted-path nodes it had run, by node id (`BlockSlots`). `small` builds
-one from `model=`, or without one is the `self_draft` preset `layers=first(k)`. Batches: one cache
-with holes for every row, each row's draft grown by `grow_rows`, kept with `keep_rows`.
+"""Model-based drafting: `ModelDrafter`, a second causal LM (or a cheaper copy of the target) with its own KV cache,
+grown with `grow_tree` one tree forward per level, keeping accepted nodes by id (`BlockSlots`); batches share one cache
+with holes. `small` builds one from `model=`, or is the `self_draft` preset `layers=first(k)`.
 """
 
 from __future__ import annotations
@@ -116,9 +112,8 @@ class ModelDrafter:
 @register("small")
 def build_small(*, target: Target, model: str | Target | None = None, layers: int | None = None,
                 cache: str = "auto", **load_options):
-    """A small draft model (`model=`, a `ModelDrafter`), or by default an early-exit self-draft of
-    the target's first `layers` layers (default a quarter of them); `cache` is the draft model's
-    own cache kind (`specdec.runtime.forwards.drafter_cache`)."""
+    """A small draft model (`model=`), or by default an early-exit self-draft of the target's first `layers`
+    layers (a quarter); `cache` is the draft model's own cache kind."""
     if model is None:
         total = target.model.config.num_hidden_layers
         return build_self_draft(target=target, layers=f"first({layers or max(1, total // 4)})", name="small",

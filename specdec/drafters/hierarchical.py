@@ -1,21 +1,10 @@
-"""Hierarchical drafting (SpecMQuant): a tree drafter's tree, verified by a cheaper intermediate
-model, becomes the chain the target verifies.
+"""Hierarchical drafting (SpecMQuant): a tree drafter's tree, verified by a cheaper intermediate model, becomes the
+chain the target verifies.
 
-Owns `HierarchicalDrafter`, registered as `hierarchical`. Each step:
-1. the *top* drafter (default `eagle`) proposes a tree in the requested shape;
-2. the *intermediate* model (default: a `torchao_int4` copy of the target) runs its unseen committed
-   tokens, the root and the tree in one tree forward and accepts greedily against its own argmax;
-3. the draft handed to the loop is that accepted path plus the intermediate's next token: a
-   point-mass chain, so the target's verification stays exact at any temperature.
-On `commit` the top drafter hears a `Step` in its own node ids: its tree plus the intermediate's
-next token as one extra leaf (`EXTRA_NODE_ID`) under the last path node.
-
-Worked example: the tree has nodes 0..5, the intermediate accepts tree nodes [1, 4] and adds token
-x, so the chain is [tok1, tok4, x]. The target accepts 3 chain nodes and adds y: the top drafter's
-Step has draft = tree + leaf 6 (token x, parent 4, id EXTRA_NODE_ID), path [1, 4, 6], next token y.
-Had the target accepted 1 chain node: path [1], next token = the target's.
-Batches when its top drafter does (`batchable`). Knows nothing about how the top drafter drafts or
-how the target verifies.
+Owns `HierarchicalDrafter` (`hierarchical`): the *top* drafter (default `eagle`) proposes a tree, the *intermediate*
+(default a `torchao_int4` copy) accepts greedily in one tree forward, and the loop verifies that path plus the
+intermediate's next token as a point-mass chain. The top drafter hears that token as one extra leaf (`EXTRA_NODE_ID`).
+Knows nothing about how the top drafter drafts or how the target verifies.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """One draft per batch row from the batch-of-one grower, with one batched model call per depth.
 
-Owns `grow_rows`: every row grows its own draft with `specdec.core.grow.grow_tree` (so a row's draft
-equals the one it would get alone, its randomness from its own generator), while the rows' `score`
-calls are answered together by one `score_rows` call per depth. Each row's grower runs in a thread
-only to be suspended at its score calls; nothing runs concurrently. Knows nothing about any model or
-cache: the drafter's `score_rows` does the forward.
+Owns `grow_rows`: each row grows its own draft with `grow_tree` in a thread that is suspended at its score calls
+(nothing runs concurrently), and `score_rows` answers them together. Knows nothing about any model or cache.
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ ScoreRows = Callable[[dict[int, Ask]], dict[int, torch.Tensor]]
 def grow_rows(shape: Shape, root_logits: list[torch.Tensor | None], score_rows: ScoreRows,
               sampling: SamplingConfig, generators: list[torch.Generator], max_depths: list[int],
               vocab: SubVocab | None = None) -> list[Draft]:
-    """One draft per row: row b grows from `root_logits[b]` ([1, Vd]; None = nothing to draft from,
-    an empty draft) with `generators[b]`, at most `max_depths[b]` deep, as `grow_tree` would alone;
-    `score_rows` answers each round of the rows' score calls at once (see the module docstring). An
-    error in a row's grower or in `score_rows` is raised here once every row has stopped."""
+    """One draft per row, as `grow_tree` would grow it alone (`root_logits[b]` None: an empty draft), with
+    `score_rows` answering each round of the rows' score calls at once; a row's error is raised once all stop."""
     drafts = [Draft.empty() for _ in root_logits]  # a row with no root logits keeps its empty draft
     rows = [b for b, logits in enumerate(root_logits) if logits is not None]
     turn = {row: threading.Semaphore(0) for row in rows}  # released: the row runs (one row at a time)

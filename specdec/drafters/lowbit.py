@@ -1,8 +1,5 @@
-"""Low-bit self-draft: a quantized copy of the target drafts for the target.
-
-Owns the `lowbit` drafter, a preset of `self_draft` (`weights=quant`, full KV); the target is left
-untouched, so verification stays exact. Default `torchao_int4` (`DEFAULT_QUANT`); tiny test models
-use `rtn8_pc`. Knows nothing about quantization beyond the spec string it passes on.
+"""Low-bit self-draft: the `lowbit` drafter, a `self_draft` preset (`weights=` a quantized copy, default
+`DEFAULT_QUANT`; tiny test models `rtn8_pc`). Knows nothing about quantization beyond the spec it passes on.
 """
 
 from __future__ import annotations

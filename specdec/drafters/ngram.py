@@ -1,13 +1,6 @@
-"""`ngram`: prompt-lookup drafting from the committed tokens themselves.
-
-The trailing n-gram of the committed tokens (n from `max_ngram` down to `min_ngram`) is looked up
-earlier in the sequence; the tokens that followed each match are the candidate continuations. A
-chain takes the best candidate (longest n-gram, then most recent match); tree shapes merge several
-candidates into a trie within the shape's widths, depth and node budget. Drafts are point-mass;
-`Draft.scores` rank them by how many and how long the matches behind each node are (a continuation
-weighs the sum of its matches' n; a node's confidence is its weight over its parent's weight plus
-a prior mass (1 - h) / h, where h is a running rate at which the best candidate's first token was
-the one committed), which `shape="auto"` calibrates against acceptance. That rate is its only state.
+"""`ngram`: prompt-lookup drafting from the committed tokens themselves: the trailing n-gram (`max_ngram` down to
+`min_ngram`) looked up earlier, a chain taking the best continuation, trees merging several into a trie. `Draft.scores`
+weigh nodes by their matches, with a prior from a running hit rate (its only state) for `auto` to calibrate.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The drafter registry: drafters by name, and how a drafter is spelled on a command line.
 
-Owns the registry (`register`, `build`, `names`, `build_for_tests`) and `parse_specs`
-(`eagle[head_dtype=bfloat16]`). The contract a drafter implements (`Drafter`, `DraftRequest`) and
-the records it returns and receives (`Draft`, `Step`) live in the core, `specdec.core.draft`: the
-loop needs them, the registry does not need the loop. Knows nothing about how drafts are verified
-or how the target's cache works.
+Owns `register`, `build`, `names`, `build_for_tests` and `parse_specs` (`eagle[head_dtype=bfloat16]`); the contract
+lives in `specdec.core.draft`. Knows nothing about verification or the target's cache.
 """
 
 from __future__ import annotations

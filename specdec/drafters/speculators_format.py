@@ -1,21 +1,8 @@
 """EAGLE-3 heads in the speculators format (what vLLM serves): `Eagle3Head`, reading and writing its directory.
 
-Owns `Eagle3Head` (speculators_model_type "eagle3"), `Eagle3Config`, `load_speculators` (a directory
--> head, every field checked), `save_speculators`, `export_speculators` and `package_check` (the
-package's own parse of a directory). Knows nothing about drafting (specdec/drafters/eagle.py runs any
-head) and imports the `speculators` package only in `package_check`.
-
-The architecture (speculators 0.9.0, `Eagle3DraftModel`), per pair i = (target features at i, token t_{i+1}):
-
-    g_i = fc(concat(a_i^1, ..., a_i^k))                 # [B, n, kH] -> [B, n, H]; aux layers only, optionally
-                                                        # RMS-normed together (norm_before_fc) or each (fc_norm)
-    x   = r + attn(concat(input_norm(e), hidden_norm(g)))  # layer 0: q/k/v read 2H; r = g (norm_before_residual:
-    x   = x + mlp(post_norm(x))                         #   hidden_norm(g)); then plain decoder layers 1..L-1
-    logits_i = lm_head(norm(x))                         # [B, n, N] over the draft vocabulary
-
-A deeper node reads its parent's x in place of g. Draft column j is target token j + d2t[j]; t2d
-marks the target tokens that have a column. Aux layer id k is HF `hidden_states[k]`, the index
-`Target.capture_layers` takes.
+Owns `Eagle3Head` (speculators 0.9.0's `Eagle3DraftModel`), `Eagle3Config`, `load_speculators`, `save_speculators`,
+`export_speculators` and `package_check` (the only place that imports `speculators`); draft column j is target token
+j + d2t[j], aux layer id k is HF `hidden_states[k]`. Knows nothing about drafting (specdec/drafters/eagle.py).
 """
 
 from __future__ import annotations
@@ -33,8 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specdec.drafters.eagle_head import attend, fit_problems, full_mask
 
-MODEL_TYPE = "eagle3"
-"""The speculators_model_type this module reads and writes."""
+MODEL_TYPE = "eagle3"  # The speculators_model_type this module reads and writes.
 SPECULATORS_VERSION = "0.9.0"
 """The speculators release whose format `save_speculators` writes (and tests/test_speculators.py checks)."""
 _FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -52,18 +38,12 @@ class Eagle3Config:
     """eagle_aux_hidden_state_layer_ids: verifier layer ids (HF hidden_states indices) fused by fc."""
     draft_vocab_size: int
     """Columns of the head's lm_head (= the verifier's vocabulary when no vocabulary map is stored)."""
-    target_name: str = ""
-    """speculators_config.verifier.name_or_path ('' when the file names none)."""
-    verifier_architectures: tuple[str, ...] = ()
-    """speculators_config.verifier.architectures."""
-    norm_before_residual: bool = False
-    """Layer 0's residual is hidden_norm(g) instead of g."""
-    norm_before_fc: bool = False
-    """One RMS norm over the concatenated aux layers before fc."""
-    fc_norm: bool = False
-    """One RMS norm per aux layer before fc."""
-    norm_output: bool = False
-    """Children read norm(x) instead of x (EAGLE 3.1)."""
+    target_name: str = ""  # speculators_config.verifier.name_or_path ('' when the file names none).
+    verifier_architectures: tuple[str, ...] = ()  # speculators_config.verifier.architectures.
+    norm_before_residual: bool = False  # Layer 0's residual is hidden_norm(g) instead of g.
+    norm_before_fc: bool = False  # One RMS norm over the concatenated aux layers before fc.
+    fc_norm: bool = False  # One RMS norm per aux layer before fc.
+    norm_output: bool = False  # Children read norm(x) instead of x (EAGLE 3.1).
     speculative_tokens: int = 3
     """The greedy proposal's depth the file advertises (speculators_config.proposal_methods)."""
     extra: dict = field(default_factory=dict, compare=False)
@@ -99,8 +79,7 @@ class Eagle3Head(nn.Module):
     lm_head over the draft vocabulary. Module names are the checkpoint's tensor names."""
 
     scores_own_vocabulary = True
-    takes_row_positions = True
-    """Its forward takes per-row positions [B, n] and masks [B, 1, n, past + n] (a batch)."""
+    takes_row_positions = True  # Its forward takes per-row positions [B, n] and masks [B, 1, n, past + n] (a batch).
     """The drafter scores `logit_features` with `lm_head`, columns = `draft_vocab` (target ids)."""
 
     def __init__(self, config: Eagle3Config, draft_vocab: torch.Tensor | None = None, embed: bool = False) -> None:
@@ -140,9 +119,8 @@ class Eagle3Head(nn.Module):
         mask: torch.Tensor | None,  # [n, past + n] or [B, 1, n, past + n] additive, None = plain causal
         cache: DynamicCache | None = None,
     ) -> torch.Tensor:
-        """The residual stream after the last layer, [B, n, H] (normed with norm_output): what children
-        read and `logit_features` scores. Target features carry the final hidden state first (as every
-        specdec head receives them); this head reads only the aux layers after it."""
+        """The residual stream after the last layer, [B, n, H] (normed with norm_output): what children read and
+        `logit_features` scores. Of target features (final hidden state first), this head reads only the aux layers."""
         hsize, dtype = self.config.hidden_size, self.fc.weight.dtype
         if features.shape[-1] == hsize:
             g = features.to(dtype)
@@ -280,11 +258,9 @@ def load_speculators(directory: str | Path, dtype: torch.dtype = torch.float32) 
 
 def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
                      embedding: torch.Tensor | None = None) -> Path:
-    """Write `head` as a speculators checkpoint: config.json (the fields speculators 0.9.0 writes) and
-    model.safetensors (weights in `dtype`, d2t/t2d when the draft vocabulary is reduced). A head that
-    reads the target's embedding needs it as `embedding` [V, H]: the file carries it, because
-    speculators 0.9.0 leaves an absent embed_tokens uninitialised (not NaN) and so never fills it from
-    the verifier. Returns the directory."""
+    """Write `head` as a speculators checkpoint (speculators 0.9.0's config.json fields, weights in `dtype`,
+    d2t/t2d for a reduced vocabulary); returns the directory. A head that reads the target's embedding
+    needs it as `embedding` [V, H]: speculators would leave it uninitialised."""
     if not isinstance(head, Eagle3Head):
         raise TypeError(f"save_speculators writes EAGLE-3 heads (Eagle3Head); got {type(head).__name__}. specdec's "
                         "own EagleHead is another architecture that the speculators format cannot express "
@@ -331,10 +307,9 @@ def save_speculators(head: Eagle3Head, directory: str | Path, dtype: torch.dtype
 
 def export_speculators(head_dir: str | Path, target, out: str | Path, dtype: torch.dtype = torch.bfloat16,
                        verifier: str | None = None, check: bool = False) -> dict:
-    """Write the EAGLE-3 head of the speculators directory `head_dir` (checked against `target`) to `out` in
-    `dtype` with the target's embedding and `verifier` (a name_or_path) if given, read back, and with `check`
-    parsed by the package (`package_check`). ValueError naming why for a specdec head (another architecture)
-    or another target's head. Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ package_check's)."""
+    """Write the EAGLE-3 head of speculators directory `head_dir` (checked against `target`) to `out` in `dtype`
+    with the target's embedding and `verifier`, read it back, and with `check` parse it with the package.
+    Returns {out, dtype, draft_vocab, aux_layers, verifier} (+ `package_check`'s)."""
     if not is_speculators_dir(head_dir):
         raise ValueError(f"{head_dir} is not a speculators EAGLE-3 directory. A specdec head (fc over [embedding, "
                          "final feature] + a plain decoder layer, scored by the target's lm_head) is another "

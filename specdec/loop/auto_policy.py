@@ -1,20 +1,8 @@
 """`shape="auto"`: the estimator that picks the draft shape with the best expected tokens per second.
 
-Owns `AutoPolicy` and `candidate_widths`; a `ShapePolicy` (`specdec.loop.policy`) by structure.
-Knows nothing about how drafts are grown or verified.
-
-`AutoPolicy`, the estimator. Each step it maximizes expected committed tokens per second over a
-fixed menu of static shapes, all width vectors (w_1, ..., w_D) with w_1 >= w_2 >= ... (each node at
-depth d gets its w_d best children), D <= max_depth, w_1 <= max_width, at most max_nodes nodes,
-plus "no draft":
-
-    value(shape) = (1 + E[accepted]) / (scale * latency(1 + nodes, context) + propose(D) + commit + other)
-    value(none)  = 1 / (scale * latency(1, context) + commit + other)
-    E[accepted]  = sum_{d=1..D} prod_{i<=d} q_i,   q_i = 1 - prod_{r < w_i} (1 - s+[i, r])
-
-How each term is estimated (sibling acceptance s and its optimism, the latency curve and its load
-scale, draft and commit costs, trimming's calibration and survival, probes, cheap drafters, what
-the estimates remember across generations) is in docs/design/auto.md.
+Owns `AutoPolicy` and `candidate_widths`: each step, the width vector (or no draft) maximizing (1 + E[accepted]) /
+(scale * latency(1 + nodes) + propose + commit + other); the estimates are docs/design/auto.md's. Knows nothing
+about how drafts are grown or verified.
 """
 
 from __future__ import annotations
@@ -39,10 +27,8 @@ def _ema(old: float | None, new: float, weight: float) -> float:
 
 
 def candidate_widths(max_depth: int, max_width: int, max_nodes: int) -> list[tuple[int, ...]]:
-    """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most
-    max_nodes nodes, by depth and then widest first. Example (2, 2, 1): 2 + 4 + 4 = 10 nodes.
-    Grown depth by depth from the vectors that still fit, so a wide `max_width` costs only the
-    vectors within `max_nodes` (enumerating every combination first would not finish)."""
+    """Every non-increasing width vector of depth <= max_depth, widths <= max_width, at most max_nodes nodes
+    (e.g. (2, 2, 1): 2 + 4 + 4 = 10), by depth then widest first; grown only from vectors that still fit."""
     out: list[tuple[int, ...]] = []
     level = [((), 1, 0)]  # (widths, nodes at the deepest level, nodes in all)
     for _ in range(max_depth):
@@ -116,9 +102,8 @@ class AutoPolicy:
         self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
 
     def acceptance(self, optimistic: bool = False) -> np.ndarray:
-        """s[d, r] (docs/design/auto.md): posterior means; depth 1 under the Beta(1, 3) prior, each
-        deeper depth under a prior of the same weight centred on the depth above. `optimistic`:
-        s+[d, r], the mean plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
+        """s[d, r] (docs/design/auto.md): posterior means, each depth's prior centred on the depth above (depth 1:
+        Beta(1, 3)); `optimistic`: s+, plus `spec.explore` posterior standard deviations (capped at 1). [D, W]"""
         weight = self.PRIOR_SUCCESSES + self.PRIOR_FAILURES
         prior = np.full(self.trials.shape[1], self.PRIOR_SUCCESSES / weight)
         out = np.empty_like(self.trials)
@@ -271,12 +256,9 @@ class AutoPolicy:
 
     def _count_survivors(self, proposal: Draft, keep: np.ndarray | None, widths: tuple[int, ...],
                          path: list[int]) -> None:
-        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for
-        widths[d] children; per rank, one trial of v, kept if that child was proposed and verified;
-        the root and the accepted nodes (`path`, indices into the verified draft) add the same
-        trials to u. Example: tree(2,1) chosen, proposal [a, b, a1, b1] (parents [-1, -1, 0, 1]), a
-        and a1 verified, a accepted: the root's ranks 0, 1 -> trials (kept, dropped) of v and u;
-        a's rank 0 -> (kept) of v and u; b was not verified."""
+        """v's and u's counts: each verified node (and the root) at depth d < len(widths) was asked for widths[d]
+        children; per rank one trial of v, kept if that child was proposed and verified; the root and the accepted
+        nodes (`path`, indices into the verified draft) add the same trials to u."""
         count = proposal.num_nodes
         verified = np.ones(count, dtype=bool) if keep is None else np.isin(np.arange(count), keep)
         accepted = {-1, *(path if keep is None else keep[list(path)].tolist())}  # proposal indices
@@ -313,9 +295,8 @@ class AutoPolicy:
 
     def _calibrate_trimmed(self, proposed: Draft, keep: np.ndarray, acceptance: Acceptance,
                            features: tuple[np.ndarray, np.ndarray]) -> None:
-        """Trimmed children of the last accepted node (or of the root): when the step ended on a
-        bonus token, the target drew it from its own distribution after that node, so "child ==
-        next token" is a fair trial of the child (exact at T = 0), though it was never verified."""
+        """Trimmed children of the last accepted node (or of the root), when the step ended on a bonus token: "child ==
+        next token" is then a fair trial of the child (exact at T = 0)."""
         last = int(keep[acceptance.path[-1]]) if acceptance.path else -1  # index in the proposal
         kids = np.flatnonzero(proposed.parents.numpy() == last)
         kids = kids[~np.isin(kids, keep)]

@@ -1,23 +1,10 @@
 """The one speculative decoding loop: draft -> verify -> accept -> commit, one `StepEvent` per step.
 
-Owns `decode` (the loop, a generator), `DecodeConfig` (its inputs), and `generate` / `generate_batch`,
-which are folds of the events into outputs and statistics (`generate` is a batch of one). Owns the
-target's KV cache for one decode (created here, rolled back here, nowhere else). Plain autoregressive
-decoding (drafter None) is the same loop with no draft. Knows nothing about how a drafter builds its
-draft or how acceptance is decided beyond calling `acceptance.accept`; imports no drafter and keeps no
-drafter state: every drafter hears the same `drafter.commit(Step)` after the prefill and after each
-verification. Tools see a step only through its event (`specdec.core.events`).
-
-State between steps (design): the target's cache holds every committed token except the last one,
-the *root*. Each step forwards [root, draft nodes...] in one tree forward, so row 0 of the logits
-is the target's distribution after the root and row i+1 the one after draft node i.
-
-The shape each step drafts comes from a `specdec.loop.policy` policy (a fixed shape, or `auto`, which may
-also choose to draft nothing), and the policy's `keep` picks the part of the proposal to verify
-(`auto` drops the nodes that do not pay; a fixed shape keeps all). A step that asks for no draft
-(the policy chose none, or only one token remains) does not call `drafter.propose`; the drafter
-still hears the step's `commit`. On CUDA the loop synchronizes at phase boundaries so the per-phase
-times are honest. The padding and per-row bookkeeping of a batch is in `specdec.loop.rows`.
+Owns `decode` (the loop, a generator), `DecodeConfig`, `generate` / `generate_batch` (folds of the events) and the
+target's KV cache for one decode (created and rolled back here only). The cache holds every committed token but the
+last, the *root*; each step forwards [root, draft nodes...] in one tree forward, in the shape a `specdec.loop.policy`
+policy asks for, and ends in `drafter.commit(Step)`. Knows nothing about how a drafter drafts or how acceptance is
+decided; tools see a step only through its event; a batch's padding is `specdec.loop.rows`'.
 """
 
 from __future__ import annotations
@@ -51,29 +38,19 @@ class DecodeConfig:
     shape: str | ShapeSpec | ShapePolicy = "chain(4)"
     """A concrete shape (`chain(4)`, `tree(4,2)`, `dynamic(...)`), `auto` (`specdec.loop.policy`), or a
     `ShapePolicy` object."""
-    max_new_tokens: int | Sequence[int] = 64
-    """New tokens per row: one number, or one per prompt; each >= 1."""
-    temperature: float = 0.0
-    """0: greedy (the target's argmax); > 0: sampling from the target's tempered law."""
-    top_k: int = 0
-    """Keep the k most likely tokens of the target's law (0: all)."""
-    top_p: float = 1.0
-    """Keep the smallest set of most likely tokens whose mass reaches p (1: all)."""
-    seed: int = 0
-    """Row b draws its randomness from a generator seeded `seed + b`."""
-    chat: bool = True
-    """Apply the tokenizer's chat template to string prompts."""
-    stop_on_eos: bool = True
-    """Stop a row at its first stop token (False: only `max_new_tokens` stops it)."""
-    eos: Collection[int] | None = None
-    """The stop set (None: the target's EOS tokens)."""
+    max_new_tokens: int | Sequence[int] = 64  # New tokens per row: one number, or one per prompt; each >= 1.
+    temperature: float = 0.0  # 0: greedy (the target's argmax); > 0: sampling from the target's tempered law.
+    top_k: int = 0  # Keep the k most likely tokens of the target's law (0: all).
+    top_p: float = 1.0  # Keep the smallest set of most likely tokens whose mass reaches p (1: all).
+    seed: int = 0  # Row b draws its randomness from a generator seeded `seed + b`.
+    chat: bool = True  # Apply the tokenizer's chat template to string prompts.
+    stop_on_eos: bool = True  # Stop a row at its first stop token (False: only `max_new_tokens` stops it).
+    eos: Collection[int] | None = None  # The stop set (None: the target's EOS tokens).
     force: Sequence[Sequence[int]] | None = None
     """Teacher forcing: per row, the tokens to commit whatever was accepted (the longest draft path that
     matches them keeps its cache entries; the drafter hears that path as accepted). None: off."""
-    cache: str = "auto"
-    """`auto` or a key of `specdec.runtime.forwards.CACHES`."""
-    cache_capacity: int | None = None
-    """Slots of a preallocated cache (None: just enough)."""
+    cache: str = "auto"  # `auto` or a key of `specdec.runtime.forwards.CACHES`.
+    cache_capacity: int | None = None  # Slots of a preallocated cache (None: just enough).
     buckets: Sequence[int] | None = None
     """Verification widths of `cache="graphs"` (None: `specdec.runtime.graphs.DEFAULT_BUCKETS`, widened
     to the shape's largest draft when needed)."""
@@ -86,10 +63,8 @@ class DecodeConfig:
 
 @dataclass
 class GenerationOutput:
-    token_ids: list[int]
-    """New tokens only (the stop token, when generation stopped on it, included)."""
-    text: str
-    """Decoded `token_ids` (special tokens skipped)."""
+    token_ids: list[int]  # New tokens only (the stop token, when generation stopped on it, included).
+    text: str  # Decoded `token_ids` (special tokens skipped).
     prompt_ids: list[int]
     stats: GenerationStats
 
@@ -119,9 +94,8 @@ def prefill(target: Target, cache: Cache, token_ids: Sequence[int]) -> Step:
 
 def decode(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
            config: DecodeConfig = DecodeConfig()) -> Iterator[StepEvent]:
-    """Decode `prompts` as one batch, one `StepEvent` per step (`specdec.core.events`). At T = 0 each row
-    equals the target's greedy decoding at the width it verifies (fp32: plain greedy decoding); at T > 0
-    it follows the target's sampling law (after top-k / top-p). Input errors come before any work."""
+    """Decode `prompts` as one batch, one `StepEvent` per step: at T = 0 the target's greedy decoding at the width it
+    verifies, at T > 0 its sampling law (after top-k / top-p). Input errors come before any work."""
     rows, limits, policy, kind, needed, buckets = _plan(target, drafter, prompts, config)
     batched, sampling, hear = len(rows) > 1, config.sampling, drafter.commit if drafter is not None else _no_commit
     stop = _stop_set(target, config)
@@ -200,23 +174,17 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
 
 def generate(target: Target, drafter: Drafter | None, prompt: Prompt, config: DecodeConfig | None = None,
              **options) -> GenerationOutput:
-    """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding): the fold
-    of `decode` over one prompt. `prompt` is a string (chat template applied for chat models unless
-    chat=False), chat messages, or token ids. `options` are `DecodeConfig` fields (over `config`)."""
+    """Generate from `target`, drafting with `drafter` (None = plain decoding): `decode` over one prompt (a string,
+    chat messages or token ids); `options` are `DecodeConfig` fields (over `config`)."""
     return generate_batch(target, drafter, [prompt], config, **options)[0]
 
 
 def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt],
                    config: DecodeConfig | None = None, **options) -> BatchOutput:
-    """`generate` for a list of prompts at once: the fold of `decode`'s events into one output per
-    prompt, its statistics, and the batch's. Rows accept different numbers of tokens, prompts may
-    differ in length, and a finished row leaves the batch. A drafter must be batchable for more than
-    one prompt (`specdec.core.draft.BatchDrafter`). `shape="auto"` picks one shape per step for the
-    whole batch. Row b draws only from its own generator, seeded `seed + b`. With a concrete shape its
-    output equals `generate(..., seed=seed + b)` on its prompt alone token for token at any temperature
-    (every registered drafter drafts a row from the row's own generator, as it drafts the prompt alone);
-    with `shape="auto"` token for token at T = 0 and only in law at T > 0: a row's drafts, and the
-    random numbers its verification draws, may differ from its run alone."""
+    """`generate` for a list of prompts at once: one output per prompt, its statistics, and the batch's. A finished row
+    leaves the batch; a drafter must be batchable for more than one prompt. Row b draws only from its own generator,
+    seeded `seed + b`: with a concrete shape its output equals `generate(..., seed=seed + b)` on its prompt alone, token
+    for token; with `shape="auto"` (one shape per step for the batch) token for token at T = 0 and in law at T > 0."""
     config = replace(config, **options) if config is not None else DecodeConfig(**options)
     rows, stop = encode_prompts(target, prompts, config.chat), _stop_set(target, config)
     outputs, stats = [[] for _ in rows], [GenerationStats() for _ in rows]
@@ -287,11 +255,8 @@ def _forced(draft: Draft, force: Sequence[int]) -> Acceptance:
 
 def _plan(target: Target, drafter: Drafter | None, prompts: Sequence[Prompt], config: DecodeConfig,
           ) -> tuple[list[list[int]], list[int], ShapePolicy, str, int, tuple[int, ...] | None]:
-    """Check the inputs before any work and size the cache: (the prompts' token ids, the limits, the shape
-    policy, the cache kind, the capacity the decode needs, the width buckets). TypeError / ValueError
-    naming the row for a bad prompt; ValueError for a bad shape, a prompt + generation past the context,
-    a too short `cache_capacity`, a batch the drafter, cache or policy cannot run, or a batch whose cache
-    would not fit in memory."""
+    """Check the inputs before any work and size the cache: (token ids, limits, shape policy, cache kind,
+    capacity, width buckets); TypeError / ValueError naming what is wrong."""
     rows = encode_prompts(target, prompts, config.chat)
     limits = [_limit(config.max_new_tokens, b) for b in range(len(rows))] if isinstance(
         config.max_new_tokens, int) or len(config.max_new_tokens) == len(rows) else None

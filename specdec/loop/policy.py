@@ -1,11 +1,6 @@
-"""Per-step draft shape policies: what the loop asks before a step, and which policy a shape means.
-
-Owns `ShapePolicy` (what the loop asks before a step and shows it after: the step's event), `FixedShape` (the same
-concrete shape every step, or none: plain decoding), `ProposeOnly` (draft every step, verify nothing) and the registry `shape_policy` that maps a
-shape config to its policy (`auto` -> `specdec.loop.auto_policy.AutoPolicy`), keeping a learning
-policy's estimates with the drafter object across generations. Knows nothing about how drafts are
-grown or verified: a policy only names a concrete shape (or none); the drafter grows it and the
-verifier checks it, so every policy is exact by construction.
+"""Per-step draft shape policies: `ShapePolicy`, `FixedShape` (one shape, or none), `ProposeOnly` (verify nothing) and
+`shape_policy` (`auto` -> `AutoPolicy`, kept with the drafter across generations). A policy only names a shape, so
+every policy is exact by construction. Knows nothing about how drafts are grown or verified.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ class ShapePolicy(Protocol):
     """Picks the shape each step drafts; the loop calls `choose` before a step, `keep` on each row's
     proposal, and `observe` with the step's event for each of its rows."""
 
-    max_nodes: int
-    """The most draft nodes a step may verify (sizes the loop's cache)."""
+    max_nodes: int  # The most draft nodes a step may verify (sizes the loop's cache).
 
     def choose(self, context: int) -> Shape | None:
         """The concrete shape to draft next (None = draft nothing), `context` tokens committed."""
@@ -60,9 +54,8 @@ class FixedShape:
 
 
 class ProposeOnly:
-    """Asks for `shape` every step and verifies none of the proposal, so each step commits one token
-    (the target's own, or a forced one): how a tool records a drafter's proposal at every position of
-    a path (`specdec.measure.profiles`, the KV experiment)."""
+    """Asks for `shape` every step and verifies none of it, so each step commits one token: how a tool records
+    a drafter's proposal at every position of a path."""
 
     max_nodes = 0
 
@@ -87,10 +80,8 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def shape_policy(spec: ShapeSpec, target: Target | None = None, drafter: object | None = None,
                  cache: str = "dynamic", batch: int = 1) -> ShapePolicy:
-    """The policy for a parsed shape config: `FixedShape` for a concrete shape, else its registered
-    one, reused from earlier generations of the same `drafter` (see the module docstring). `cache`
-    is the loop's cache kind (`specdec.runtime.forwards.CACHES`): whose forwards a latency curve must time;
-    `batch` the rows each verification forwards (a batch plans with the curve at its batch size)."""
+    """The policy for a parsed shape: `FixedShape` for a concrete one, else its registered policy, reused across
+    generations of the same `drafter`; `cache` and `batch` say which latency curve it plans with."""
     factory = _POLICIES.get(type(spec))
     if factory is None:
         return FixedShape(spec, target)

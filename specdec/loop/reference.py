@@ -1,9 +1,7 @@
 """The slow, cacheless reference: the oracle every exactness test compares against.
 
-Owns `reference_generate` (each token from a full forward of the whole sequence, no KV cache, no
-tree mask, no drafting) and `exact_joint_probs`, the exact distribution of the first few generated
-tokens, enumerated over a small vocabulary. Shares only `target_probs_from_logits` with the fast
-path, because that function *defines* the target distribution.
+Owns `reference_generate`: each token from a full forward of the whole sequence, no KV cache, no tree mask, no drafting.
+Shares only `target_probs_from_logits` with the fast path, because that function *defines* the target distribution.
 """
 
 from __future__ import annotations
@@ -43,18 +41,4 @@ def reference_generate(
         if token in eos:
             break
     return new
-
-
-def exact_joint_probs(target: Target, prompt_ids: Sequence[int], length: int,
-                      sampling: SamplingConfig) -> dict[tuple[int, ...], float]:
-    """P(first `length` new tokens = t) for every t in V^length with nonzero probability."""
-    frontier: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(length):
-        nxt: dict[tuple[int, ...], float] = {}
-        for prefix, p in frontier.items():
-            probs = target_probs_from_logits(next_token_logits(target, [*prompt_ids, *prefix]).double(), sampling)
-            for tok in torch.nonzero(probs).flatten().tolist():
-                nxt[(*prefix, tok)] = p * float(probs[tok])
-        frontier = nxt
-    return frontier
 

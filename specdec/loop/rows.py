@@ -1,11 +1,7 @@
 """The batch side of the loop: rows padded into one forward, rolled back per row, sized before any work.
 
-Owns what `specdec.loop.decode.generate_batch` does for more than one row and the loop itself need not
-spell out: the padded prefill of prompts of different lengths (`prefill_rows`), the committed tokens
-as one left-padded tensor (`left_padded`), the verification block of every row's root and draft
-(`verify_block`), the `Step` a drafter hears after a verification (`commit_step`, one row or many),
-and the memory check of a batch's cache (`kv_bytes`, `free_memory`, `check_memory`). Knows nothing
-about acceptance or drafting beyond the records in `specdec.core.draft`.
+Owns `prefill_rows`, `left_padded`, `verify_block`, `commit_step` and the cache memory check (`kv_bytes`,
+`free_memory`, `check_memory`). Knows nothing about acceptance or drafting beyond `specdec.core.draft`'s records.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ def left_padded(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int] 
 
 
 def verify_block(drafts: list[Draft], roots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's
-    root (block index 0) then its draft nodes, padded to the widest row (padding: children of the
-    block's start, never anyone's ancestor, marked invalid)."""
+    """(tokens [B, W], parents [W] or [B, W], valid [B, W] or None) of one verification: each row's root then its draft,
+    padded to the widest row (padding: children of the block's start, never an ancestor, marked invalid)."""
     if len(drafts) == 1:
         d = drafts[0]
         tokens = torch.cat([d.tokens.new_tensor([[roots[0]]]), d.tokens], 1)  # [1, 1 + N]

@@ -1,8 +1,5 @@
-"""The latency curve a shape policy plans with: looked up in the machine's tune record, never measured.
-
-Owns `tuned_latency`, `curve_prefix` (the part of a stored curve's name a lookup matches; the measuring
-side, `specdec.measure.latency.curve_key`, builds its names on it) and the untuned default curve.
-Knows nothing about how a curve is timed.
+"""The latency curve a shape policy plans with: `tuned_latency`, looked up in the machine's tune record, never measured;
+`curve_prefix` (what a lookup matches; `specdec.measure.latency.curve_key` builds on it). Knows nothing about timing.
 """
 
 from __future__ import annotations
@@ -25,17 +22,13 @@ def curve_prefix(target: Target, cache: str) -> str:
     return f"{cache}_{target.kernel}_{target.attention}_t{torch.get_num_threads()}_"
 
 
-DEFAULT_WIDTH_COST = 1 / 24
-"""The untuned curve's cost of each token past the first, in units of a one-token forward."""
+DEFAULT_WIDTH_COST = 1 / 24  # The untuned curve's cost of each token past the first, in units of a one-token forward.
 
 
 def tuned_latency(target: Target, cache: str = "dynamic", batch: int = 1) -> LatencyCurve:
-    """The latency curve `shape="auto"` plans with, looked up and never measured: the widest curve
-    stored for this target, kernel, attention, threads, cache kind and batch in the machine's tune
-    record (`python -m specdec.tune`, `--batch` for batches), else the untuned default, t(w) = 1 +
-    (batch * w - 1) * DEFAULT_WIDTH_COST one-token forwards (a batch's rows widen the forward like
-    tokens do), whose `machine` field says "not tuned" (the policy's scale factor absorbs the absolute
-    time; only the curve's shape matters)."""
+    """The latency curve `shape="auto"` plans with, looked up, never measured: the widest stored for this
+    target, kernel, attention, threads, cache and batch in the machine's tune record, else the untuned
+    t(w) = 1 + (batch * w - 1) * DEFAULT_WIDTH_COST, whose `machine` says "not tuned"."""
     kind = resolve_cache(cache, target, batch)
     prefix = curve_prefix(target, kind) + "w"
     record = machine.load_record(target.label, target.device, target.dtype) or {}

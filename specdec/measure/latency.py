@@ -1,9 +1,7 @@
 """A target's measured latency curve: forward time as a function of width and context length.
 
-Owns `CurveTimer` (times `Target.forward` of w tokens after c cached ones, in passes that can be
-spread over time), `measure_latency` (passes in a row) and `cached_latency` (kept in the machine's
-tune record). The curve itself is data (`specdec.core.curve.LatencyCurve`). Width w is a tree block of
-w tokens, so one curve serves chains and trees. Knows nothing about drafters or shapes.
+Owns `CurveTimer` (passes that can be spread over time), `measure_latency` and `cached_latency` (kept in the tune
+record); the curve is data (`specdec.core.curve.LatencyCurve`). Knows nothing about drafters or shapes.
 """
 
 from __future__ import annotations
@@ -26,11 +24,8 @@ def _sync(device: torch.device) -> None:
 
 
 class CurveTimer:
-    """Times a latency curve in passes: each `sample()` times one forward of every width after every
-    context (the widths' order rotated pass by pass), and `curve()` is the median of the passes so far.
-    The caches are filled, and one untimed pass warms them, at construction. A caller pricing runs that
-    last minutes takes its passes between the runs, so the curve sees the machine the runs saw
-    (arguments: `measure_latency`)."""
+    """Times a latency curve in passes: `sample()` times every width after every context (order rotated), `curve()` is
+    the median so far; caches are filled and warmed at construction (arguments: `measure_latency`)."""
 
     def __init__(self, target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                  contexts: tuple[int, ...] = (256,), seed: int = 0, cache: str = "dynamic", batch: int = 1,
@@ -95,11 +90,8 @@ class CurveTimer:
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     contexts: tuple[int, ...] = (256,), repeats: int = 5, seed: int = 0,
                     cache: str = "dynamic", batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """Time one forward of each width after each context (median of `repeats` passes in a row of a
-    `CurveTimer`, one warm-up pass first). `cache` names the (cache, forward) pair to time
-    (`specdec.runtime.forwards.CACHES`). `batch` > 1 times `batch` rows at once through the batched tree
-    forward `specdec.generate_batch` verifies with (`cache="auto"` resolving to `static`); `holes` times
-    each forward under the explicit mask a batch with holes runs rather than the model's causal mask."""
+    """Time one forward of each width after each context (median of `repeats` `CurveTimer` passes) through `cache`'s
+    forward; `batch` > 1 times that many rows, `holes` under a batch-with-holes mask."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = CurveTimer(target, widths, contexts, seed=seed, cache=cache, batch=batch, holes=holes)
@@ -110,9 +102,8 @@ def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 3
 
 def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...], repeats: int, cache: str,
               batch: int = 1, holes: bool = False) -> str:
-    """A curve's name inside the target's tune record: what else changes its times (the kernel, the
-    attention, the threads, the grid, the cache kind, the batch and the holes; machine, target and
-    dtype name the record). A batch of one without holes adds nothing to the name."""
+    """A curve's name inside the target's tune record: kernel, attention, threads, grid, cache kind, batch and holes
+    (a batch of one without holes adds nothing)."""
     parts = ["w" + "-".join(map(str, widths)), "c" + "-".join(map(str, contexts)), f"r{repeats}"]
     return curve_prefix(target, cache) + "_".join(parts + ([f"b{batch}"] if batch > 1 else []) + (["holes"] if holes else []))
 
@@ -120,9 +111,8 @@ def curve_key(target: Target, widths: tuple[int, ...], contexts: tuple[int, ...]
 def cached_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                    contexts: tuple[int, ...] = (256,), repeats: int = 5, cache: str = "dynamic",
                    batch: int = 1, holes: bool = False) -> LatencyCurve:
-    """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and
-    store it there. A measuring tool (the grid's runner, `specdec.tune`): constructors call
-    `tuned_latency`, which never measures."""
+    """The curve stored in the target's tune record under `curve_key`, else `measure_latency` once and store it there. A
+    measuring tool (the grid's runner, `specdec.tune`): constructors call `tuned_latency`, which never measures."""
     kind = resolve_cache(cache, target, batch)
     key = curve_key(target, tuple(widths), tuple(contexts), repeats, kind, batch, holes)
     record = machine.load_record(target.label, target.device, target.dtype) or {}

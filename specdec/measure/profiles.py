@@ -1,14 +1,7 @@
 """Acceptance profiles: one greedy decode, every position's draft, and shape sweeps by replay.
 
-Owns `profile(target, drafter, prompt, shape=..., max_new_tokens=...)`, which runs the target's
-plain greedy decode once (the one loop, under a policy that verifies no proposal) and records every
-position's draft, and `AcceptanceProfile`, which answers without running a model: `simulate(shape)`
-(the MAL a real greedy run in that shape gets, for shapes cut out of the recorded drafts),
-`pooled_mal(profiles, shape)` and `counts()` (reached / accepted per depth, sibling ranks).
-
-A node at depth d of the draft made at position p is accepted iff the tokens on its path equal the
-greedy tokens g[p:p+d]. Replays assume a narrower shape's draft is the wider one's top-ranked part.
-Knows nothing about latency or costs.
+Owns `profile(...)` and `AcceptanceProfile` (`simulate(shape)`, `pooled_mal`, `counts()`, without a model): a node at
+depth d of the draft at position p is accepted iff its path equals the greedy g[p:p+d]. Knows nothing about latency.
 """
 
 from __future__ import annotations
@@ -36,18 +29,15 @@ class UnderivableShapeError(ValueError):
 class ProfileCounts:
     """Acceptance per depth and sibling rank over every recorded position (not per real step)."""
 
-    reached: list[int]
-    """reached[d - 1]: positions whose draft had a node at depth d."""
+    reached: list[int]  # reached[d - 1]: positions whose draft had a node at depth d.
     tried: list[int]
     """tried[d - 1]: positions whose accepted path reached depth d - 1 at a node with children (the
     target looked for a depth-d token among the draft's)."""
-    accepted: list[int]
-    """accepted[d - 1]: positions whose accepted path reached depth d."""
+    accepted: list[int]  # accepted[d - 1]: positions whose accepted path reached depth d.
     by_rank: list[list[int]]
     """by_rank[d - 1][r]: positions whose accepted node at depth d was its parent's child of rank r
     (0 = first child, the drafter's best)."""
-    positions: int
-    """Positions recorded."""
+    positions: int  # Positions recorded.
 
     def rate_by_depth(self) -> list[float]:
         """P(a depth-d node is accepted | depth d - 1 was and has children), per d (NaN if never tried)."""
@@ -58,19 +48,15 @@ class ProfileCounts:
 class AcceptanceProfile:
     """One greedy decode and the drafter's draft at each of its positions (see the module docstring)."""
 
-    target: str
-    """The target's label."""
+    target: str  # The target's label.
     drafter: str
-    shape: Shape
-    """The shape every recorded draft was asked in."""
+    shape: Shape  # The shape every recorded draft was asked in.
     prompt_ids: list[int]
-    greedy: list[int]
-    """The target's greedy continuation, max_new_tokens long (not cut at EOS)."""
+    greedy: list[int]  # The target's greedy continuation, max_new_tokens long (not cut at EOS).
     drafts: list[Draft]
     """drafts[p]: the draft proposed after p generated tokens (on CPU, already cut to the depth the
     loop would allow there: max_new_tokens - p - 1)."""
-    eos: set[int]
-    """Tokens that end a real run (empty when the profile was made with stop_on_eos=False)."""
+    eos: set[int]  # Tokens that end a real run (empty when the profile was made with stop_on_eos=False).
 
     @property
     def max_new_tokens(self) -> int:
@@ -88,9 +74,8 @@ class AcceptanceProfile:
         return self.drafts[position].subtree(keep)
 
     def accepted_per_step(self, shape: str | Shape, temperature: float = 0.0) -> list[int]:
-        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed. A step
-        commits what the loop would: its tokens up to the first EOS (kept) and within max_new_tokens,
-        so 1 + sum / len is the run's own MAL (its new tokens over its steps)."""
+        """Accepted tokens (bonus excluded) of each step of a greedy run in `shape`, replayed, committing what the loop
+        would (up to the first EOS, within max_new_tokens): 1 + sum / len is the run's own MAL."""
         _greedy_only(temperature, "simulated")
         shape = parse_shape(shape)
         _derivable(self.shape, shape, None)  # fail before any work for a wrong kind of shape
@@ -214,10 +199,8 @@ def profile(
     chat: bool = True,
     stop_on_eos: bool = True,
 ) -> AcceptanceProfile:
-    """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (not stopping at EOS,
-    so steps that cross it can be replayed) and record `drafter`'s draft in `shape` at every
-    position. `stop_on_eos` only tells replays to end at EOS, as `specdec.generate` does. Reads the
-    one loop's events (`specdec.loop.decode.decode`) under a policy that verifies no proposal."""
+    """Run `target`'s greedy decode of `prompt` for `max_new_tokens` tokens (past EOS, so replays can cross it;
+    `stop_on_eos` only tells replays to end there) and record `drafter`'s draft in `shape` at every position."""
     _greedy_only(temperature, "recorded")
     shape = parse_shape(shape)
     rows = encode_prompts(target, [prompt], chat)

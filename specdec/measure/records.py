@@ -1,15 +1,8 @@
 """Result records: what a benchmark measured, with the machine, date and command it ran under.
 
-Owns the record format (one JSON object per line), `append` (add one record to
-`<root>/<machine key>.jsonl`, keyed by `specdec.machine`) and `read` / `validate` (refusing a record
-that does not say where and how it was measured). Knows nothing about what a benchmark measures or
-how records are rendered (`scripts/measurements.py`).
-
-    from specdec.measure import records
-    records.emit("decode", result)            # result: the dict the script prints as its JSON line
-
-The root is `root=` if given, else `$SPECDEC_RECORDS`, else `docs/measurements/results/` of the
-source checkout; under pytest it must be given, so a test never writes into the checkout's records.
+Owns the record format (JSON lines), `append` / `emit` (to `<root>/<machine key>.jsonl`; root `root=`, else
+`$SPECDEC_RECORDS`, else docs/measurements/results/, never under pytest) and `read` / `validate`. Knows nothing
+about what a benchmark measures or how records are rendered.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from specdec import machine
 SCHEMA = "specdec.measure.records/1"
 REQUIRED = ("schema", "kind", "date", "command", "machine", "result")
 """Keys every record carries; `validate` refuses a record without one of them."""
-MACHINE_REQUIRED = ("name", "key")
-"""Keys every record's `machine` carries."""
+MACHINE_REQUIRED = ("name", "key")  # Keys every record's `machine` carries.
 
 
 class RecordError(ValueError):
@@ -109,11 +101,8 @@ def make_record(kind: str, result: dict, argv: list[str] | None = None, *, devic
 
 def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str | Path | None = None,
            device: str = "cpu", threads: int | str | None = None, note: str | None = None) -> Path:
-    """Append one record of `result` to `<root>/<machine-key>.jsonl`; returns that file's path.
-
-    `argv` is the full command as a list (default: this process's, see `command_line`);
-    `device` is the torch device timed (`cuda` adds the GPU to the machine and its key).
-    """
+    """Append one record of `result` to `<root>/<machine-key>.jsonl`; returns that file's path. `argv`: the command
+    (default this process's, `command_line`); `device`: the torch device timed (`cuda` adds the GPU to the key)."""
     record = make_record(kind, result, argv, device=device, threads=threads, note=note)
     validate(record, where="new record")
     root = Path(root) if root is not None else default_root()
@@ -127,8 +116,7 @@ def append(kind: str, result: dict, argv: list[str] | None = None, *, root: str 
 
 
 def emit(kind: str, result: dict, *, device: str = "cpu", threads: int | str | None = None) -> None:
-    """A benchmark's last step: record `result` (`append`; `threads` as there) and print it as the
-    run's JSON line."""
+    """A benchmark's last step: record `result` (`append`; `threads` as there) and print it as the run's JSON line."""
     append(kind, result, device=device, threads=threads)
     print(json.dumps(result), flush=True)
 

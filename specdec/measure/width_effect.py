@@ -1,12 +1,6 @@
-"""The width effect: how far a drafted run's next-token law is from the plain loop's on the same text.
-
-Owns the measurement behind the promise "exact with respect to the target's computation at the
-verification width" (docs/library.md): `token_laws` (one real decode read through its events: each
-committed token's logits row and forward width, optionally teacher-forced with `force=`),
-`prompt_width_effect` (a drafted run at temperature T, then the plain loop forced on its text: per
-position the TV between the two laws, the shift of the plain top-2 gap, argmax changes) and
-`width_effect` (over prompts x shapes, a t-interval over prompts of the mean TV per token, and the
-largest top-2 gap shift). Knows nothing about certificates or records.
+"""The width effect: how far a drafted run's next-token law is from the plain loop's on the same text. Owns
+`token_laws`, `prompt_width_effect` (TV, top-2 gap shift, argmax changes per position) and `width_effect` (over
+prompts x shapes, with a t-interval over prompts). Knows nothing about certificates or records.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ class Laws:
     """One run's committed tokens and, per token, the logits it was decided on and its forward's width."""
 
     tokens: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-    """float64 [V] per committed token."""
+    logits: list[torch.Tensor] = field(default_factory=list)  # float64 [V] per committed token.
     widths: list[int] = field(default_factory=list)
 
 
@@ -81,14 +74,12 @@ class PromptEffect:
 
     shape: str
     temperature: float
-    tv: list[float]
-    """Per committed token: TV between the drafted run's law and the plain loop's."""
+    tv: list[float]  # Per committed token: TV between the drafted run's law and the plain loop's.
     gap_shift: list[float]
     """Per token: |change| of the plain loop's top-1 minus top-2 logit gap in the drafted run's logits."""
     argmax_differs: int
     widths: list[int]
-    prompt: int = 0
-    """Index of the prompt in the measurement."""
+    prompt: int = 0  # Index of the prompt in the measurement.
 
     @property
     def mean_tv(self) -> float:
@@ -135,8 +126,7 @@ class WidthEffect:
     effects: list[PromptEffect] = field(default_factory=list)
     exact_arithmetic: bool = False
     """The target computes in fp32/fp64, unquantized, with the torch kernel (`exact_arithmetic`)."""
-    cpu_seconds: float = 0.0
-    """Process CPU time of the measurement."""
+    cpu_seconds: float = 0.0  # Process CPU time of the measurement.
 
     @property
     def label(self) -> str:

@@ -1,13 +1,6 @@
-"""Quantized targets: a registry of quantization backends selected by one spec string.
-
-    target = specdec.load_target("smollm2-135m", quant="rtn3_g64")      # or quantize_target(t, spec)
-    draft = specdec.quant.quantized_copy(target, "torchao_int4")          # original left untouched
-    specdec.quant.availability("bnb_nf4", "cpu")                          # ok + reasons
-    report = specdec.quant.quant_report(target, draft)                    # agreement, KL, latency curve
-
-Backends: see `names()` and docs/library.md; each declares bits, group sizes, devices, library and
-pip extra. Importing this package imports every backend module, so each registers itself; optional
-libraries are imported only when a backend is applied or its availability is checked.
+"""Quantized targets: a registry of quantization backends selected by one spec string
+(`load_target(..., quant="rtn3_g64")`, `quantize_target`, `quantized_copy`). Importing this package registers every
+backend; optional libraries load only when used.
 """
 
 import importlib

@@ -1,9 +1,5 @@
-"""bitsandbytes adapters: LLM.int8 (`bnb_int8`) and 4-bit NF4 / FP4 (`bnb_nf4`, `bnb_fp4`).
-
-Owns the module swap from `nn.Linear` to bitsandbytes' `Linear8bitLt` / `Linear4bit` and the mapping
-from a spec to their arguments (`bnb_linear_kwargs`, tested without the library). A group size that
-divides the input width is a group along each row (default 32). Compute runs in the model's dtype;
-on a CPU it dequantizes on every forward: a numerics backend, not a speed one.
+"""bitsandbytes adapters: `bnb_int8` (LLM.int8) and `bnb_nf4` / `bnb_fp4`: the swap to `Linear8bitLt` / `Linear4bit` and
+`bnb_linear_kwargs` (a group along each row, default 32). On a CPU it dequantizes per forward: numerics, not speed.
 """
 
 from __future__ import annotations

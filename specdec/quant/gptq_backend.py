@@ -1,9 +1,5 @@
-"""GPTQ adapter (`gptq2` .. `gptq8`) through gptqmodel, calibrated on the project's own texts.
-
-Owns the mapping from a spec to gptqmodel's `QuantizeConfig` (`gptq_config`), the calibration
-examples (`gptq_calibration`, from `specdec.quant.texts`), and the round trip that quantizes a loaded
-model through a temporary directory and loads the packed model back. CUDA only (gptqmodel's CPU path
-is not supported here); the kernel-free parts are tested everywhere.
+"""GPTQ adapter (`gptq2` .. `gptq8`) through gptqmodel, calibrated on `specdec.quant.texts`: `gptq_config`,
+`gptq_calibration` and the round trip through a temporary directory. CUDA only; the kernel-free parts test anywhere.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """GPTQ reference (`gptqref3`, `gptqref4`): the GPTQ algorithm written out in torch, numerics only.
 
-Owns `gptq_quantize` (a pure function: weight [O, I] + Hessian [I, I] -> quantized-then-dequantized
-weight), `layer_hessians` (H = 2/n sum x x^T of every quantizable linear's inputs over calibration
-sequences) and the backend `gptqref`, which calibrates on `specdec.quant.texts` and stores the weights
-dequantized, as `rtn` does: it changes acceptance, never speed (the `gptq` backend needs CUDA).
-
-Frantar et al. (2022) as in their reference code: damped Hessian (`DAMPING`), upper Cholesky factor
-of its inverse, column-by-column rounding with error feedback in lazy blocks of 128 columns, group
-scales fitted at a group's first column, act-order off, RTN's grid, and every layer's Hessian from one
-pass of the *unquantized* model (not the sequential variant). Knows nothing about drafting or kernels.
+Owns `gptq_quantize`, `layer_hessians` (H = 2/n sum x x^T per linear, one pass of the unquantized model over
+`specdec.quant.texts`) and the backend `gptqref` (stored dequantized, like `rtn`), as Frantar et al.'s reference code
+(damping, lazy blocks of 128 columns, no act-order). Knows nothing about drafting or kernels.
 """
 
 from __future__ import annotations
@@ -28,22 +22,15 @@ DAMPING = 0.1
 """Fraction of the mean Hessian diagonal added to the diagonal (GPTQ's `percdamp`; the paper's code
 uses 0.01). Stronger than the paper's because the calibration set is small (~1.5k tokens for layers
 up to 1,536 wide); `specdec.quant.quant_report` measures agreement and KL for any setting."""
-BLOCK = 128
-"""Columns per lazy batch (the error of a block reaches later blocks in one matrix product)."""
+BLOCK = 128  # Columns per lazy batch (the error of a block reaches later blocks in one matrix product).
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int | None,
                   symmetric: bool, damping: float = DAMPING, block: int = BLOCK) -> torch.Tensor:
     """GPTQ-quantize `weight` [O, I] given the Hessian [I, I] of its layer's inputs; returns the
-    dequantized weight in weight's dtype.
-
-    Minimises ||X W^T - X Q^T||^2 (H = 2 X^T X / n) one column at a time: column i is rounded, and
-    its error e_i = (w_i - q_i) / U[i, i] is spread over the later columns j by w_j -= e_i U[i, j],
-    where U is the upper Cholesky factor of H^-1 (worked example of the update, I = 2: after column
-    0 rounds with error d, column 1 moves by -d * H^-1[0, 1] / H^-1[0, 0], the least-squares
-    correction given x_0 ~ x_1). Group scales (`group_size` columns, None = one group per row) are
-    fitted when the group's first column is reached. Computed in float64 for float64 weights, else float32.
-    """
+    dequantized weight in weight's dtype. One column at a time: round it, spread its error
+    e_i = (w_i - q_i) / U[i, i] over later columns by w_j -= e_i U[i, j] (U: upper Cholesky of H^-1);
+    group scales are fitted at a group's first column. float64 for float64 weights, else float32."""
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"gptq_quantize needs weight [O, I] and hessian [I, I], got {tuple(weight.shape)} "
                          f"and {tuple(hessian.shape)}")

@@ -1,10 +1,5 @@
-"""HQQ adapter (`hqq1` .. `hqq8`): half-quadratic quantization, calibration-free, group-wise.
-
-Owns the module swap from `nn.Linear` to `hqq.core.quantize.HQQLinear` and the mapping from a spec
-to HQQ's quantization config (`hqq_config`, kernel-free and tested without the library). Groups run
-along each row (HQQ axis 1); HQQ needs group sizes that are multiples of 8. Uses HQQ's PyTorch
-backend (dequantize on every forward, compute in the model's dtype), which runs on CPU and CUDA: on
-this CPU a numerics backend, not a speed one.
+"""HQQ adapter (`hqq1` .. `hqq8`): the swap to `HQQLinear` and `hqq_config` (groups along rows, multiples of 8), on
+HQQ's PyTorch backend (dequantize per forward): on a CPU a numerics backend, not a speed one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Which layers get quantized, and the module-swap helpers backends share.
 
-Owns the project's one rule for what a backend touches: every `nn.Linear` of the model except the
-output embedding (`lm_head`, which SmolLM2 ties to the input embedding); embeddings and norms keep
-the model's dtype. Also owns the group-size check (a group size must divide every quantized layer's
-input width: a clear error, never a silently skipped layer) and weight-byte accounting over packed
-tensor formats. Knows nothing about any specific quantization algorithm.
+Owns the one rule (every `nn.Linear` but `lm_head`), the group-size check (a group must divide every quantized
+layer's input width) and weight-byte accounting over packed formats. Knows nothing about any algorithm.
 """
 
 from __future__ import annotations
@@ -18,9 +15,8 @@ from specdec.quant.registry import QuantSpec, QuantSpecError, get
 
 
 def quantizable_linears(model: nn.Module) -> list[str]:
-    """Qualified names of the `nn.Linear` modules a backend quantizes (all but the lm_head).
-    ValueError for a model whose linears are packed for a kernel (`specdec.runtime.kernels`): they would
-    be skipped silently; `quantize_target` and `quantized_copy` unpack them first."""
+    """Qualified names of the `nn.Linear` modules a backend quantizes (all but the lm_head); ValueError for linears
+    packed for a kernel (they would be skipped silently: `quantize_target` unpacks them first)."""
     from specdec.runtime.kernels import OneDNNLinear
 
     packed = [name for name, module in model.named_modules() if isinstance(module, OneDNNLinear)]

@@ -1,11 +1,6 @@
-"""Quantizing a Target: the entry points the core and the drafters call.
-
-Owns `quantize_target` (in place, the spec and a weight report in `info["quant"]`) and
-`quantized_copy` (on a deep copy, the original untouched). Checks that the spec parses, that the
-target is not already in a packed format, that the backend takes the dtype and the group size divides
-every layer, and that the backend runs here; then applies it and checks every layer was quantized.
-Never substitutes another backend. A kernel-packed target is unpacked first and the quantized target
-gets the kernel that was asked for at load.
+"""Quantizing a Target: `quantize_target` (in place; the spec and a weight report in `info["quant"]`) and
+`quantized_copy` (a deep copy). Every check runs before the model is touched (`check_quantizable`), every layer is
+checked after; never another backend. A kernel-packed target is unpacked first and repacked with its kernel.
 """
 
 from __future__ import annotations
@@ -24,12 +19,8 @@ from specdec.quant.texts import calibration_description
 
 def check_quantizable(target: Target, spec: str | QuantSpec) -> QuantSpec:
     """Every check `quantize_target` makes before touching the model; returns the parsed spec.
-
-    Raises `QuantSpecError` (a ValueError) for a spec the backend does not support (bits, group size,
-    options, a group size that does not divide a layer's width, the model's dtype) or a target that
-    is already quantized, and `BackendUnavailableError` when the backend cannot run here (library
-    missing: the message names the pip extra; device unsupported).
-    """
+    Raises `QuantSpecError` for what the backend does not support (or an already quantized target)
+    and `BackendUnavailableError` (naming the pip extra) when it cannot run here."""
     spec = parse_spec(spec)
     b = get(spec.backend)
     previous = target.quant
@@ -55,9 +46,8 @@ def _layer_signature(module: torch.nn.Module) -> tuple:
 
 
 def quantize_target(target: Target, spec: str | QuantSpec) -> Target:
-    """Quantize `target` by `spec` (e.g. "rtn4_g32", "torchao_int4", "bnb_nf4") and return it; the given
-    target's model is modified in place (see `quantized_copy` for a copy). Raises what `check_quantizable`
-    raises, and RuntimeError if a packed backend left a layer it was given unquantized."""
+    """Quantize `target` in place by `spec` and return it (`quantized_copy` for a copy); raises what
+    `check_quantizable` raises, and RuntimeError if a layer it was given stayed unquantized."""
     spec = check_quantizable(target, spec)
     b = get(spec.backend)
     model = target.model

@@ -1,9 +1,6 @@
-"""The quantization report: what a quantized target costs and how far it moved from the original.
-
-Owns `quant_report(reference, quantized)`, a JSON-ready dict: weight bytes and bits per parameter,
-top-1 agreement and mean KL(reference || quantized) on `EVAL_TEXT`, and the latency curve of both
-models timed interleaved, as ratios quantized / reference (< 1 is faster). Knows nothing about how
-either model was quantized.
+"""The quantization report: `quant_report(reference, quantized)`, weight bytes and bits per parameter, top-1 agreement
+and KL on `EVAL_TEXT`, and both latency curves timed interleaved, as ratios. Knows nothing about how either was
+quantized.
 """
 
 from __future__ import annotations
@@ -32,21 +29,15 @@ class ReportConfig:
 
     widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     """Numbers of new tokens per timed forward (a causal chain after the context)."""
-    contexts: tuple[int, ...] = (32, 256)
-    """Cached context lengths the widths are timed after."""
-    repeats: int = 7
-    """Timed forwards per (context, width, model); the median is reported."""
-    warmup: int = 1
-    """Untimed passes over every width per context and model before timing."""
-    eval_tokens: int = 256
-    """Positions of EVAL_TEXT scored for agreement and KL (fewer if the text is shorter)."""
-    latency: bool = True
-    """Measure the latency curve (False: agreement and KL only, e.g. in tests)."""
+    contexts: tuple[int, ...] = (32, 256)  # Cached context lengths the widths are timed after.
+    repeats: int = 7  # Timed forwards per (context, width, model); the median is reported.
+    warmup: int = 1  # Untimed passes over every width per context and model before timing.
+    eval_tokens: int = 256  # Positions of EVAL_TEXT scored for agreement and KL (fewer if the text is shorter).
+    latency: bool = True  # Measure the latency curve (False: agreement and KL only, e.g. in tests).
 
 
 def eval_token_ids(target: Target, length: int) -> list[int]:
-    """`length` token ids of EVAL_TEXT repeated as needed (fixed pseudo-random ids for a target
-    without a tokenizer)."""
+    """`length` token ids of EVAL_TEXT repeated as needed (fixed pseudo-random ids for a target without a tokenizer)."""
     if target.tokenizer is not None:
         base = list(target.tokenizer.encode(EVAL_TEXT))
     else:
@@ -82,11 +73,7 @@ def _timed_forward(target: Target, cache: KVCache, tokens: torch.Tensor, context
 
 
 def latency_curve(reference: Target, quantized: Target, config: ReportConfig) -> dict[str, Any]:
-    """Median forward milliseconds per (context, width) for both models and their ratios.
-
-    Interleaving: within each repeat, every width is timed for both models back to back, the order
-    of the two models alternating between repeats, so slow drifts of the machine hit both.
-    """
+    """Median forward milliseconds per (context, width) for both models (interleaved) and their ratios."""
     models = (reference, quantized)
     longest = max(config.contexts) + max(config.widths)
     limit = min(m.context_length for m in models)

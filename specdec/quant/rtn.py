@@ -1,9 +1,7 @@
 """The project's own round-to-nearest (RTN) fake quantization, and the dtype casts.
 
-Owns `rtn_quantize` (a pure function: weight -> group-wise quantized-then-dequantized weight) and
-the backends `rtn` (2..8 bits, group size or per-channel, symmetric or asymmetric), `none`, `bf16`
-and `fp16`. RTN weights are stored dequantized in the model's dtype, so RTN changes numerics (and
-therefore acceptance) but not speed: the hardware-independent half of the grid. Needs only torch.
+Owns `rtn_quantize` and the backends `rtn` (2..8 bits, group or per-channel, symmetric or not), `none`, `bf16`, `fp16`.
+RTN weights are stored dequantized: numerics (acceptance) without speed. Needs only torch.
 """
 
 from __future__ import annotations
@@ -41,16 +39,10 @@ def snap(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, 
 
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int | None, symmetric: bool) -> torch.Tensor:
-    """Round-to-nearest quantize `weight` [O, I] group-wise along I and return it dequantized.
-
-    Each row is cut into groups of `group_size` consecutive input weights (None: the whole row, i.e.
-    per output channel). Asymmetric: q = round((w - min) / s) in 0..2^b - 1 with s = (max - min) /
-    (2^b - 1), w' = min + q s (the min is a float offset, as in GGUF Q4_1; each group's min and max are
-    reproduced exactly). Symmetric: q = round(w / s) in -2^(b-1)..2^(b-1) - 1 with s = max|w| /
-    (2^(b-1) - 1), w' = q s (zero is exact; the most negative level goes unused).
-    Example: bits=2, asymmetric, group [0.0, 0.1, 0.5, 0.9] -> s = 0.3, q = [0, 0, 2, 3] ->
-    [0.0, 0.0, 0.6, 0.9]. Computed in float32 (float64 for float64 weights); returned in weight's dtype.
-    """
+    """Round-to-nearest quantize `weight` [O, I] group-wise along I (`group_size` None: per row) and
+    return it dequantized in weight's dtype. Asymmetric: s = (max - min) / (2^b - 1), w' = min + s
+    round((w - min) / s) (min a float offset, as GGUF Q4_1); symmetric: s = max|w| / (2^(b-1) - 1),
+    w' = s round(w / s). Computed in float32 (float64 for float64 weights)."""
     if weight.dim() != 2:
         raise ValueError(f"rtn_quantize expects a 2-D weight [out, in], got shape {tuple(weight.shape)}")
     if not 2 <= bits <= 8:

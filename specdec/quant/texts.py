@@ -1,8 +1,6 @@
-"""The fixed, project-written texts quantization uses: a calibration set and an evaluation text.
-
-Owns `CALIBRATION_PARAGRAPHS` (one calibration sample per paragraph), `EVAL_TEXT` (where reports
-measure top-1 agreement and KL; never used for calibration) and `calibration_samples`. Their topics
-are disjoint from the evaluation prompt suites; `CALIBRATION_ID` / `EVAL_ID` name the versions in reports.
+"""The fixed, project-written texts quantization uses: `CALIBRATION_PARAGRAPHS` (one sample each, `calibration_samples`)
+and `EVAL_TEXT` (top-1 agreement and KL, never calibration), disjoint from the prompt suites and versioned by
+`CALIBRATION_ID` / `EVAL_ID`.
 """
 
 from __future__ import annotations

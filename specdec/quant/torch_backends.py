@@ -1,10 +1,6 @@
-"""Backends built on torch and torchao kernels: torchao weight-only int4/int8, torch dynamic quant.
-
-Owns the adapters `torchao_int4` (int4 weight-only, CPU tinygemm layout, bf16 activations: the whole
-model is cast to bf16 first), `torchao_int8` (int8 weight-only, per-row scales, model dtype kept),
-`dynamic_int8` (torch `quantize_dynamic`: int8 weights per tensor, activations quantized per batch
-at run time; CPU only) and `dynamic_fp16` (the same API with fp16 weights). Knows which layers to
-touch only through `quantizable_linears`.
+"""Backends built on torch and torchao kernels: `torchao_int4` (CPU tinygemm, the model cast to bf16), `torchao_int8`
+(per-row scales), `dynamic_int8` and `dynamic_fp16` (torch `quantize_dynamic`, CPU only). Knows which layers to touch
+only through `quantizable_linears`.
 """
 
 from __future__ import annotations

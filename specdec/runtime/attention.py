@@ -1,13 +1,6 @@
-"""The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU.
-
-Owns `sdpa_gqa`, registered with transformers' `AttentionInterface` as `specdec_sdpa`, and
-`use_gqa_attention`, which `specdec.load_target` applies to every model loaded with the default
-attention. Knows nothing about caches, trees or drafting.
-
-Under a mask, transformers' SDPA path copies every layer's keys and values once per query head
-(`repeat_kv`); here the masked multi-query CPU case passes the mask and `enable_gqa` straight to
-`F.scaled_dot_product_attention` instead, the same logits bit for bit (`tests/test_attention.py`).
-Everything else goes to transformers' own `sdpa_attention_forward` unchanged.
+"""The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU. Owns `sdpa_gqa`
+(`specdec_sdpa`: a masked multi-query CPU forward passes `enable_gqa` to SDPA instead of `repeat_kv`, bit-identical)
+and `use_gqa_attention` (applied by `load_target`). Knows nothing about caches, trees or drafting.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The (cache, forward) pairs a generation runs its target on, and how `generate` picks one.
-
-Owns `CACHES` (name -> factory of a target's KV cache and its forward), `resolve_cache`,
-`verification_width` and `drafter_cache` (a model drafter's own pair). The loop and
-`specdec.measure.latency` both use it, so a latency curve times the forward the loop runs. Knows
+"""The (cache, forward) pairs a generation runs its target on: `CACHES`, `resolve_cache`, `verification_width` and
+`drafter_cache`. The loop and `specdec.measure.latency` share it, so a curve times the forward the loop runs. Knows
 nothing about drafts or acceptance.
 """
 
@@ -42,10 +39,8 @@ def _graphs(target: Target, capacity: int, buckets: tuple[int, ...], capture: st
 
 
 def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:
-    """The `CACHES` key `generate_batch(cache=...)` runs `rows` prompts with: `auto` -> `static` for a
-    batch (a growing cache copies every row's entries at every step: transformers' DynamicCache
-    concatenates, which a batch of long rows pays for in full), else `graphs` on CUDA and the tuned
-    kind (`dynamic` untuned) on CPU. What a latency curve at a batch is timed through, too."""
+    """The `CACHES` key `generate_batch(cache=...)` runs `rows` prompts with: `auto` -> `static` for a batch (a
+    growing cache copies every row at every step), else `graphs` on CUDA and the tuned kind (`dynamic`) on CPU."""
     if cache == "auto":
         if rows > 1 or target.device.type == "cuda":
             return "static" if rows > 1 else "graphs"
@@ -70,9 +65,8 @@ def verification_width(cache: str, widest: int, buckets: Sequence[int] | None) -
 
 
 def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False) -> str:
-    """The `CACHES` key a model drafter's own cache resolves to: `auto` -> `graphs` on CUDA (unless
-    the drafter's cache `evicts` entries: a preallocated cache never does), else `dynamic`.
-    ValueError for an unknown kind, or a preallocated one asked for by an evicting drafter."""
+    """The `CACHES` key a model drafter's cache resolves to: `auto` -> `graphs` on CUDA unless it `evicts`, else
+    `dynamic`; ValueError for an unknown kind or a preallocated one for an evicting drafter."""
     kind = resolve_cache(cache, model)
     if cache == "auto" and evicts:
         return "dynamic"
@@ -83,10 +77,8 @@ def drafter_cache_kind(model: Target, cache: str = "auto", evicts: bool = False)
 
 
 def drafter_cache(model: Target, cache: str = "auto", evicts: bool = False) -> tuple[Cache, Forward]:
-    """A model drafter's own (cache, forward) over its draft `model`, for a new generation (kind:
-    `drafter_cache_kind`). Preallocated kinds hold the model's context length plus two widest
-    buckets (committed tokens, then one step's draft block, padded); their forward takes any width
-    (`StaticForward` runs one wider than its buckets eagerly)."""
+    """A model drafter's own (cache, forward) for a new generation (kind: `drafter_cache_kind`); preallocated kinds
+    hold the context length plus two widest buckets."""
     kind = drafter_cache_kind(model, cache, evicts)
     if kind == "dynamic":
         return KVCache(), model.forward

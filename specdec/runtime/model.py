@@ -1,10 +1,8 @@
 """A causal LM wrapped for speculative decoding: tree forward, prompt encoding, decoding.
 
-Owns: `Target`, which holds a Hugging Face causal LM and its tokenizer and scores a whole draft
-tree in one forward (tree attention mask + per-node positions), returning logits and the final
-hidden states (the lm_head input) for every node. It also serves as the model of model-based
-drafters (a small draft model is "just a second model"). Knows nothing about acceptance; the KV
-cache it writes into is owned by the caller (the verifier for the target, a drafter for its own).
+Owns `Target`: a Hugging Face causal LM and its tokenizer that scores a whole draft tree in one forward (tree mask and
+per-node positions), returning logits and final hidden states per node; also the model of model drafters. Knows
+nothing about acceptance; the KV cache it writes into belongs to the caller.
 """
 
 from __future__ import annotations
@@ -24,19 +22,11 @@ def tree_attention(
     next_position: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions [n] and additive attention mask [n, past + n] for n new tokens after `past` cached
-    entries, the cache's next absolute position being `next_position` (default `past`: nothing evicted).
+    entries, the cache's next absolute position being `next_position` (default `past`).
 
-    `parents` (None = a chain) covers the *tree block*: the last M = len(parents) positions, i.e.
-    the M - n newest cached entries followed by the n new tokens, with -1 meaning a child of the
-    position just before the block. A new token sees everything before the block and its
-    ancestors inside it, at position block_start + depth - 1.
-
-    Example: 10 cached tokens of which the last 2 are draft nodes [a, b] with parents [-1, 0];
-    new tokens [c, d] with block parents [-1, 0, 1, 0] -> the block starts at entry 8; c is a child
-    of b at position 10, d a child of a at position 9; d sees 0..7 and a, but not b or c. Had the
-    cache evicted 100 entries (next_position = 110), the same block would sit at positions 108.. and
-    c, d at 110 and 109, with the same mask.
-    """
+    `parents` (None = a chain) covers the *tree block*: the last len(parents) positions, i.e. the
+    newest cached entries then the n new tokens, -1 meaning a child of the position before the block.
+    A new token sees everything before the block and its ancestors in it, at block_start + depth - 1."""
     parents = tree_ops.chain_parents(n) if parents is None else tree_ops.as_parents(parents)
     block_start, positions, visible = tree_block(parents, n, past, next_position)  # [n], [n, M]
     if not dtype.is_floating_point:
@@ -48,9 +38,8 @@ def tree_attention(
 
 def tree_block(parents: torch.Tensor, n: int, past: int, next_position: int | None = None,
                ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The geometry `tree_attention` masks by, on the device of `parents` (no host sync there):
-    (stored index of the tree block's first entry, positions [n], visible [n, M]: which block
-    entries each new token sees). Also used by `specdec.runtime.graphs` to fill its static buffers."""
+    """The geometry `tree_attention` masks by, without a host sync: (stored index of the block's first entry,
+    positions [n], visible [n, M]); also fills `specdec.runtime.graphs`' static buffers."""
     block = parents.numel() - n  # block entries already cached
     block_start = past - block  # stored index of the block's first entry
     if block_start < 0 or block < 0:
@@ -64,13 +53,9 @@ def batch_attention(
     parents: torch.Tensor | None, n: int, past: int, next_positions: torch.Tensor,
     valid: torch.Tensor | None = None, new_valid: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n].
-
-    `parents` is None (a chain), [M] (the same tree in every row) or [B, M] (one tree per row, padded
-    to one width); row b's block sits at its own `next_positions[b]`. `valid` [B, past] marks the
-    cached entries that are real (holes are masked for every query) and `new_valid` [B, n] the new
-    tokens that are real: a padding token is seen by no other token and sees only itself (its
-    logits are meaningless and its entry becomes a hole)."""
+    """`tree_attention` for B rows: positions [B, n] and additive mask [B, 1, n, past + n]. `parents` is
+    None (a chain), [M] or [B, M]; row b's block sits at `next_positions[b]`. `valid` [B, past] and
+    `new_valid` [B, n] mark real entries: holes are masked for every query, a padding token sees itself only."""
     rows = next_positions.shape[0]
     if parents is None:
         parents = tree_ops.chain_parents(n)
@@ -119,10 +104,8 @@ class Target:
 
     model: Any  # transformers PreTrainedModel (causal LM)
     tokenizer: Any | None
-    name: str
-    """The model's name (a built-in name, path or hub id), never decorated with its quantization."""
-    quant: str = "none"
-    """The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is."""
+    name: str  # The model's name (a built-in name, path or hub id), never decorated with its quantization.
+    quant: str = "none"  # The quantization spec its weights carry (`specdec.quant`), `none` when loaded as is.
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about how it was loaded (source file, quantization report, ...)."""
     kernel: str = "torch"
@@ -251,18 +234,12 @@ class Target:
         logits_rows: slice | torch.Tensor | None = None,
         valid: torch.Tensor | None = None,  # [B, n] bool: which new tokens are real (None = all)
     ) -> ForwardOut:
-        """Score n new tokens after the cache, appending exactly n entries to `cache`, at the
-        absolute positions the cache gives them (`cache.next_position`, not its stored length).
+        """Score n new tokens after the cache, appending exactly n entries at `cache.next_position`.
 
-        Without `parents` (or with chain parents) the new tokens form a causal chain after everything
-        cached, masked by the model itself; with them, a tree block as described in `tree_attention`.
-        `logits_rows` selects which new rows get logits (e.g. slice(-1, None) for a prefill); `hidden`
-        (and `aux`, with `aux_layers`) cover every new row.
-
-        Batches (B > 1, or a cache with holes): each row sits at its own `cache.next_positions`,
-        `parents` may differ per row ([B, M]), padding tokens (`valid` False) become holes, and the
-        mask hides every hole (`batch_attention`). A batch of chains without holes needs no mask.
-        """
+        Without `parents` (or with chain parents) the tokens are a causal chain; with them, a tree block
+        (`tree_attention`). `logits_rows` selects which rows get logits; `hidden` and `aux` cover every row.
+        Batches: each row at its own `cache.next_positions`, `parents` [B, M] may differ per row, padding
+        (`valid` False) becomes holes, masked by `batch_attention`."""
         batch, n = tokens.shape
         holes = getattr(cache, "valid", None) is not None or valid is not None
         if batch > 1 or holes or (parents is not None and parents.dim() == 2):
@@ -321,9 +298,8 @@ class Target:
         return ForwardOut(logits=logits, hidden=hidden, aux=aux)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """The lm_head (and soft-capping) on final hidden states [B, n, H] -> logits [B, n, V]; a plain
-        bias-free head is computed as W @ rows^T (faster at a verification's small n on one CPU thread;
-        rounding may differ in the last bit)."""
+        """The lm_head (and soft-capping) on hidden states [B, n, H] -> logits [B, n, V]; a bias-free head as
+        W @ rows^T (faster at small n on one thread; may round differently in the last bit)."""
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]

@@ -1,7 +1,3 @@
-"""Training drafters: the EAGLE head's self-distillation data, the run, and prompt sources.
-
-Owns everything that exists to *make* a drafter rather than run one: `prompts`, `tokens` (rollout
-sets), `features`, `eagle` (rollouts, loss, validation), `run`, `eagle3` and `LOG.md`; `python -m
-specdec.training` drives it. The runtime never imports this package: a drafter loads a trained head
-from a file (`specdec.drafters.eagle_head`).
+"""Training drafters: everything that exists to *make* a drafter (prompts, rollout sets, features, the EAGLE run,
+EAGLE-3, LOG.md), driven by `python -m specdec.training`. The runtime never imports it: drafters load heads from files.
 """

@@ -1,12 +1,6 @@
 """`python -m specdec.training COMMAND ...`: the EAGLE training pipeline, one command per stage.
 
-    rollout   roll out training prompts into a token-shard rollout set (specdec/training/cli.py)
-    run       advance the one EAGLE run on rollout sets, resumable (specdec/training/cli.py, run.py)
-    eagle3    train an EAGLE-3 head, saved in the speculators format (specdec/training/eagle3.py)
-    gpu       on a lent CUDA machine: rollouts, then the run, inside a budget (specdec/training/gpu.py)
-    page      docs/measurements/eagle-run.md from the runs' curves and the sets' manifests (page.py)
-
-`python -m specdec.training COMMAND --help` lists a command's options.
+Commands: rollout, run (cli.py), eagle3, gpu, page; `COMMAND --help` lists a command's options.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The `rollout` and `run` commands of `python -m specdec.training`: grow a rollout set, advance the one EAGLE run.
 
     nice -n 19 python -m specdec.training rollout --out data/eagle/smollm2-135m/greedy-192 --minutes 85
-    nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 \\
-        --init-head specdec/drafters/heads/smollm2-135m.safetensors --aux-layers 3 15 \\
-        --out outputs/eagle-run --curve data/eagle/curve.jsonl --steps 500 --minutes 55 [--resume]
+    nice -n 19 python -m specdec.training run --sets data/eagle/smollm2-135m/greedy-192 --aux-layers 3 15 --resume
 
-`rollout`: the prompts of the named sources, checked against every evaluation suite; a rerun with
-the same or a longer prompt list continues the set, and another target or other settings in the same
-folder is an error. `run` (specdec/training/run.py): features are cached once per machine
-(--feature-cache); the validation prompts are chosen at the start and kept in the checkpoint;
-resuming on sets that gained shards needs --grow, any other change is refused; a checkpoint that
-exists without --resume is an error; --keep receives the compact state that --resume can continue from.
+`rollout` continues a set (its prompts checked against every evaluation suite); `run` keeps its validation prompts in
+the checkpoint, needs --grow for sets that gained shards and --resume for an existing checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EVAL_SUITES = ROOT / "experiments" / "prompts"
 NATURAL = sorted(name for name in SOURCES if name.startswith("natural-"))
 KEEP = "data/eagle/run-state.pt"
+RUN_SETTINGS = ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth", "ce_vocab",
+                "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight")  # RunConfig fields that `run` takes
 
 
 def sourced_prompts(sources: list[str], seed: int) -> list[tuple[str, tuple]]:
@@ -120,8 +116,7 @@ def run_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:n]: the run state moves between them")
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
     defaults = RunConfig()
-    for name in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size", "max_len", "ttt_depth",
-                 "ce_vocab", "eval_vocab", "val_depth", "seed", "val_dtype", "ce_weight"):
+    for name in RUN_SETTINGS:
         default = getattr(defaults, name)
         ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     return ap
@@ -145,9 +140,7 @@ def new_head(args, target, tokens: torch.Tensor, expected: HeadConfig) -> EagleH
 def open_run(args, target, sets: list[TokenSet], seqs, checkpoint: Path, keep: Path | None) -> Run:
     """The run `args` asks for: forked from --fork, resumed (from --out's state or --keep, whichever is
     later) or new; SystemExit where that would start over a run or fork onto one."""
-    cfg = RunConfig(**{f: getattr(args, f) for f in ("lr", "warmup_steps", "anneal_start", "max_steps", "batch_size",
-                                                     "max_len", "ttt_depth", "ce_vocab", "eval_vocab", "val_depth",
-                                                     "seed", "val_dtype", "ce_weight")})
+    cfg = RunConfig(**{f: getattr(args, f) for f in RUN_SETTINGS})
     expected = HeadConfig.for_target(target, aux_layers=tuple(args.aux_layers))
     checksum, shards = set_checksum(sets), [[info.sha256 for info in s.shards] for s in sets]
     if checkpoint.exists() and not args.resume and not args.fork:

@@ -1,18 +1,8 @@
 """Self-distillation for the EAGLE head: batched target rollouts, training batches, the multi-depth loss, validation.
 
-Owns `Rollouts`, `rollout_batch` (the target's own continuations of many prompts per forward,
-left-padded, recording its final hidden states), `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's
-training-time test), `depth_losses` (feature regression + cross-entropy per depth) and
-`acceptance_per_depth` (validation). Knows nothing about files or
-drafting (prompts.py, tokens.py, features.py and run.py own those).
-
-Alignment (pair j = (feature h_j, token t_{j+1}), as in specdec/drafters/eagle.py). Depth 1 runs the
-pairs on the target's true features and predicts h_{j+1}. Depth s >= 2 runs, for every j, the pair
-(predicted feature of depth s-1, token t_{j+s}) at position j+s-1, attending to the depth-1 entries
-0..j and to its own chain's entries of depths 2..s-1, and predicts h_{j+s}. With s = 3 and j = 4:
-position 6 reads (out_2[4], t_7), attends depth-1 keys 0..4, the depth-2 key of j = 4 and itself, and
-is scored against h_7. That is what a chain draft from root t_5 computes at its third node, so
-validation acceptance per depth equals chain drafting's greedy acceptance on the same sequences.
+Owns `Rollouts`, `rollout_batch`, `TrainBatch`/`make_batch`, `unroll` (EAGLE-3's training-time test: depth s runs
+(depth s-1's prediction, t_{j+s}) as a chain draft would, so validation acceptance equals chain drafting's),
+`depth_losses` and `acceptance_per_depth`. Knows nothing about files or drafting.
 """
 
 from __future__ import annotations
@@ -33,16 +23,11 @@ from specdec.training.prompts import Prompt
 class Rollouts:
     """The target's own sequences and final hidden states (the head's training data)."""
 
-    sequences: list[torch.Tensor]
-    """Each [L] long: chat-formatted prompt + the target's continuation."""
-    hidden: list[torch.Tensor]
-    """Each [L, H]: the target's final hidden state at every position of its sequence."""
-    prompt_index: list[int] = field(default_factory=list)
-    """Index of each sequence's prompt in the prompt list."""
-    prompt_len: list[int] = field(default_factory=list)
-    """Prompt tokens at the start of each sequence."""
-    temperature: list[float] = field(default_factory=list)
-    """Temperature of each continuation (0 = greedy)."""
+    sequences: list[torch.Tensor]  # Each [L] long: chat-formatted prompt + the target's continuation.
+    hidden: list[torch.Tensor]  # Each [L, H]: the target's final hidden state at every position of its sequence.
+    prompt_index: list[int] = field(default_factory=list)  # Index of each sequence's prompt in the prompt list.
+    prompt_len: list[int] = field(default_factory=list)  # Prompt tokens at the start of each sequence.
+    temperature: list[float] = field(default_factory=list)  # Temperature of each continuation (0 = greedy).
     aux: list[torch.Tensor] = field(default_factory=list)
     """Each [L, kH] (bf16): the target's hidden states of k aux layers per position; [] = none read."""
 
@@ -85,12 +70,9 @@ def _prefill_rows(target, encoded: list[list[int]], extra: int) -> tuple[StaticK
 @torch.inference_mode()
 def rollout_batch(target, prompts: list[Prompt | str | list[int]], *, max_new_tokens: int, temperature: float,
                   generator: torch.Generator | None = None) -> Rollouts:
-    """Let `target` continue every prompt at once (temperature 0 = greedy): each prompt prefilled
-    alone, then one left-padded batch with an attention mask over the padding and a preallocated KV
-    cache. A sequence ends at EOS (dropped) or after `max_new_tokens`; the token whose hidden state was
-    never computed (the last) is dropped, and a row that ends leaves the batch. Hidden states come back
-    on the CPU as float32; `prompt_index` is left to the caller (empty); `aux` stays empty (training
-    recomputes aux layers from the tokens: `specdec.training.features`)."""
+    """Let `target` continue every prompt at once (temperature 0 = greedy) in one left-padded batch over
+    a preallocated cache, each prompt prefilled alone; a row ends at EOS (dropped) or `max_new_tokens`
+    and leaves the batch. Hidden states come back on the CPU as float32; `prompt_index` and `aux` stay empty."""
     device = target.device
     eos = torch.tensor(sorted(target.eos_token_ids) or [-1], dtype=torch.long, device=device)
     encoded = [_encode(target, p) for p in prompts]
@@ -170,9 +152,8 @@ def make_batch(data: Rollouts, rows: list[int], max_len: int, device: torch.devi
 
 
 def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive mask [n, step * n] for depth `step` (1-based) over the cached depths 1..step: query j
-    sees depth-1 keys 0..j and, at each deeper depth, only its own chain's key j.
-    Example n = 3, step = 2 (1 = visible): [[1 0 0 | 1 0 0], [1 1 0 | 0 1 0], [1 1 1 | 0 0 1]]."""
+    """Additive mask [n, step * n] for depth `step` (1-based): query j sees depth-1 keys 0..j and, at each deeper depth,
+    only its own chain's key j. E.g. n = 3, step = 2: [[1 0 0 | 1 0 0], [1 1 0 | 0 1 0], [1 1 1 | 0 0 1]]."""
     eye = torch.eye(n, dtype=torch.bool, device=device)
     visible = torch.cat([torch.ones(n, n, dtype=torch.bool, device=device).tril()] + [eye] * (step - 1), 1)
     return torch.zeros(n, step * n, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
@@ -180,10 +161,9 @@ def ttt_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 def unroll(head, embed, batch: TrainBatch, depth: int, noise: float = 0.0,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
-    """The head's predicted features for depths 1..depth, each [B, n, H] with n = L - 1 pairs; entry
-    j of depth s predicts h_{j+s} (see the module docstring). Depth 1 reads the true features (with
-    the batch's aux layers, if any, as drafting does; plus uniform noise of width `noise`, EAGLE's
-    robustness trick); deeper depths read the previous depth's predictions (gradients flow through them)."""
+    """The head's predicted features for depths 1..depth, each [B, n, H] (n = L - 1 pairs; entry j of depth s
+    predicts h_{j+s}). Depth 1 reads the true features plus uniform noise of width `noise`; deeper depths read
+    the previous depth's predictions, gradients flowing through them."""
     n = batch.tokens.shape[1] - 1
     feats = batch.hidden[:, :n]  # [B, n, H]
     if batch.aux is not None:
@@ -217,13 +197,9 @@ def depth_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, tor
 def depth_losses(predicted: list[torch.Tensor], batch: TrainBatch, vocab_weight: torch.Tensor, *,
                  ce_weight: float, depth_decay: float = 1.0, generated_only: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """EAGLE's loss per depth, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted,
-    true feature) + ce_weight * CE(target's probs, head's probs), both over the rows of
-    `vocab_weight` [N, H] (the draft vocabulary). Each depth's sum over positions is divided by the
-    number of depth-1 positions, so depths are weighted by how often they are reached.
-    generated_only: pair j counts at depth s only if the token its prediction is scored against,
-    t_{j+s+1} (the lm_head argmax of h_{j+s}), is the target's continuation, as validation and
-    drafting count (prompt tokens are never drafted)."""
+    """EAGLE's loss, summed over depths with weight depth_decay**(s-1): SmoothL1(predicted, true feature) + ce_weight *
+    CE over the draft vocabulary (`vocab_weight` [N, H]), each depth divided by the depth-1 positions. generated_only:
+    pair j counts at depth s only if t_{j+s+1} is the target's continuation (prompt tokens are never drafted)."""
     targets = depth_targets(batch, len(predicted))
     if generated_only:  # e.g. prompt_len 3: depth 1 keeps pairs j >= 1 (t_{j+2} at index >= 3)
         targets = [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
@@ -256,11 +232,8 @@ def acceptance_per_depth(head, embed, vocab_weight: torch.Tensor, vocab: torch.T
 
 @torch.no_grad()
 def chain_acceptance(head, embed, batches: list[TrainBatch], depth: int, draft_tokens) -> dict[str, float]:
-    """Greedy chain acceptance on target sequences: for every pair j whose next `depth + 1` tokens are
-    the target's greedy continuation, the draft token of depth s (`draft_tokens(prediction)` -> [B, n]
-    target ids) is compared with t_{j+s+1}. Returns `acc@s` = P(depth s right | depths 1..s-1 right)
-    and `chain_mal` = 1 + sum_s P(depths 1..s right) (mean acceptance length of chain(depth), bonus
-    included)."""
+    """Greedy chain acceptance on target sequences: `acc@s` = P(depth s right | depths 1..s-1 right) and
+    `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs whose next `depth + 1` tokens are greedy."""
     reach = torch.zeros(depth + 1)
     for batch in batches:
         outs = unroll(head, embed, batch, depth)

@@ -1,12 +1,6 @@
-"""Training an EAGLE-3 head (the speculators architecture, specdec/drafters/speculators_format.py) on a target's features.
-
-Owns `new_eagle3_head` (one Llama decoder layer of the target's geometry, its lm_head over a draft
-vocabulary initialised from the target's rows), `eagle3_loss` (per depth of the training-time-test
-unroll, cross-entropy of the draft-vocabulary logits against the target's distribution restricted
-and renormalised to that vocabulary; no feature regression), `train_step` and `eagle3_acceptance`
-(greedy chain acceptance per depth, drafting as the `eagle` drafter does). `main` is the `eagle3`
-command of `python -m specdec.training`. Knows nothing about files, schedules or where the features
-come from (`unroll`, `depth_targets`, `TrainBatch`: specdec/training/eagle.py).
+"""Training an EAGLE-3 head (specdec/drafters/speculators_format.py) on a target's features: `new_eagle3_head`,
+`eagle3_loss` (cross-entropy per unrolled depth over the draft vocabulary), `train_step`, `eagle3_acceptance` and
+`main` (the `eagle3` command). Knows nothing about files, schedules or where features come from.
 """
 
 from __future__ import annotations
@@ -30,9 +24,8 @@ from specdec.training.tokens import TokenSet, target_identity
 
 def new_eagle3_head(target, aux_layers: tuple[int, ...], draft_vocab: torch.Tensor, *, layers: int = 1,
                     seed: int = 0) -> Eagle3Head:
-    """A fresh float32 EAGLE-3 head for `target`: `layers` Llama decoder layers of the target's
-    geometry (heads, kv heads, head_dim, intermediate size, rope, eps), fc over `aux_layers` (HF
-    hidden_states indices), lm_head rows = the target's lm_head rows of `draft_vocab` [N] (target ids)."""
+    """A fresh float32 EAGLE-3 head for `target`: `layers` Llama decoder layers of its geometry, fc over
+    `aux_layers`, lm_head rows = the target's rows of `draft_vocab`."""
     geometry = HeadConfig.for_target(target, aux_layers=tuple(aux_layers))
     geometry.check_target(target)
     text = target.model.config.get_text_config()
@@ -61,9 +54,8 @@ def teacher_rows(target, head: Eagle3Head) -> torch.Tensor:
 
 
 def scored_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per depth s: (h_{j+s} [B, n, H], counted [B, n] bool): the pair exists (j + s < length) and the
-    token its prediction stands for, t_{j+s+1}, is the target's continuation (prompt tokens are never
-    drafted). E.g. prompt_len 3, s = 1: pairs j >= 1 count (t_{j+2} at index >= 3)."""
+    """Per depth s: (h_{j+s} [B, n, H], counted [B, n] bool): the pair exists and t_{j+s+1} is the target's continuation
+    (prompt tokens are never drafted)."""
     return [(true, valid & F.pad(batch.generated[:, s + 1:], (0, s)))
             for s, (true, valid) in enumerate(depth_targets(batch, depth), start=1)]
 
@@ -71,10 +63,8 @@ def scored_targets(batch: TrainBatch, depth: int) -> list[tuple[torch.Tensor, to
 def eagle3_loss(head: Eagle3Head, predicted: list[torch.Tensor], batch: TrainBatch, rows: torch.Tensor, *,
                 softcap: float | None = None, depth_decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum over depths s (weight depth_decay**(s-1)) of CE(target's probs, head's probs) over the draft
-    vocabulary, at counted positions (`scored_targets`), each depth's sum divided by the number of
-    counted depth-1 positions. The target's logits there are h_{j+s} @ `rows`.T (rows [N, H] =
-    `teacher_rows`; tanh soft-capped like the target's when `softcap`); the head's are
-    lm_head(logit_features(predicted[s-1])). Stats: `top1@s`, how often the head's argmax is the target's."""
+    vocabulary at counted positions, each depth divided by the counted depth-1 positions; the target's
+    logits are h_{j+s} @ `rows`.T (soft-capped with `softcap`). Stats: `top1@s`."""
     targets = scored_targets(batch, len(predicted))
     count = targets[0][1].sum().clamp(min=1)
     total = predicted[0].new_zeros((), dtype=torch.float32)
@@ -107,10 +97,8 @@ def train_step(head: Eagle3Head, embed, batch: TrainBatch, opt: torch.optim.Opti
 
 @torch.no_grad()
 def eagle3_acceptance(head: Eagle3Head, embed, batches: list[TrainBatch], depth: int) -> dict[str, float]:
-    """Greedy chain acceptance on target sequences, drafting as the eagle drafter does (draft token =
-    draft_vocab[argmax lm_head(logit_features(x))]): over every pair j whose next depth + 1 tokens are
-    the target's continuation, `acc@s` = P(depth s right | depths 1..s-1 right) and `chain_mal` =
-    1 + sum_s P(depths 1..s right) (chain(depth)'s mean acceptance length, bonus included)."""
+    """Greedy chain acceptance on target sequences, drafting as the eagle drafter does: `acc@s` = P(depth s right |
+    depths 1..s-1 right) and `chain_mal` = 1 + sum_s P(depths 1..s right), over pairs with a greedy continuation."""
     head.eval()
     return chain_acceptance(head, embed, batches, depth,
                             lambda pred: head.draft_vocab[head.lm_head(head.logit_features(pred)).argmax(-1)])

@@ -1,11 +1,7 @@
 """The target's features recomputed from token-shard rollout sets, as the training data `make_batch` reads.
 
-Owns `token_sequences`, `recompute` (final and aux-layer hidden states at every token: one causal
-prefill per sequence) and `token_features` (sets -> `ShardedRollouts`, what make_batch reads of a
-`Rollouts`, a few shards in memory at a time). Knows nothing about how sets are written or
-trained on. The feature cache is disposable: `<cache_dir>/<weights_sha256[:16]>/<shard sha256>
--<layers>.safetensors`, so a changed shard or target never meets stale features; an unreadable file
-is an error naming it (delete it to compute it again).
+Owns `token_sequences`, `recompute` and `token_features` (a disposable per-shard cache keyed by weights and shard
+SHA-256, a few shards in memory at a time). Knows nothing about training.
 """
 
 from __future__ import annotations
@@ -28,16 +24,11 @@ from specdec.training.tokens import MANIFEST, ShardError, TokenSet, prompt_id, s
 class TokenSequence:
     """One rolled-out sequence of a set."""
 
-    tokens: torch.Tensor
-    """[L] long: chat-formatted prompt + the target's continuation."""
-    prompt_len: int
-    """Prompt tokens at the start."""
-    prompt_id: str
-    """specdec.training.tokens.prompt_id of its prompt."""
-    source: str
-    """Prompt source name."""
-    temperature: float
-    """0 = greedy continuation."""
+    tokens: torch.Tensor  # [L] long: chat-formatted prompt + the target's continuation.
+    prompt_len: int  # Prompt tokens at the start.
+    prompt_id: str  # specdec.training.tokens.prompt_id of its prompt.
+    source: str  # Prompt source name.
+    temperature: float  # 0 = greedy continuation.
 
 
 def token_sequences(sets: list[TokenSet]) -> list[TokenSequence]:
@@ -60,9 +51,8 @@ def frozen_target(name: str, device: str, threads: int):
 
 
 def overlapping(seqs: list[TokenSequence], held: set[str], sets: list[TokenSet]) -> set[str]:
-    """Ids of training prompts that share an 8-word run with a validation prompt in `held` (dropped from
-    training), the texts found again from the sets' prompt sources; SystemExit naming the set when a
-    prompt id is not among them (its source changed)."""
+    """Ids of training prompts sharing an 8-word run with a validation prompt in `held`, texts found from the
+    sets' sources (SystemExit when a prompt id is no longer among them)."""
     texts = {}
     for s in sets:
         sources = sorted({src for info in s.shards for src in info.sources})
@@ -98,9 +88,8 @@ def recompute(target, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tup
 @torch.no_grad()
 def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = ()
                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """`recompute` of several sequences in one right-padded forward (a GPU's way: one forward for
-    BATCH_ON_DEVICE sequences, not one each). Causal attention never lets a real position see the
-    padding after it, so each sequence gets its own states, up to rounding."""
+    """`recompute` of several sequences in one right-padded forward (a GPU's way); causal attention keeps
+    each sequence's states its own, up to rounding."""
     lengths = [len(t) for t in seqs]
     ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -113,8 +102,7 @@ def recompute_batch(target, seqs: list[torch.Tensor], layers: tuple[int, ...] = 
     return [(hidden[i, :n], None if aux is None else aux[i, :n]) for i, n in enumerate(lengths)]
 
 
-BATCH_ON_DEVICE = 32
-"""Sequences per recompute_batch forward on an accelerator (a CPU recomputes one at a time)."""
+BATCH_ON_DEVICE = 32  # Sequences per recompute_batch forward on an accelerator (a CPU recomputes one at a time).
 
 
 def check_target(sets: list[TokenSet], identity: dict) -> None:
@@ -162,9 +150,8 @@ class _Column:
 
 
 class ShardedRollouts:
-    """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the
-    features left in the per-shard cache files and at most `resident` shards in memory (the least
-    recently used is dropped)."""
+    """What make_batch reads of a `Rollouts` (sequences, prompt_len, hidden[r], aux[r]), with the features left in the
+    per-shard cache files and at most `resident` shards in memory (the least recently used is dropped)."""
 
     def __init__(self, sequences: list[torch.Tensor], prompt_len: list[int], temperature: list[float],
                  files: list[tuple[Path, list[int]]], has_aux: bool, resident: int = 16) -> None:
@@ -201,10 +188,8 @@ class ShardedRollouts:
 
 def token_features(target, sets: list[TokenSet], layers: tuple[int, ...], cache_dir: str | Path,
                    identity: dict | None = None, resident: int = 16) -> ShardedRollouts:
-    """The sequences of `sets` with the target's features recomputed (see `recompute`), as a ShardedRollouts
-    (row = the sequence's position in `token_sequences(sets)`): every shard's features computed into
-    `cache_dir` first (bf16, those already there are kept), then read on demand. Every set must name this
-    target (`identity`, default target_identity(target))."""
+    """The sequences of `sets` (rows in `token_sequences` order) with the target's features as a ShardedRollouts:
+    each shard's computed once into `cache_dir` (bf16), then read on demand. Every set must name this target."""
     identity = identity or target_identity(target)
     check_target(sets, identity)
     cache = Path(cache_dir) / identity["weights_sha256"][:16]

@@ -1,17 +1,9 @@
-"""The `gpu` command of `python -m specdec.training`: one call on a lent CUDA machine continues the one EAGLE
-run: rollouts appended to the run's token-shard sets, then the run resumed on the grown sets, inside a
-wall-time budget.
+"""The `gpu` command of `python -m specdec.training`: on a lent CUDA machine, continue the one EAGLE run within a
+wall-time budget: roll out what the first set lacks (until --rollout-share of it), then resume the run with `--grow`
+(with --probe-steps, first fitting the schedule to the budget). A failed stage 1 is reported; stage 2 still runs.
 
-    python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh): ends the run
+    python -m specdec.training gpu --minutes 8 --probe-steps 300   # CUDA (scripts/device_train.sh)
     python -m specdec.training gpu --smoke --work W --sources S    # CPU: tiny target (the tests')
-
-It calls the `rollout` and `run` commands (specdec/training/cli.py) on the same shards, compact run
-state (--keep) and curve a CPU session uses; an ended run is followed by a new one (`--init-head`),
-and a call with neither a run state nor --init-head is refused before rolling out. Stage 1 rolls out
-what the first set lacks (no batch starts after --rollout-share of the budget); stage 2 resumes the run
-with `--grow` for the rest of the budget less a margin (with --probe-steps, first measuring the rate
-and fitting the schedule to end inside the budget). A failed stage 1 is reported and stage 2 still
-runs. Prints one JSON summary line.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from specdec.training import cli
 
 SET = "data/eagle/smollm2-135m/greedy-192"
 AUX_LAYERS = ("3", "15")  # the run's; a resume with others is refused by the run itself
-MARGIN_MINUTES = 0.4
-"""Kept back for the run's last checkpoint and the compact state."""
+MARGIN_MINUTES = 0.4  # Kept back for the run's last checkpoint and the compact state.
 SMOKE_TRAIN = ["--num-validation", "4", "--val-every", "2", "--batch-size", "2", "--max-len", "32", "--ttt-depth", "2",
                "--warmup-steps", "1", "--ce-vocab", "64", "--eval-vocab", "64", "--draft-vocab-size", "64"]
 """Training settings of the smoke run (tiny-llama, a CPU, seconds)."""
@@ -56,9 +47,8 @@ def train_argv(args, minutes: float, resume: bool) -> list[str]:
 
 
 def fitted_schedule(probe: dict, args, started: float) -> tuple[int, int]:
-    """(max_steps, anneal_start) that end the run inside the budget: the probe's rate (steps per second of
-    training, validation and checkpoints included) over the budget left after another setup as long as the
-    probe's, the last `anneal_share` of those steps annealing."""
+    """(max_steps, anneal_start) that end the run inside the budget at the probe's rate, the last `anneal_share`
+    of the steps annealing."""
     rate = probe["steps_done"] / max(probe["train_seconds"], 1e-9)
     left = 60 * (args.minutes - MARGIN_MINUTES) - (time.time() - started) - probe["setup_seconds"]
     steps = max(int(rate * left), 2)

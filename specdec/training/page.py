@@ -1,12 +1,5 @@
-"""The `page` command of `python -m specdec.training`: docs/measurements/eagle-run.md (+ eagle-run.png),
-the EAGLE training runs as their data says.
-
-    python -m specdec.training page            # from data/eagle/curve*.jsonl and the rollout sets' manifests
-    python -m specdec.training page --check    # exit 1 when the page is out of date
-
-Owns nothing but the rendering: the rollout sets and, per training run (`data/eagle/curve.jsonl`,
-then `curve-<name>.jsonl`), the compute per device (a gap over an hour between curve points cuts
-sessions) and the validation curve. Knows nothing about how a run trains.
+"""The `page` command of `python -m specdec.training`: docs/measurements/eagle-run.md (+ .png) from
+data/eagle/curve*.jsonl and the sets' manifests (`--check`: exit 1 when out of date). Owns nothing but the rendering.
 """
 
 from __future__ import annotations

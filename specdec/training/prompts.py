@@ -1,13 +1,7 @@
 """Training prompt sources for the EAGLE head and the n-gram disjointness check.
 
-Owns the prompt-source registry (`SOURCES`: name -> function(n, seed) -> prompts), `Prompt` (a chat
-as a tuple of {"role", "content"} messages, the last one a user turn), `collect` (several sources,
-deduplicated, in a fixed order) and `shared_ngrams` / `check_disjoint`. Sources: `natural-<name>`
-(data/prompts/natural_<name>.jsonl, found from the source checkout; `prompts_dir` says what is
-missing) and `templates-v1` (`template_prompts`, from data/prompts/templates_v1.json: the
-instructions the first shipped head was trained on, kept for LOG.md's runs 1-2). The evaluation suites are never read
-here; the tests and `rollout` check every source against them. Knows nothing about targets,
-tokenizers or rollouts.
+Owns `SOURCES` (`natural-<name>` from data/prompts/, and `templates-v1`), `Prompt`, `collect` and `shared_ngrams` /
+`check_disjoint`. Never reads the evaluation suites. Knows nothing about targets, tokenizers or rollouts.
 """
 
 from __future__ import annotations
@@ -18,8 +12,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-Prompt = tuple[dict, ...]
-"""A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn."""
+Prompt = tuple[dict, ...]  # A chat: ({"role": "user"|"assistant", "content": str}, ...), ending with a user turn.
 
 SOURCES: dict[str, Callable[[int, int], list[Prompt]]] = {}
 """Prompt sources by name: fn(n, seed) -> up to n distinct prompts (deterministic)."""
@@ -48,9 +41,8 @@ def prompt_text(prompt: Prompt) -> str:
 
 
 def load(files: list[Path]) -> list[Prompt]:
-    """Every prompt of `files` (lines of {"turns": [user, assistant, user, ...]}), in file order, each
-    turn stripped, duplicates (by text) dropped. ValueError naming the file and line for a line that is
-    not a chat with an odd number of turns."""
+    """Every prompt of `files` (lines of {"turns": [user, assistant, user, ...]}), in order, stripped and deduplicated;
+    ValueError naming file and line for a chat without an odd number of turns."""
     out, seen = [], set()
     roles = ("user", "assistant")
     for path in files:
@@ -106,9 +98,8 @@ def template_prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def collect(counts: dict[str, int], seed: int = 0) -> list[Prompt]:
-    """Prompts from several sources ({source name: how many}), deduplicated by text, interleaved
-    deterministically (so that any prefix mixes every source). ValueError on an unknown source or
-    when the result is empty."""
+    """Prompts from several sources ({source name: how many}), deduplicated by text, interleaved deterministically (so
+    that any prefix mixes every source). ValueError on an unknown source or when the result is empty."""
     unknown = sorted(set(counts) - set(SOURCES))
     if unknown:
         missing = "" if PROMPTS_DIR.is_dir() else f" ({PROMPTS_DIR} is absent: no natural-* sources)"
@@ -142,9 +133,8 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
 
 
 def shared_ngrams(prompts: Iterable[Prompt], others: Iterable[str], n: int = 8) -> list[str]:
-    """Texts of `prompts` that share an n-word run with any of the `others` texts, or contain the
-    whole of an `others` text of 4..n-1 words (so 'Why do cats purr?' is caught too; shorter texts
-    such as 'Say hello.' are common phrases, not prompts a training set could leak)."""
+    """Texts of `prompts` that share an n-word run with any of `others`, or contain a whole `others` text of
+    4..n-1 words (shorter ones are common phrases)."""
     others = list(others)
     banned = set().union(set(), *(ngrams(t, n) for t in others))
     short: dict[int, set[tuple[str, ...]]] = {}

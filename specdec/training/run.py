@@ -1,16 +1,8 @@
 """One EAGLE training run, cut and resumed across machines and days, never restarted.
 
-Owns `RunConfig`, `lr_factor` (warm-up, a constant rate, then a cosine anneal to `final_lr_fraction`
-between `anneal_start` and `max_steps`: a function of the step alone, so the constant phase can be
-extended on resume), `validation_prompts` (fixed for the run's life) and `Run`: head + AdamW + step +
-batch order + generator + the shard set's checksum, one atomically written checkpoint from which
-`Run.resume` continues exactly. `Run.save(path, compact=True)` keeps the head's matrices and AdamW's
-moments in bf16 (norm weights stay fp32), small enough for the repository. Knows nothing about how
-data is made or read: it trains on `Rollouts` and `TrainBatch`es.
-
-Resuming refuses, naming the checkpoint: another head geometry, other training settings (only the
-schedule's length may change, and only before the old or new `anneal_start`), and a shard set whose
-checksum differs.
+Owns `RunConfig`, `lr_factor` (warm-up, constant, cosine anneal: a function of the step alone), `validation_prompts`
+and `Run` (everything the next step depends on, in one atomic checkpoint that `Run.resume` continues exactly).
+Knows nothing about how data is made or read.
 """
 
 from __future__ import annotations
@@ -39,42 +31,25 @@ SCHEDULE_FIELDS = ("anneal_start", "max_steps")
 class RunConfig:
     """The settings one run keeps from its first step to its last."""
 
-    lr: float = 3e-4
-    """Peak (constant-phase) AdamW learning rate."""
-    warmup_steps: int = 100
-    """Linear warm-up from lr / warmup_steps to lr."""
+    lr: float = 3e-4  # Peak (constant-phase) AdamW learning rate.
+    warmup_steps: int = 100  # Linear warm-up from lr / warmup_steps to lr.
     anneal_start: int = 10_000
     """Step where the constant phase ends and the cosine anneal begins (may grow on resume before it)."""
-    max_steps: int = 12_000
-    """Step where the anneal reaches final_lr_fraction x lr and the run ends."""
-    final_lr_fraction: float = 0.0
-    """Learning rate at max_steps, as a fraction of lr."""
-    batch_size: int = 8
-    """Sequences per optimiser step."""
-    max_len: int = 384
-    """Training rows are cropped to this many tokens."""
-    ttt_depth: int = 6
-    """Training-time test depth (drafting's dynamic(8,6,32) drafts to depth 6)."""
-    depth_decay: float = 1.0
-    """Weight of depth s is depth_decay ** (s - 1)."""
-    ce_weight: float = 0.1
-    """Weight of the cross-entropy term (regression has weight 1)."""
-    ce_vocab: int = 4096
-    """The cross-entropy runs over the head's first ce_vocab draft-vocabulary tokens."""
-    feature_noise: float = 0.2
-    """Width of the uniform noise on the depth-1 input features."""
-    generated_only: bool = True
-    """Loss only where the scored token is the target's continuation (as validation counts)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 0.5
-    """Gradient-norm clip."""
-    val_depth: int = 6
-    """Depths validation reports (chain(val_depth) MAL)."""
-    eval_vocab: int = 4096
-    """Validation drafts over the head's first eval_vocab draft-vocabulary tokens."""
-    seed: int = 0
-    """Seed of the batch order and the feature noise."""
+    max_steps: int = 12_000  # Step where the anneal reaches final_lr_fraction x lr and the run ends.
+    final_lr_fraction: float = 0.0  # Learning rate at max_steps, as a fraction of lr.
+    batch_size: int = 8  # Sequences per optimiser step.
+    max_len: int = 384  # Training rows are cropped to this many tokens.
+    ttt_depth: int = 6  # Training-time test depth (drafting's dynamic(8,6,32) drafts to depth 6).
+    depth_decay: float = 1.0  # Weight of depth s is depth_decay ** (s - 1).
+    ce_weight: float = 0.1  # Weight of the cross-entropy term (regression has weight 1).
+    ce_vocab: int = 4096  # The cross-entropy runs over the head's first ce_vocab draft-vocabulary tokens.
+    feature_noise: float = 0.2  # Width of the uniform noise on the depth-1 input features.
+    generated_only: bool = True  # Loss only where the scored token is the target's continuation (as validation counts).
+    weight_decay: float = 0.0  # AdamW weight decay.
+    grad_clip: float = 0.5  # Gradient-norm clip.
+    val_depth: int = 6  # Depths validation reports (chain(val_depth) MAL).
+    eval_vocab: int = 4096  # Validation drafts over the head's first eval_vocab draft-vocabulary tokens.
+    seed: int = 0  # Seed of the batch order and the feature noise.
     val_dtype: str = "float32"
     """Dtype of the head copy validation drafts with: 'bfloat16' scores what head_dtype='auto' drafts
     with where it picks bf16 (the trained weights stay float32)."""
@@ -208,12 +183,8 @@ class Run:
     @classmethod
     def resume(cls, path: str | Path, target, cfg: RunConfig, data_checksum: str, expected: HeadConfig,
                shards: list[list[str]] | None = None, grow: bool = False, fork: bool = False) -> Run:
-        """The run saved at `path`, checked against `cfg`, the head geometry `expected` and the data
-        (ShardError / ValueError naming `path`). With `grow`, data whose sets only gained shards
-        (`shards`: each set's shard checksums, the saved ones a prefix of each) is accepted: the new
-        rows join at the next permutation and `data_history` records the step. With `fork`, the state
-        starts another run whose training settings may differ (an A/B arm at equal steps and batches);
-        `data_history` records the fork, its source and the changed settings."""
+        """The run saved at `path`, checked against `cfg`, the head geometry and the data (ShardError / ValueError
+        naming `path`); `grow` accepts sets that only gained shards, `fork` starts another run with other settings."""
         path = Path(path)
         state = torch.load(path, weights_only=False, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -275,11 +246,8 @@ def trim_curve(path: str | Path, step: int) -> None:
 
 def advance(run: Run, data: Rollouts, rows: list[int], val_batches, *, until: int, val_every: int,
             checkpoint: str | Path, curve: str | Path, deadline: float = float("inf"), on_best=None) -> bool:
-    """Train `run` on `rows` of `data` up to step `until`. At every multiple of `val_every` and at
-    max_steps: validate, append the curve point, then save the checkpoint (a cut between the two leaves
-    a point that `trim_curve` drops on resume). At `until` or past `deadline` (time.time()): save and
-    stop without validating, so where a session stops never changes the curve. `on_best(run)` is
-    called when a validation sets a new best. Returns whether `until` was reached."""
+    """Train `run` on `rows` of `data` up to step `until`: every `val_every` steps and at max_steps validate, append the
+    curve point and save; at `until` or past `deadline` save and stop. Returns whether `until` was reached."""
     while run.step < until:
         run.train_step(data, rows)
         if run.step % val_every == 0 or run.step == run.cfg.max_steps:

@@ -1,27 +1,18 @@
 """Rollouts kept as token ids only: a rollout set is a folder of raw uint16 shards plus one manifest.
 
-Owns `TokenSet` (open / verify / append / read a set), `source_prompts`, `target_identity` (name,
-quantization, dtype and the SHA-256 of weights and tokenizer), `prompt_id` (a prompt's content hash,
-the unit of resumption), `fill_token_set` (roll out every prompt the set lacks, a shard at a time)
-and `set_checksum`. Knows nothing about features or training (`specdec.training.features`).
-
-Layout of a set folder (2 bytes per token):
-    manifest.json       format, target identity, rollout settings, runs, and per shard: file, bytes,
-                        sha256, prompt_ids, sources, prompt_len, length (tokens per sequence)
-    shard-00000.u16     the shard's sequences (prompt + continuation) concatenated, little-endian
-                        uint16; sequence s is tokens[sum(length[:s]) : sum(length[:s + 1])]
-A shard is renamed into place before the manifest (replaced atomically) records it, so a killed run
-loses at most one shard and no prompt is duplicated or skipped. One writer at a time
-(`<set>/write.lock` holds its pid).
+Owns `TokenSet` (open, verify, append, read), `source_prompts`, `target_identity`, `prompt_id` (the unit of
+resumption), `fill_token_set` and `set_checksum`. A shard is renamed into place before the manifest records it, so a
+killed run loses at most one shard; one writer at a time. Knows nothing about features or training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,22 +52,14 @@ def _write_atomic(path: Path, write) -> None:
 class TokenShard:
     """One recorded shard (an entry of manifest.json `shards`)."""
 
-    index: int
-    """Shard number, in the order the shards were written."""
-    file: str
-    """File name inside the set folder."""
-    bytes: int
-    """File size: 2 x the shard's tokens."""
-    sha256: str
-    """SHA-256 of the file."""
-    prompt_ids: list[str]
-    """`prompt_id` of each sequence's prompt."""
-    sources: list[str]
-    """Prompt source of each sequence (a specdec.training.prompts source name)."""
-    prompt_len: list[int]
-    """Tokens of each sequence's chat-formatted prompt (the rest is the target's continuation)."""
-    length: list[int]
-    """Tokens of each sequence (prompt + continuation)."""
+    index: int  # Shard number, in the order the shards were written.
+    file: str  # File name inside the set folder.
+    bytes: int  # File size: 2 x the shard's tokens.
+    sha256: str  # SHA-256 of the file.
+    prompt_ids: list[str]  # `prompt_id` of each sequence's prompt.
+    sources: list[str]  # Prompt source of each sequence (a specdec.training.prompts source name).
+    prompt_len: list[int]  # Tokens of each sequence's chat-formatted prompt (the rest is the target's continuation).
+    length: list[int]  # Tokens of each sequence (prompt + continuation).
 
     @property
     def num_tokens(self) -> int:
@@ -103,9 +86,8 @@ def source_prompts(sources: Sequence[str], seed: int = 0) -> list[tuple[str, Pro
 
 
 def target_identity(target) -> dict:
-    """{name, quant, dtype, weights_sha256, tokenizer_sha256}: the SHA-256 of every state-dict tensor
-    (name, dtype, shape, bytes; sorted by name) and of the tokenizer (vocabulary, special tokens, chat
-    template). Two targets with equal identities produce the same tokens from the same prompts."""
+    """{name, quant, dtype, weights_sha256, tokenizer_sha256}: equal identities produce the same tokens from
+    the same prompts."""
     weights = hashlib.sha256()
     for name, tensor in sorted(target.model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
@@ -131,12 +113,8 @@ def rollout_settings(*, temperature: float, seed: int, max_new_tokens: int) -> d
 
 
 class TokenSet:
-    """A rollout set: every shard of one target under one rollout setting (see the module docstring).
-
-    Opening an existing folder checks its manifest (format, target identity, rollout settings: a
-    ShardError naming the manifest on any difference) and verifies every shard's size and SHA-256 (a
-    ShardError naming a missing, truncated or altered file). A new folder gets an empty manifest.
-    """
+    """A rollout set: every shard of one target under one rollout setting. Opening a folder checks its
+    manifest and every shard's size and SHA-256 (a ShardError naming the difference or the file)."""
 
     def __init__(self, root: str | Path, target: dict, rollout: dict, prompts: dict | None = None) -> None:
         self.root = Path(root)
@@ -261,36 +239,30 @@ class TokenSet:
         self._loaded = self.path.read_bytes()
         return info
 
-    def writing(self):
-        """Context manager holding `<set>/write.lock` (ShardError if a live process holds it)."""
-        return _Lock(self)
-
-
-class _Lock:
-    """`<set>/write.lock` holding the writer's pid; a lock whose process is gone is taken over."""
-
-    def __init__(self, tset: TokenSet) -> None:
-        self.tset, self.path = tset, tset.root / LOCK
-
-    def __enter__(self):
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold `<set>/write.lock` (the writer's pid): ShardError if a live process holds it; a lock whose
+        process is gone is taken over."""
+        path = self.root / LOCK
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
             except FileExistsError:
-                pid = int(self.path.read_text().strip() or 0)
+                pid = int(path.read_text().strip() or 0)
                 if _alive(pid):
-                    raise ShardError(f"{self.path} is held by process {pid}: one writer per rollout set") from None
-                self.path.unlink()  # left by a killed run
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self.tset._held = True
-            return self
-        raise ShardError(f"could not take {self.path}")
-
-    def __exit__(self, *exc) -> None:
-        self.tset._held = False
-        self.path.unlink(missing_ok=True)
+                    raise ShardError(f"{path} is held by process {pid}: one writer per rollout set") from None
+                path.unlink()  # left by a killed run
+        else:
+            raise ShardError(f"could not take {path}")
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            path.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -317,11 +289,8 @@ def set_checksum(sets: Sequence[TokenSet]) -> str:
 def fill_token_set(target, tset: TokenSet, prompts: Sequence[tuple[str, Prompt]], *, shard_prompts: int,
                    batch_size: int, deadline: float = float("inf"), max_shards: int | None = None,
                    run: dict | None = None, log=print) -> int:
-    """Roll out, in the order of `prompts` ((source, prompt) pairs), every prompt whose id `tset` lacks,
-    `shard_prompts` per shard, `batch_size` per batched forward (specdec.training.eagle.rollout_batch),
-    until time.time() passes `deadline` (checked between batches; the shard in progress is dropped
-    unless complete) or `max_shards` were written. A sampled set seeds each shard's generator with
-    (seed, shard index). Returns the shards written."""
+    """Roll out every prompt of `prompts` ((source, prompt) pairs) that `tset` lacks, a shard at a time, until
+    `deadline` (an incomplete shard is dropped) or `max_shards`; returns the shards written."""
     from specdec.training.eagle import rollout_batch
 
     settings = tset.rollout
