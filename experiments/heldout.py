@@ -18,7 +18,9 @@ the per-prediction errors (scored in `experiments.costs.score`):
 Errors are |predicted / measured - 1| of the pooled speculation speedup. Shown apart, never scored:
 the *MAL error*, the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for
 *prompts*, the MAL error expected from the seen half's per-prompt spread (`expected_transfer`). Nulls:
-*constant* (1.0x) and *flat curve* (R(w) = 1). Numerics-only cells are left out of the score; a kind
+*constant* (1.0x), *flat curve* (R(w) = 1) and *transfer* (the measured speculation of the runs read, no
+model). Numerics-only cells, the A/A twin's *kernel* prediction and cells priced on their own curve (the
+caller gives each cell another cell's curve of its kernel where one exists) are left out of the score; a kind
 no cell allows is absent, with a note (never a zero). Batch cells are predicted by kernel and prompts
 from their batch steps (a step's width is its widest row's), priced by the rows still decoding
 (`shapes`: f_r R_r(w)); one stored before its curves by rows is priced by width alone, one stored
@@ -85,6 +87,13 @@ class HeldOut:
     expected_mal_error: float = float("nan")
     """*prompts* only: the MAL error two samples of these sizes are expected to show, from the seen half's
     per-prompt spread alone (`expected_transfer`); shown beside the MAL error, never used."""
+    transfer: float = float("nan")
+    """The transfer null: the measured speculation of the runs the prediction read (fp32's on the same prompts,
+    the other half's, the deeper chain's), no model."""
+    control: bool = False
+    """An A/A control cell (its *kernel* prediction is fp32 from fp32: the twin, never scored)."""
+    own_curve: bool = False
+    """Priced on the cell's own curve, no other cell having measured its kernel: listed, never scored."""
 
     def error(self, value: float) -> float:
         return abs(value / self.measured - 1)
@@ -219,10 +228,13 @@ def expected_transfer(seen: pd.DataFrame, unseen: pd.DataFrame) -> float:
     return v * (2 / np.pi) ** 0.5 * (1 / len(mal) + 1 / unseen.question_id.nunique()) ** 0.5
 
 
-def measured_speculation(rows: pd.DataFrame) -> float:
-    """Pooled drafted tokens/s over plain tokens/s on the kernel."""
-    return float((rows.new_tokens.sum() / rows.wall_time_s.sum())
-                 / (rows.baseline_new_tokens.sum() / rows.baseline_wall_time_s.sum()))
+def measured_speculation(rows: pd.DataFrame, drafted: str = "", plain: str = "baseline_") -> float:
+    """Pooled drafted tokens/s over plain tokens/s on the kernel (`reference_drafted_`, `reference_`: on fp32;
+    NaN where the rows lack those runs)."""
+    if not _has(rows, [f"{drafted}wall_time_s", f"{plain}wall_time_s"]):
+        return float("nan")
+    return float((rows[f"{drafted}new_tokens"].sum() / rows[f"{drafted}wall_time_s"].sum())
+                 / (rows[f"{plain}new_tokens"].sum() / rows[f"{plain}wall_time_s"].sum()))
 
 
 def halves(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -240,7 +252,7 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     batch = int(labels.get("batch", 1) or 1)
     common = {"cell_id": cell_id, "drafter": labels["drafter"], "quant": labels["quant"],
               "shape": labels["shape"] + (f" @b{batch}" if batch > 1 else ""),  # as the report names the cell
-              "numerics_only": bool(labels.get("numerics_only", False))}
+              "numerics_only": bool(labels.get("numerics_only", False)), "control": bool(labels.get("control"))}
 
     def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame, **extra) -> HeldOut:
         plain = plain_run(target)
@@ -256,11 +268,14 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     if not own_reference and _has(rows, ["reference_drafted_verify_widths"]):
         shape = parse_shape(labels["shape"])
         profile, probed = kernel_profile(rows, shape.k if isinstance(shape, ChainShape) else None)
-        out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows))
+        out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows,
+                       transfer=measured_speculation(rows, "reference_drafted_", "reference_")))
     a, b = halves(rows)
     if len(a) and len(b):
-        out.append(one("prompts", "B", draft_profile(a), b, expected_mal_error=expected_transfer(a, b)))
-        out.append(one("prompts", "A", draft_profile(b), a, expected_mal_error=expected_transfer(b, a)))
+        out.append(one("prompts", "B", draft_profile(a), b, expected_mal_error=expected_transfer(a, b),
+                       transfer=measured_speculation(a)))
+        out.append(one("prompts", "A", draft_profile(b), a, expected_mal_error=expected_transfer(b, a),
+                       transfer=measured_speculation(b)))
     return out
 
 
@@ -273,7 +288,9 @@ class Measured:
     """drafter, shape, quant, numerics_only, control, batch (the report's cell labels)."""
     rows: pd.DataFrame
     curve: LatencyCurve
-    """The cell's target latency curve."""
+    """The target latency curve the cell is priced on (another cell's measurement of its kernel, where one was)."""
+    own_curve: bool = False
+    """`curve` is the cell's own (`HeldOut.own_curve`)."""
 
     @property
     def kernel(self) -> str:
@@ -338,13 +355,13 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
         if target.empty:
             missing.append(f"{source.cell_id} (no question in common with {small.cell_id})")
             continue
-        draft = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))], small.chain,
-                              source.chain)
-        plain = plain_run(target)
+        seen = source.rows[source.rows.question_id.isin(set(target.question_id))]
+        draft, plain = chain_profile(seen, small.chain, source.chain), plain_run(target)
         out.append(HeldOut(cell_id=small.cell_id, drafter=small.labels["drafter"], shape=small.labels["shape"],
                            quant=small.labels["quant"], numerics_only=bool(small.labels.get("numerics_only", False)),
                            kind="shape", part=f"from {source.labels['shape']} on {source.labels['quant']}",
-                           measured=measured_speculation(target),
+                           measured=measured_speculation(target), transfer=measured_speculation(seen),
+                           control=bool(small.labels.get("control")), own_curve=small.own_curve,
                            predicted=costmodel.predict_speculation(draft, plain, small.curve),
                            flat=costmodel.predict_speculation(draft, plain, None), **diagnostics(draft, target),
                            in_sample=in_sample(target, small.curve)))
