@@ -51,18 +51,20 @@ def predict_control(results: str | os.PathLike, drafter: str, source: str, kerne
     return record
 
 
+def _beside(record: dict, v: Interaction) -> dict:
+    """A stored prediction with the measured interaction, its CI and whether it falls within them (or 0.05)."""
+    guess = record["predicted"]
+    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
+                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
+
+
 def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
-    """The JSON line's `mechanism_control`: the stored prediction beside the control cell's measured
-    interaction and CI (None without a prediction or that cell)."""
+    """The JSON line's `mechanism_control` (None without a prediction or the control's cell)."""
     path = Path(results) / CONTROL_FILE
     record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     cell = next((c for c in cells if c.cell_id in found and not c.numerics_only and not c.control
                  and c.entry[0] == record.get("drafter")), None)
-    if cell is None:
-        return None
-    v, guess = found[cell.cell_id], record["predicted"]
-    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
-                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
+    return None if cell is None else _beside(record, found[cell.cell_id])
 
 
 def tune_curve(record: dict) -> LatencyCurve:
@@ -112,19 +114,10 @@ def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str
 
 
 def predictions(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> list[dict]:
-    """The JSON line's `prediction`: each stored prediction (the last one per cell) beside that cell's
-    measured interaction and CI, and whether it falls within them (or 0.05)."""
+    """The JSON line's `prediction`: each cell's last stored prediction beside its measured interaction."""
     path = Path(results) / PREDICTION_FILE
-    stored = {}
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        stored[json.loads(line)["cell"]] = json.loads(line)
-    out = []
-    for c in cells:
-        if c.name in stored and c.cell_id in found:
-            v, guess = found[c.cell_id], stored[c.name]["predicted"]
-            out.append(stored[c.name] | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
-                                         "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)})
-    return out
+    stored = {r["cell"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())} if path.exists() else {}
+    return [_beside(stored[c.name], found[c.cell_id]) for c in cells if c.name in stored and c.cell_id in found]
 
 
 def print_measured(results: str | os.PathLike) -> None:
