@@ -1,30 +1,21 @@
 """The cost model scored out of sample: each cell's speculation speedup predicted only from runs it
-was not measured in, beside two nulls.
-
-Owns which runs predict which (the model, its inputs and nulls are `specdec.measure.costmodel`'s) and
-the per-prediction errors (scored in `experiments.costs.score`):
-- *kernel*: the fp32 drafted runs of a paired cell (acceptance per verify width, drafting and
-  bookkeeping per step), fp32's drafting scaled by the cell's paired drafting probe (`kernel_profile`;
-  without both probes fp32's drafting stands, and the part says so), and the kernel's curve and plain
-  runs predict speculation on the kernel;
-- *prompts*: a cell's questions split in alternating halves (sorted ids); each half's drafted runs
-  predict the other's speculation on the same kernel;
-- *shape*: a chain(k) cell predicted from the nearest deeper chain(K) cell of the same drafter and
-  kernel (an A/A control counts as fp32) over the same questions: MAL = the deeper cell's
-  teacher-forced profile replayed in chain(k) (`tf_chain_steps` / `tf_chain_accepted`), one forward of
-  width k + 1 per step, and delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K,
-  probe)`; a deeper cell without them (no teacher forcing) predicts nothing. Trees and dynamic shapes are
-  not predicted (cells do not store the drafts a smaller tree would be cut from).
-Errors are |predicted / measured - 1| of the pooled speculation speedup. Shown apart, never scored:
-the *MAL error*, the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for
-*prompts*, the MAL error expected from the seen half's per-prompt spread (`expected_transfer`). Nulls:
-*constant* (1.0x), *flat curve* (R(w) = 1) and *transfer* (the measured speculation of the runs read, no
-model). Numerics-only cells, the A/A twin's *kernel* prediction and cells priced on their own curve (the
-caller gives each cell another cell's curve of its kernel where one exists) are left out of the score; a kind
-no cell allows is absent, with a note (never a zero). Batch cells are predicted by kernel and prompts
-from their batch steps (a step's width is its widest row's), priced by the rows still decoding
-(`shapes`: f_r R_r(w)); one stored before its curves by rows is priced by width alone, one stored
-before its batch steps is not predicted. Knows nothing about files or figures.
+was not measured in, beside three nulls. Owns which runs predict which (the model is
+`specdec.measure.costmodel`'s) and the per-prediction errors (scored in `experiments.costs.score`):
+- *kernel*: the fp32 drafted runs of a paired cell, their drafting scaled by the paired drafting probe
+  (`kernel_profile`; without both probes fp32's drafting stands, and the part says so), and the kernel's
+  curve and plain runs predict speculation on the kernel;
+- *prompts*: alternating halves of the questions (sorted ids), each half's drafted runs predicting the other's;
+- *shape*: a chain(k) cell from the nearest deeper chain(K) cell of its drafter and kernel (an A/A control
+  counts as fp32) over the same questions: MAL = that cell's teacher-forced profile replayed in chain(k)
+  (`REPLAY`), delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K, probe)`; trees and
+  dynamic shapes are not predicted (cells do not store the drafts a smaller tree would be cut from).
+Errors are |predicted / measured - 1| of the pooled speedup. Shown apart, never scored: the *MAL error*,
+the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for *prompts*, the MAL
+error the seen half's spread expects (`expected_transfer`). Nulls: *constant* (1.0x), *flat curve*
+(R(w) = 1), *transfer* (the measured speculation of the runs read, no model). Numerics-only cells, the
+A/A twin's *kernel* prediction and cells priced on their own curve are not scored; a kind no cell allows
+is absent, with a note. Batch cells are predicted from their batch steps (a step's width its widest row's),
+priced by the rows still decoding (`shapes`: f_r R_r(w)), by width alone where stored without curves by rows.
 """
 
 from __future__ import annotations
@@ -88,12 +79,11 @@ class HeldOut:
     """*prompts* only: the MAL error two samples of these sizes are expected to show, from the seen half's
     per-prompt spread alone (`expected_transfer`); shown beside the MAL error, never used."""
     transfer: float = float("nan")
-    """The transfer null: the measured speculation of the runs the prediction read (fp32's on the same prompts,
-    the other half's, the deeper chain's), no model."""
+    """The transfer null: the measured speculation of the runs the prediction read, no model."""
     control: bool = False
-    """An A/A control cell (its *kernel* prediction is fp32 from fp32: the twin, never scored)."""
+    """An A/A control cell (its *kernel* prediction, fp32 from fp32, is the twin: never scored)."""
     own_curve: bool = False
-    """Priced on the cell's own curve, no other cell having measured its kernel: listed, never scored."""
+    """Priced on the cell's own curve (no other cell measured its kernel): never scored."""
 
     def error(self, value: float) -> float:
         return abs(value / self.measured - 1)

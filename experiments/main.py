@@ -205,22 +205,18 @@ def check_cells(blocks: list[list[str]]) -> int:
 
 
 def profile_command(blocks: list[list[str]], grid_file: Path, results: str) -> list[str] | None:
-    """`experiments.run -m` of each drafter x shape of the grid's kernel blocks on fp32 over the grid's
-    held-out prompts (its `prediction:` entry) into RESULTS/profile, cheaply (no teacher forcing, a
-    one-point curve): what `predict_block` reads (None without the entry)."""
-    settings = OmegaConf.to_container(OmegaConf.load(grid_file)).get("prediction")
+    """`experiments.run -m` of each drafter x shape of the grid's kernel blocks with the overrides of its
+    `prediction:` entry (fp32, held-out prompts) into RESULTS/profile: what `predict_block` reads."""
+    extra = OmegaConf.to_container(OmegaConf.load(grid_file)).get("prediction")
     kernel = [dict(o.split("=", 1) for o in b) for b in blocks if set(dict(o.split("=", 1) for o in b).get(
         "quant", "none").split(",")) - {"none"}]
-    if not settings or not kernel:
+    if not extra or not kernel:
         return None
     union = lambda key: ",".join(dict.fromkeys(v for b in kernel for v in b[key].split(",")))  # noqa: E731
     kept = [f"{k}={v}" for k, v in kernel[0].items() if k.split(".")[0] not in (
         "drafter", "shape", "quant", "dataset", "results") and not k.startswith(("runner.teacher", "runner.latency"))]
-    return [*commands([[f"drafter={union('drafter')}", f"shape={union('shape')}", *kept]])[0], "quant=none",
-            "runner.teacher_forcing=false", "runner.latency_widths=[1,2]", "runner.latency_contexts=[64]",
-            "runner.latency_repeats=1", "dataset=default", "dataset.name=heldout", "dataset.max_turns=1",
-            f"dataset.source={settings['source']}", f"dataset.question_ids=[{','.join(settings['questions'])}]",
-            f"results.dir={Path(results) / 'profile'}"]
+    return commands([[f"drafter={union('drafter')}", f"shape={union('shape')}", *kept, *extra,
+                      f"results.dir={Path(results) / 'profile'}"]])[0]
 
 
 def predict_block(command: list[str], results: str, tune: list[str], control: dict | None, profiled: bool) -> None:

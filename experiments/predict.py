@@ -1,13 +1,10 @@
 """Predicted before measured: the interactions the main job prints before a cell runs, then measures.
 
-Owns the mechanism control's prediction (the source drafter's width factor: `predict_control`) and each
-drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over that on fp32,
-fed the acceptance profile (phi, drafting and bookkeeping per step) and the plain runs of the same
-drafter x shape on fp32 over held-out prompts (the main job's small store RESULTS/profile), and the
-kernel / fp32 ratio of the tune record's curves (`tune_curve`): forwards and prefill scale by it,
-drafting does not (the head's cost is taken as the kernel's alike). Both are written to RESULTS before
-their cell runs (`CONTROL_FILE`, `PREDICTION_FILE`) and set beside the measured interaction and CI by
-the report (`mechanism_control`, `predictions`). The scored cell's rows are never read to predict it.
+Owns the mechanism control's prediction (its source drafter's width factor: `predict_control`) and each
+drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over fp32, fed the
+fp32 drafted and plain runs of that drafter x shape on held-out prompts (RESULTS/profile) with forwards
+and prefill scaled by the tune records' kernel / fp32 curves, drafting not. Both are stored before their
+cell runs and set beside its measured interaction by the report. The scored cell is never read for it.
 """
 
 from __future__ import annotations
