@@ -126,6 +126,10 @@ def print_measured(results: str | os.PathLike) -> None:
     except (ValueError, StoreError) as err:  # ReportError, or no cell yet
         return print(f"no measured interaction yet ({err})")
     for p in predictions(results, cells, verdicts(cells, N_BOOT)):
-        print(f"measured after it ran: {p['cell']}: interaction {p['measured']:.2f} [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}]"
-              f" against {p['predicted']:.2f} predicted ({'within' if p['within'] else 'NOT within'} its CI or 0.05)",
-              flush=True)
+        print(f"measured after it ran, {p['cell']}: {text(p)}", flush=True)
+
+
+def text(p: dict) -> str:
+    """`predicted 0.80 (from ...), measured 0.78 [0.70, 0.85]: within its CI or 0.05` of a `_beside` record."""
+    return (f"predicted {p['predicted']:.2f} ({p['from']}), measured {p['measured']:.2f} [{p['ci'][0]:.2f}, "
+            f"{p['ci'][1]:.2f}]: {'within' if p['within'] else 'NOT within'} its CI or 0.05")

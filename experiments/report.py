@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import costs, figures, kv
-from experiments.predict import mechanism_control, predictions
+from experiments.predict import mechanism_control, predictions, text
 from experiments.batches import batch_section
 from experiments.costs import md_table
 from experiments.leaderboard import N_BOOT, LeaderboardError, atomic_text, position_rates
@@ -349,15 +349,11 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     control = mechanism_control(results, cells, found)
     if control is not None:
         summary["mechanism_control"] = control
-        verdict[14:] = [f"- Mechanism control ({control['drafter']}): predicted {control['predicted']:.2f} ({control['from']}"
-                       f"), measured {control['measured']:.2f} [{control['ci'][0]:.2f}, {control['ci'][1]:.2f}]: "
-                       f"{'within' if control['within'] else 'NOT within'} its CI or 0.05"]
+        verdict[14:] = [f"- Mechanism control ({control['drafter']}): {text(control)}"]
         md.insert(md.index("## Setting and limits") - 1, verdict[-1])
     summary["prediction"] = predictions(results, cells, found)
     md[md.index("## Setting and limits") - 1:md.index("## Setting and limits") - 1] = [
-        f"- Predicted before it ran: {p['cell']} {p['predicted']:.2f}, measured {p['measured']:.2f} [{p['ci'][0]:.2f}, "
-        f"{p['ci'][1]:.2f}] ({'within' if p['within'] else 'NOT within'} its CI or 0.05; from {p['from']})"
-        for p in summary["prediction"]]
+        f"- Predicted before it ran, {p['cell']}: {text(p)}" for p in summary["prediction"]]
     return "\n".join(md), verdict, summary, _figures(cells, found, curves, held_out.held, summary["decomposition"])
 
 

@@ -41,7 +41,7 @@ def test_a_kernel_cell_is_predicted_from_held_out_prompts_and_curves_before_it_e
         assert p["cell"] == name and p["predicted"] == before["predicted"] and p["from"] == before["from"]
         assert p["ci"][0] <= p["measured"] <= p["ci"][1] and isinstance(p["within"], bool)
         measured.append(p["measured"])
-        assert f"- Predicted before it ran: {name} {before['predicted']:.2f}" in markdown
+        assert f"- Predicted before it ran, {name}: predicted {before['predicted']:.2f} (tune" in markdown
     assert measured[0] != measured[1]
 
 
