@@ -251,7 +251,8 @@ def predict_block(command: list[str], results: str, tune: list[str], control: di
             p = predict.predict_cell(results, f"{drafter} {shape} on {label}", drafter, shape,
                                      {r: predict.tune_curve(f[0]) for r, f in found.items()},
                                      {r: Path(f[1]).name for r, f in found.items()})
-            print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']})", flush=True)
+            print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; the tune "
+                  f"record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)
         except (LookupError, ValueError, StoreError, OSError) as err:
             print(f"{drafter} {shape} on {label}: no prediction before it runs ({err})", file=sys.stderr)
 

@@ -102,9 +102,11 @@ def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str
     rows = rows[(rows.drafter == drafter) & (rows["shape"] == shape)]
     if rows.empty:
         raise LookupError(f"no {drafter} {shape} runs in {Path(results) / PROFILE_DIR}")
+    plain = heldout.plain_run(rows)  # `fp32_curve_over_runs`: how far the tune record is from this machine now
     record = {"cell": name, "predicted": round(interaction_from(rows, curves["kernel"], curves["fp32"]), 4),
               "from": f"tune curves ({sources['kernel']}; {sources['fp32']}) and {drafter} {shape} on fp32 over "
-                      f"{rows.question_id.nunique()} held-out prompts ({', '.join(sorted(set(rows.dataset)))})"}
+                      f"{rows.question_id.nunique()} held-out prompts ({', '.join(sorted(set(rows.dataset)))})",
+              "fp32_curve_over_runs": round(curves["fp32"].at(1, plain.context) / plain.forward_s, 3)}
     with open(Path(results) / PREDICTION_FILE, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")
     return record

@@ -28,6 +28,7 @@ def test_a_kernel_cell_is_predicted_from_held_out_prompts_and_curves_before_it_e
     name = f"eagle chain(4) on {INT4}"
     before = predict_cell(results, name, "eagle", "chain(4)", curves, {"kernel": "k.json", "fp32": "f.json"})
     assert (results / PREDICTION_FILE).exists() and before["predicted"] < 0.9 and "k.json" in before["from"]
+    assert before["fp32_curve_over_runs"] == pytest.approx(1.0, abs=0.05)  # the profile's runs are the curve's
     for quant in ("none", INT4):
         write_cell(s, "eagle", quant, MALS)
     twin = tmp_path / "twin"  # the same prediction beside a cell measured otherwise: it never read the cell
@@ -74,3 +75,17 @@ def test_the_main_job_runs_the_held_out_profile_before_the_kernel_blocks():
     command = profile_command(blocks, GRID_FILE, "R")
     assert "drafter=eagle,ngram" in command and "quant=none" in command and "results.dir=R/profile" in command
     assert "dataset.source=chat_heldout" in command and not any(o.startswith("dataset=main") for o in command)
+
+
+def test_the_main_job_prints_each_kernel_cells_prediction_before_its_block(tmp_path, monkeypatch, capsys):
+    import specdec.tune
+    from experiments.main import predict_block
+
+    write_cell(ResultsStore(tmp_path / PROFILE_DIR), "eagle", "none", MALS)
+    records = {None: {"curves": {"c": curve("m", *KERNELS["none"])}}, INT4: {"curves": {"c": curve("m@4", 0.05, 0.03)}}}
+    monkeypatch.setattr(specdec.tune, "stored_record", lambda name, threads, device, spec: (records[spec], f"/{spec}.json"))
+    block = ["python", "-m", "experiments.run", "-m", "drafter=eagle", "shape=chain4", "quant=torchao_int4,none"]
+    predict_block(block, str(tmp_path), ["python", "-m", "specdec.tune", "m", "--threads", "1"], None, True)
+    out = capsys.readouterr().out
+    assert out.startswith(f"predicted before it runs: eagle chain(4) on {INT4}: interaction 0.") and out.count("\n") == 1
+    assert "fp32 forward is 1.00x the profile's" in out and (tmp_path / PREDICTION_FILE).exists()
