@@ -1,9 +1,8 @@
 """The report's cost-model parts: the out-of-sample score of the cost model and projections to other hardware.
 
-Owns the held-out predictions of a store's cells and their score, their verdict line and REPORT.md
-section, `curve_fit` (how each cell's curves match its own runs), the projection curves and table,
-and `md_table`. Knows nothing about verdicts, acceptance or figures; a cell is an
-`experiments.stored.Cell`.
+Owns the held-out predictions of a store's cells and their score, their verdict line and REPORT.md section,
+`curve_fit` (how each cell's curves match its own runs), the projection curves and table, and `md_table`. Knows
+nothing about verdicts, acceptance or figures; a cell is an `experiments.stored.Cell`.
 """
 
 from __future__ import annotations
@@ -169,9 +168,10 @@ def heldout_md(result: HeldOutScore) -> list[str]:
     md: list[str] = []
     md += ["", "## Cost model, out of sample", "", MODEL_TEXT, "",
            f"Score (real kernels): **{score.get('heldout_within_25pct', float('nan')):.0%}** within 25%, median error "
-           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: {_nulls(score.get('null_median_error', {}))}"
-           f" (target: >= 75% within 25% and at most half the best null's median error: "
-           f"{'met' if score.get('beats_nulls') else 'not met'}); {score.get('predictions', 0)} predictions of "
+           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: "
+           f"{_nulls(score.get('null_median_error', {}))} (target: >= 75% within 25% and at most half the best "
+           f"null's median error: {'met' if score.get('beats_nulls') else 'not met'}); "
+           f"{score.get('predictions', 0)} predictions of "
            f"{score.get('independent_predictions', 0)} cells (a cell's predictions share its runs: count the cells as "
            "the independent ones).", "",
            *(f"**Held-out {kind} fails its nulls.**" for kind, k in score.get("by_kind", {}).items()
@@ -204,7 +204,8 @@ def heldout_md(result: HeldOutScore) -> list[str]:
                         [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else "")
                           + (" (not scored)" if not r.scored and not r.numerics_only else ""),
                           f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
-                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%} / {_pct(r.transfer_error, 0)}",
+                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%} / "
+                          + _pct(r.transfer_error, 0),
                           f"{r.mal:.2f} / {r.measured_mal:.2f}", _pct(r.in_sample_error, 0), f"{r.length_ratio:.2f}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     return md

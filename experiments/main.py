@@ -1,5 +1,5 @@
-"""The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the
-findings report, ending with the report's verdict (grids/main.yaml says which cells and why).
+"""The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the findings report,
+ending with the report's verdict (grids/main.yaml says which cells and why).
 
     python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
     python -m experiments.main max_new_tokens=24 results.dir=results/quick
@@ -8,13 +8,11 @@ findings report, ending with the report's verdict (grids/main.yaml says which ce
     python -m experiments.main kv=off                # without the KV-retention curve (`kv:` of the grid)
     python -m experiments.main prediction=off        # without the interactions predicted before the cells
 
-Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of
-`experiments.run`), the drafters resolved against the registry at start (`others` = every registered
-drafter no block names and `exclude_drafters` does not exclude; unregistered drafters and quant
-presets are dropped with a note), fixed settings and command-line overrides (which replace the
-grid's value in every block). Afterwards it writes RESULTS/leaderboard/ and RESULTS/REPORT.md, runs
-the grid's `kv:` curve (`experiments.kv`) when set, and prints the report's verdict and its JSON line
-with the grid's exit status added.
+Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of `experiments.run`), the
+drafters resolved against the registry at start (`others` = every registered drafter no block names nor
+`exclude_drafters` excludes; unregistered drafters and quant presets dropped with a note), fixed settings and
+command-line overrides (replacing the grid's value in every block). Then RESULTS/leaderboard/, RESULTS/REPORT.md,
+the grid's `kv:` curve (`experiments.kv`), and the verdict and JSON line with the grid's exit status added.
 """
 
 from __future__ import annotations
@@ -251,8 +249,8 @@ def predict_block(command: list[str], results: str, tune: list[str], control: di
             p = predict.predict_cell(results, f"{drafter} {shape} on {label}", drafter, shape,
                                      {r: predict.tune_curve(f[0]) for r, f in found.items()},
                                      {r: Path(f[1]).name for r, f in found.items()})
-            print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; the tune "
-                  f"record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)
+            print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; "
+                  f"the tune record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)
         except (LookupError, ValueError, StoreError, OSError) as err:
             print(f"{drafter} {shape} on {label}: no prediction before it runs ({err})", file=sys.stderr)
 

@@ -115,7 +115,8 @@ def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str
 def predictions(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> list[dict]:
     """The JSON line's `prediction`: each cell's last stored prediction beside its measured interaction."""
     path = Path(results) / PREDICTION_FILE
-    stored = {r["cell"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())} if path.exists() else {}
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    stored = {r["cell"]: r for r in map(json.loads, lines)}
     return [_beside(stored[c.name], found[c.cell_id]) for c in cells if c.name in stored and c.cell_id in found]
 
 

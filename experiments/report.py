@@ -2,11 +2,10 @@
 
     python -m experiments.report RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
 
-Owns, over a store's cells (`experiments.stored`), the verdict lines (`experiments.verdict`), the
-cost-model score and projections (`experiments.costs`), acceptance apart from cost, and REPORT.md with
-its PNGs (`experiments.figures`). The same store gives the same REPORT.md byte for byte. "Numerics
-only" rows get no speed verdict and sit apart in every table. Knows nothing about how cells were
-measured beyond the fields the runner writes.
+Owns, over a store's cells (`experiments.stored`), the verdict lines (`experiments.verdict`), the cost-model score
+and projections (`experiments.costs`), acceptance apart from cost, and REPORT.md with its PNGs (`experiments.figures`).
+The same store gives the same REPORT.md byte for byte. "Numerics only" rows get no speed verdict and sit apart in
+every table. Knows nothing about how cells were measured beyond the fields the runner writes.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def test_the_cost_model_borrows_another_cells_curve_and_keeps_the_twin_out(tmp_p
 def test_the_main_job_runs_the_held_out_profile_before_the_kernel_blocks():
     fixed = ["model=smollm2", "dataset=main", "max_new_tokens=64", "results.dir=R"]
     blocks = [["drafter=eagle", "shape=chain4", "quant=torchao_int4,fp32_again", *fixed],
-              ["drafter=eagle", "shape=chain2", "quant=none", *fixed], ["drafter=ngram", "shape=chain4", "quant=torchao_int4", *fixed]]
+              ["drafter=eagle", "shape=chain2", "quant=none", *fixed],
+              ["drafter=ngram", "shape=chain4", "quant=torchao_int4", *fixed]]
     command = profile_command(blocks, GRID_FILE, "R")
     assert "drafter=eagle,ngram" in command and "quant=none" in command and "results.dir=R/profile" in command
     assert "dataset.source=chat_heldout" in command and not any(o.startswith("dataset=main") for o in command)
@@ -83,9 +84,10 @@ def test_the_main_job_prints_each_kernel_cells_prediction_before_its_block(tmp_p
 
     write_cell(ResultsStore(tmp_path / PROFILE_DIR), "eagle", "none", MALS)
     records = {None: {"curves": {"c": curve("m", *KERNELS["none"])}}, INT4: {"curves": {"c": curve("m@4", 0.05, 0.03)}}}
-    monkeypatch.setattr(specdec.tune, "stored_record", lambda name, threads, device, spec: (records[spec], f"/{spec}.json"))
+    monkeypatch.setattr(specdec.tune, "stored_record", lambda name, threads, device, spec: (records[spec], f"/{spec}"))
     block = ["python", "-m", "experiments.run", "-m", "drafter=eagle", "shape=chain4", "quant=torchao_int4,none"]
     predict_block(block, str(tmp_path), ["python", "-m", "specdec.tune", "m", "--threads", "1"], None, True)
     out = capsys.readouterr().out
-    assert out.startswith(f"predicted before it runs: eagle chain(4) on {INT4}: interaction 0.") and out.count("\n") == 1
+    assert out.startswith(f"predicted before it runs: eagle chain(4) on {INT4}: interaction 0.")
+    assert out.count("\n") == 1
     assert "fp32 forward is 1.00x the profile's" in out and (tmp_path / PREDICTION_FILE).exists()

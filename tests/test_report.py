@@ -155,11 +155,13 @@ def test_verdicts_control_cost_model_and_json_line(store, capsys):
     # Whether the target is met, pooled and per kind, is said where the numbers are.
     met = {True: "yes", False: "no"}
     assert f"median error: {'met' if cost['beats_nulls'] else 'not met'});" in report
-    assert all(f"| held-out {kind} | {k['n']} ({k['independent']}) |" in report and report.split(f"| held-out {kind} | ")[1].split("\n")[0]
-               .endswith(f"| {met[k['beats_nulls']]} |") for kind, k in cost["by_kind"].items())
+    assert all(f"| held-out {kind} | {k['n']} ({k['independent']}) |" in report
+               and report.split(f"| held-out {kind} | ")[1].split("\n")[0].endswith(f"| {met[k['beats_nulls']]} |")
+               for kind, k in cost["by_kind"].items())
     assert sorted(p.name for p in store.glob("*.png")) == ["compound_heatmap.png", "decomposition.png", "heldout.png",
                                                            "interactions.png", "latency.png"]
-    assert all((f"**Held-out {kind} fails its nulls.**" in report) != k["beats_nulls"] for kind, k in cost["by_kind"].items())
+    assert all((f"**Held-out {kind} fails its nulls.**" in report) != k["beats_nulls"]
+               for kind, k in cost["by_kind"].items())
 
 
 def test_the_decomposition_multiplies_to_the_interaction_and_finds_the_width(store, capsys):
