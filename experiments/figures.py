@@ -86,9 +86,8 @@ def compact(grid: pd.DataFrame, numerics: set[str] = frozenset()) -> pd.DataFram
 
 def plot_heatmaps(panels: dict[str, pd.DataFrame], path: Path, title: str = "",
                   numerics: set[str] = frozenset()) -> None:
-    """One heatmap per panel ({its title: a grid, rows x kernels}), sized to the cells present (`compact`):
-    a MAL panel coloured from 1 up, a speedup panel diverging around 1.0; numerics-only kernels marked *
-    and hatched."""
+    """One heatmap per panel ({its title: a grid, rows x kernels}), sized to the cells present (`compact`): a MAL panel
+    coloured from 1 up, a speedup panel diverging around 1.0; numerics-only kernels marked * and hatched."""
     plt = _pyplot()
     from matplotlib.colors import Normalize, TwoSlopeNorm
 

@@ -152,10 +152,9 @@ def _probe(rows: pd.DataFrame, column: str) -> dict[str, float]:
 
 
 def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftProfile, bool]:
-    """phi_w and the bookkeeping per step of the fp32 drafted runs, with their drafting per step scaled by
-    the paired probe's ratio at depth `k` (the kernel's drafting over fp32's, measured interleaved:
-    `PROBE` / `REFERENCE_PROBE`); (profile, True) when both probes were there, else fp32's drafting
-    stands (False)."""
+    """phi_w and the bookkeeping per step of the fp32 drafted runs, with their drafting per step scaled by the paired
+    probe's ratio at depth `k` (the kernel's drafting over fp32's, measured interleaved: `PROBE` / `REFERENCE_PROBE`);
+    (profile, True) when both probes were there, else fp32's drafting stands (False)."""
     fp32 = draft_profile(rows, "reference_drafted_")
     on_kernel, on_fp32 = _probe(rows, PROBE), _probe(rows, REFERENCE_PROBE)
     if str(k) not in on_kernel or str(k) not in on_fp32 or "reference_drafted_draft_time_s" not in rows:
@@ -179,8 +178,7 @@ def row_context(rows: pd.DataFrame, tokens: str = "baseline_new_tokens") -> floa
 
 
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
-    """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
-    c a row's)."""
+    """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's, c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
     by_rows, row_forward_s = {}, row_forwards(rows, "baseline_")
     if row_forward_s is not None:  # a batch's one-token forward per row count, and the rest of its steps

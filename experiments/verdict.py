@@ -93,9 +93,8 @@ def gmean_ci(logs: np.ndarray, draws: np.ndarray) -> tuple[float, float, float]:
 
 
 def factor_logs(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per question (turns pooled), the logs of the interaction, the decode-only one, `FACTORS` and R of
-    each kernel (`r_kernel`, `r_fp32`: the in-run cost of a verify step in plain steps); see the module
-    docstring."""
+    """Per question (turns pooled), the logs of the interaction, the decode-only one, `FACTORS` and R of each kernel
+    (`r_kernel`, `r_fp32`: the in-run cost of a verify step in plain steps); see the module docstring."""
     speed = per_question(rows)
     out = pd.DataFrame({"interaction": np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference))})
     s = rows.groupby("question_id").sum(numeric_only=True)
