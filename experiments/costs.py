@@ -1,15 +1,14 @@
 """The report's cost-model parts: the out-of-sample score of the cost model and projections to other hardware.
 
-Owns the held-out predictions of a store's cells and their score, their verdict line and REPORT.md
-section, `curve_fit` (how each cell's curves match its own runs), the projection curves and table,
-and `md_table`. Knows nothing about verdicts, acceptance or figures; a cell is an
-`experiments.stored.Cell`.
+Owns the held-out predictions of a store's cells and their score, their verdict line and REPORT.md section,
+`curve_fit` (how each cell's curves match its own runs), the projection curves and table, and `md_table`. Knows
+nothing about verdicts, acceptance or figures; a cell is an `experiments.stored.Cell`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -31,8 +30,11 @@ MODEL_TEXT = (
     "profile replayed in chain(k), its drafting per step from the line (fixed + per depth) through that cell's "
     "drafting probe, `costmodel.drafting_scale`; `experiments/heldout.py`); P, t_1, "
     "T_p from the kernel's plain runs; R(w, c) = L(w, c) / L(1, c) from the kernel's latency curve. The drafted runs "
-    "predicted are never read. Nulls: *constant* (speculation = 1.0x) and *flat curve* (R = 1). Numerics-only "
-    "cells are listed but not scored.")
+    "predicted are never read, nor are the cell's own curves: each cell is priced on another cell's curve of its "
+    "kernel (`cost_model.curves` says whose). Nulls: *constant* (speculation = 1.0x), *flat curve* (R = 1) and "
+    "*transfer* (the measured speculation of the runs the prediction read: fp32's on the same prompts, the other "
+    "half's, the deeper chain's; no model). Numerics-only cells, the A/A control's kernel prediction (fp32 from "
+    "fp32: the twin) and cells no other cell's curve could price are listed but not scored.")
 
 
 def md_table(header: list[str], lines: list[list[str]]) -> list[str]:
@@ -40,11 +42,13 @@ def md_table(header: list[str], lines: list[list[str]]) -> list[str]:
 
 
 def table(held: list[heldout.HeldOut]) -> pd.DataFrame:
-    """One line per prediction with its error, both nulls' errors, and the two parts of the error shown
-    apart: `mal_error` (the MAL taken from elsewhere against the runs' own) and `in_sample_error`."""
+    """One line per prediction with its error, the nulls' errors, whether it is scored, and the two parts of
+    the error shown apart: `mal_error` (the MAL taken from elsewhere against the runs' own) and `in_sample_error`."""
     return pd.DataFrame([{**h.__dict__, "error": h.error(h.predicted), "flat_error": h.error(h.flat),
-                          "constant_error": h.error(1.0), "mal_error": abs(h.mal / h.measured_mal - 1),
-                          "in_sample_error": h.error(h.in_sample)} for h in held])
+                          "constant_error": h.error(1.0), "transfer_error": h.error(h.transfer),
+                          "mal_error": abs(h.mal / h.measured_mal - 1), "in_sample_error": h.error(h.in_sample),
+                          "scored": not (h.numerics_only or h.own_curve or (h.control and h.kind == "kernel"))}
+                         for h in held])
 
 
 def _scored(part: pd.DataFrame) -> dict:
@@ -62,11 +66,12 @@ def _scored(part: pd.DataFrame) -> dict:
     def within(column: str) -> float:
         return round(float((part[column] <= heldout.WITHIN).mean()), 4)
 
-    better_null = min(med("constant_error"), med("flat_error"))
-    return {"n": int(len(part)), "within_25pct": within("error"), "median_error": med("error"),
-            "null_median_error": {"constant": med("constant_error"), "flat_curve": med("flat_error")},
-            "null_within_25pct": {"constant": within("constant_error"), "flat_curve": within("flat_error")},
-            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= better_null / 2),
+    nulls = {"constant": "constant_error", "flat_curve": "flat_error", "transfer": "transfer_error"}
+    medians = {k: med(c) for k, c in nulls.items() if part[c].notna().any()}
+    return {"n": int(len(part)), "independent": int(part.cell_id.nunique()), "within_25pct": within("error"),
+            "median_error": med("error"), "null_median_error": medians,
+            "null_within_25pct": {k: within(c) for k, c in nulls.items() if k in medians},
+            "beats_nulls": bool(within("error") >= 0.75 and med("error") <= min(medians.values()) / 2),
             **shown("mal_error"), **shown("in_sample_error"), **shown("expected_mal_error")}
 
 
@@ -75,11 +80,11 @@ def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:
     the same per kind (`by_kind`), and `absent`: {kind: why} for each kind with no scored prediction
     (`notes` gives the why where the caller knows it)."""
     notes = dict(notes or {})
-    scored = frame[~frame.numerics_only] if len(frame) else frame
+    scored = frame[frame.scored] if len(frame) else frame
     present = set(scored.kind) if len(scored) else set()
     predicted = set(frame.kind) if len(frame) else set()
-    absent = {kind: notes.get(kind)
-              or ("only numerics-only cells were predicted" if kind in predicted else heldout.ABSENT[kind])
+    absent = {kind: notes.get(kind) or ("only numerics-only, A/A-twin or own-curve predictions were made"
+                                        if kind in predicted else heldout.ABSENT[kind])
               for kind in heldout.KINDS if kind not in present}
     if scored.empty:
         return {"predictions": 0, "absent": absent,
@@ -87,7 +92,7 @@ def score(frame: pd.DataFrame, notes: Mapping[str, str] | None = None) -> dict:
     pooled = _scored(scored)
     return {"heldout_within_25pct": pooled["within_25pct"], "heldout_median_error": pooled["median_error"],
             "null_median_error": pooled["null_median_error"], "null_within_25pct": pooled["null_within_25pct"],
-            "predictions": pooled["n"],
+            "predictions": pooled["n"], "independent_predictions": pooled["independent"],
             "by_kind": {kind: _scored(part) for kind, part in scored.groupby("kind", sort=True)},
             **({"absent": absent} if absent else {}), "beats_nulls": pooled["beats_nulls"],
             "speedup": "speculation (drafted / plain on the same kernel), predicted without its drafted runs"}
@@ -103,13 +108,33 @@ class HeldOutScore:
     shape_note: str | None
 
 
+def borrowed_curves(cells: list[Cell]) -> dict[str, tuple[LatencyCurve, dict, str | None]]:
+    """Per cell id: (target curve, its curves by rows, where from): the first other cell (by id) that stored a
+    curve of the same target at the same batch, as its target (its curves by rows too) or its reference;
+    else the cell's own, where from = None (`heldout.HeldOut.own_curve`: never scored)."""
+    out = {}
+    for cell in cells:
+        own = cell.curves()[0]
+        donor = next(((c, role, curve, rows) for c in sorted(cells, key=lambda c: c.cell_id) if c is not cell
+                      for role, curve, rows in zip(("target", "reference"), c.curves(), c.row_curves())
+                      if curve.target == own.target and curve.batch == own.batch), None)
+        out[cell.cell_id] = ((donor[2], donor[3], f"{donor[0].name}'s {donor[1]} curve") if donor
+                             else (own, cell.row_curves()[0], None))
+    return out
+
+
 def heldout_score(cells: list[Cell]) -> HeldOutScore:
-    by_shape, shape_note = heldout.shape_predictions(
-        [heldout.Measured(c.cell_id, c.labels, c.rows, c.curves()[0]) for c in cells])
-    held = table([h for c in cells
-                          for h in heldout.predictions(c.cell_id, c.labels, c.rows, c.curves()[0], c.row_curves()[0])]
-                         + by_shape)
-    return HeldOutScore(held, score(held, {"shape": shape_note} if shape_note else None), shape_note)
+    """Every held-out prediction, each cell priced on another cell's curve of its kernel (`borrowed_curves`),
+    and the score; its `curves` names each cell's curve."""
+    curves = borrowed_curves(cells)
+    by_shape, shape_note = heldout.shape_predictions([heldout.Measured(
+        c.cell_id, c.labels, c.rows, curves[c.cell_id][0], curves[c.cell_id][2] is None) for c in cells])
+    held = table([replace(h, own_curve=curves[c.cell_id][2] is None) for c in cells for h in heldout.predictions(
+        c.cell_id, c.labels, c.rows, *curves[c.cell_id][:2])] + by_shape)
+    result = score(held, {"shape": shape_note} if shape_note else None)
+    result["curves"] = {c.name: curves[c.cell_id][2] or "own curve (no other cell measured its kernel): not scored"
+                        for c in cells}
+    return HeldOutScore(held, result, shape_note)
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -121,14 +146,20 @@ def verdict_line(score: dict) -> list[str]:
     """The verdict's cost-model line ([] when nothing was predicted)."""
     if "heldout_median_error" not in score:
         return []
-    nulls = score["null_median_error"]
     met = "met" if score.get("beats_nulls") else "NOT met"
-    return [f"- Cost model out of sample, target (>= 75% within 25%, median error <= half the better null's) "
+    failed = [k for k, v in score["by_kind"].items() if not v["beats_nulls"]]
+    return [f"- Cost model out of sample, target (>= 75% within 25%, median error <= half the best null's) "
             f"{met}: {score['heldout_within_25pct']:.0%} within 25%, median error "
-            f"{score['heldout_median_error']:.1%} vs nulls constant {nulls['constant']:.1%}, flat curve "
-            f"{nulls['flat_curve']:.1%} ({score['predictions']} predictions; "
+            f"{score['heldout_median_error']:.1%} vs nulls {_nulls(score['null_median_error'])} "
+            f"({score['predictions']} predictions of {score['independent_predictions']} cells; "
             + ", ".join(f"{k} {v['median_error']:.1%}" for k, v in score["by_kind"].items())
+            + (f"; fails its nulls: {', '.join(failed)}" if failed else "")
             + (f"; no {', '.join(score['absent'])}" if score.get("absent") else "") + ")"]
+
+
+def _nulls(nulls: dict, pct=lambda v: f"{v:.1%}") -> str:  # noqa: ANN001 -- a formatter
+    """`constant 1.0% / flat_curve 2.0% / transfer 3.0%` of a `null_*` dict."""
+    return " / ".join(f"{k} {pct(v)}" for k, v in nulls.items())
 
 
 def heldout_md(result: HeldOutScore) -> list[str]:
@@ -137,16 +168,19 @@ def heldout_md(result: HeldOutScore) -> list[str]:
     md: list[str] = []
     md += ["", "## Cost model, out of sample", "", MODEL_TEXT, "",
            f"Score (real kernels): **{score.get('heldout_within_25pct', float('nan')):.0%}** within 25%, median error "
-           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: constant "
-           f"{score.get('null_median_error', {}).get('constant', float('nan')):.1%}, flat curve "
-           f"{score.get('null_median_error', {}).get('flat_curve', float('nan')):.1%} (target: >= 75% within 25% and "
-           "at most half the better null's median error: "
-           f"{'met' if score.get('beats_nulls') else 'not met'}).", "", "![held-out](heldout.png)", ""]
-    md += md_table(["held out", "predictions", "within 25%", "median error", "null median error (const / flat)",
-                     "null within 25% (const / flat)", "MAL error (expected)", "in-sample error", "target met"],
-                    [[f"held-out {kind}", str(k["n"]), f"{k['within_25pct']:.0%}", f"{k['median_error']:.1%}",
-                      f"{k['null_median_error']['constant']:.1%} / {k['null_median_error']['flat_curve']:.1%}",
-                      f"{k['null_within_25pct']['constant']:.0%} / {k['null_within_25pct']['flat_curve']:.0%}",
+           f"**{score.get('heldout_median_error', float('nan')):.1%}**; nulls: "
+           f"{_nulls(score.get('null_median_error', {}))} (target: >= 75% within 25% and at most half the best "
+           f"null's median error: {'met' if score.get('beats_nulls') else 'not met'}); "
+           f"{score.get('predictions', 0)} predictions of "
+           f"{score.get('independent_predictions', 0)} cells (a cell's predictions share its runs: count the cells as "
+           "the independent ones).", "",
+           *(f"**Held-out {kind} fails its nulls.**" for kind, k in score.get("by_kind", {}).items()
+             if not k["beats_nulls"]), "", "![held-out](heldout.png)", ""]
+    md += md_table(["held out", "predictions (cells)", "within 25%", "median error", "null median error",
+                     "null within 25%", "MAL error (expected)", "in-sample error", "target met"],
+                    [[f"held-out {kind}", f"{k['n']} ({k['independent']})", f"{k['within_25pct']:.0%}",
+                      f"{k['median_error']:.1%}", _nulls(k["null_median_error"]),
+                      _nulls(k["null_within_25pct"], lambda v: f"{v:.0%}"),
                       _pct(k.get("mal_median_error")) + (f" ({_pct(k['expected_mal_median_error'])})"
                                                          if "expected_mal_median_error" in k else ""),
                       _pct(k.get("in_sample_median_error")), "yes" if k["beats_nulls"] else "no"]
@@ -164,11 +198,14 @@ def heldout_md(result: HeldOutScore) -> list[str]:
                "batch cell, `@bB`, new tokens of all rows per batch step); "
                "tokens drafted / plain: the predicted runs' (the model takes the plain run's length). Both are shown "
                "to explain an error, never used by the prediction.", ""]
-        md += md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error", "null errors (const / flat)",
-                         "MAL used / measured", "in-sample error", "tokens drafted / plain"],
-                        [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else ""),
+        md += md_table(["cell", "held out", "measured", "predicted", "flat-curve null", "error",
+                         "null errors (const / flat / transfer)", "MAL used / measured", "in-sample error",
+                         "tokens drafted / plain"],
+                        [[f"{r.drafter} `{r['shape']}` {r.quant}" + (" (numerics only)" if r.numerics_only else "")
+                          + (" (not scored)" if not r.scored and not r.numerics_only else ""),
                           f"held-out {r.kind} {r.part}", f"{r.measured:.2f}x", f"{r.predicted:.2f}x", f"{r.flat:.2f}x",
-                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%}",
+                          f"{r.error:.0%}", f"{r.constant_error:.0%} / {r.flat_error:.0%} / "
+                          + _pct(r.transfer_error, 0),
                           f"{r.mal:.2f} / {r.measured_mal:.2f}", _pct(r.in_sample_error, 0), f"{r.length_ratio:.2f}"]
                          for _, r in held.sort_values(["numerics_only", "drafter", "shape", "quant", "kind", "part"]).iterrows()])
     return md

@@ -86,9 +86,8 @@ def compact(grid: pd.DataFrame, numerics: set[str] = frozenset()) -> pd.DataFram
 
 def plot_heatmaps(panels: dict[str, pd.DataFrame], path: Path, title: str = "",
                   numerics: set[str] = frozenset()) -> None:
-    """One heatmap per panel ({its title: a grid, rows x kernels}), sized to the cells present (`compact`):
-    a MAL panel coloured from 1 up, a speedup panel diverging around 1.0; numerics-only kernels marked *
-    and hatched."""
+    """One heatmap per panel ({its title: a grid, rows x kernels}), sized to the cells present (`compact`): a MAL panel
+    coloured from 1 up, a speedup panel diverging around 1.0; numerics-only kernels marked * and hatched."""
     plt = _pyplot()
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
@@ -168,8 +167,8 @@ def plot_interactions(frame: pd.DataFrame, path: Path, margin: float) -> None:
 
 
 def plot_heldout(frame: pd.DataFrame, path: Path) -> None:
-    """Held-out predictions of speculation against measurement, one marker per kind, hollow for
-    numerics-only cells; the constant null is the horizontal line 1.0."""
+    """Held-out predictions of speculation against measurement, one marker per kind, hollow for those
+    not scored (numerics-only cells, the A/A twin, own curves); the constant null is the horizontal line 1.0."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4.6), constrained_layout=True)
     values = frame[["measured", "predicted", "flat"]].to_numpy(float) if len(frame) else np.ones((1, 3))
@@ -179,10 +178,10 @@ def plot_heldout(frame: pd.DataFrame, path: Path) -> None:
     ax.fill_between(xs, xs / 1.25, xs * 1.25, color="grey", alpha=0.15, label="within 25%")
     ax.axhline(1.0, color="C7", lw=0.8, ls=":", label="constant null (1.0x)")
     for k, (kind, part) in enumerate(frame.groupby("kind", sort=True) if len(frame) else []):
-        for numerics, sub in part.groupby("numerics_only"):
+        for numerics, sub in part.groupby(~part.scored if "scored" in part else part.numerics_only):
             ax.scatter(sub.measured, sub.predicted, s=26, marker=MARKERS[k], color=f"C{k}",
                        facecolors="none" if numerics else f"C{k}",
-                       label=f"held-out {kind}" + (" (numerics only)" if numerics else ""))
+                       label=f"held-out {kind}" + (" (not scored)" if numerics else ""))
             ax.scatter(sub.measured, sub.flat, s=14, marker=MARKERS[k], color="C7", alpha=0.5,
                        label=f"flat-curve null, {kind}" if not numerics else None)
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="measured speculation speedup", ylabel="predicted (held out)")

@@ -1,28 +1,21 @@
 """The cost model scored out of sample: each cell's speculation speedup predicted only from runs it
-was not measured in, beside two nulls.
-
-Owns which runs predict which (the model, its inputs and nulls are `specdec.measure.costmodel`'s) and
-the per-prediction errors (scored in `experiments.costs.score`):
-- *kernel*: the fp32 drafted runs of a paired cell (acceptance per verify width, drafting and
-  bookkeeping per step), fp32's drafting scaled by the cell's paired drafting probe (`kernel_profile`;
-  without both probes fp32's drafting stands, and the part says so), and the kernel's curve and plain
-  runs predict speculation on the kernel;
-- *prompts*: a cell's questions split in alternating halves (sorted ids); each half's drafted runs
-  predict the other's speculation on the same kernel;
-- *shape*: a chain(k) cell predicted from the nearest deeper chain(K) cell of the same drafter and
-  kernel (an A/A control counts as fp32) over the same questions: MAL = the deeper cell's
-  teacher-forced profile replayed in chain(k) (`tf_chain_steps` / `tf_chain_accepted`), one forward of
-  width k + 1 per step, and delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K,
-  probe)`; a deeper cell without them (no teacher forcing) predicts nothing. Trees and dynamic shapes are
-  not predicted (cells do not store the drafts a smaller tree would be cut from).
-Errors are |predicted / measured - 1| of the pooled speculation speedup. Shown apart, never scored:
-the *MAL error*, the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for
-*prompts*, the MAL error expected from the seen half's per-prompt spread (`expected_transfer`). Nulls:
-*constant* (1.0x) and *flat curve* (R(w) = 1). Numerics-only cells are left out of the score; a kind
-no cell allows is absent, with a note (never a zero). Batch cells are predicted by kernel and prompts
-from their batch steps (a step's width is its widest row's), priced by the rows still decoding
-(`shapes`: f_r R_r(w)); one stored before its curves by rows is priced by width alone, one stored
-before its batch steps is not predicted. Knows nothing about files or figures.
+was not measured in, beside three nulls. Owns which runs predict which (the model is
+`specdec.measure.costmodel`'s) and the per-prediction errors (scored in `experiments.costs.score`):
+- *kernel*: the fp32 drafted runs of a paired cell, their drafting scaled by the paired drafting probe
+  (`kernel_profile`; without both probes fp32's drafting stands, and the part says so), and the kernel's
+  curve and plain runs predict speculation on the kernel;
+- *prompts*: alternating halves of the questions (sorted ids), each half's drafted runs predicting the other's;
+- *shape*: a chain(k) cell from the nearest deeper chain(K) cell of its drafter and kernel (an A/A control
+  counts as fp32) over the same questions: MAL = that cell's teacher-forced profile replayed in chain(k)
+  (`REPLAY`), delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K, probe)`; trees and
+  dynamic shapes are not predicted (cells do not store the drafts a smaller tree would be cut from).
+Errors are |predicted / measured - 1| of the pooled speedup. Shown apart, never scored: the *MAL error*,
+the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for *prompts*, the MAL
+error the seen half's spread expects (`expected_transfer`). Nulls: *constant* (1.0x), *flat curve*
+(R(w) = 1), *transfer* (the measured speculation of the runs read, no model). Numerics-only cells, the
+A/A twin's *kernel* prediction and cells priced on their own curve are not scored; a kind no cell allows
+is absent, with a note. Batch cells are predicted from their batch steps (a step's width its widest row's),
+priced by the rows still decoding (`shapes`: f_r R_r(w)), by width alone where stored without curves by rows.
 """
 
 from __future__ import annotations
@@ -85,6 +78,12 @@ class HeldOut:
     expected_mal_error: float = float("nan")
     """*prompts* only: the MAL error two samples of these sizes are expected to show, from the seen half's
     per-prompt spread alone (`expected_transfer`); shown beside the MAL error, never used."""
+    transfer: float = float("nan")
+    """The transfer null: the measured speculation of the runs the prediction read, no model."""
+    control: bool = False
+    """An A/A control cell (its *kernel* prediction, fp32 from fp32, is the twin: never scored)."""
+    own_curve: bool = False
+    """Priced on the cell's own curve (no other cell measured its kernel): never scored."""
 
     def error(self, value: float) -> float:
         return abs(value / self.measured - 1)
@@ -153,10 +152,9 @@ def _probe(rows: pd.DataFrame, column: str) -> dict[str, float]:
 
 
 def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftProfile, bool]:
-    """phi_w and the bookkeeping per step of the fp32 drafted runs, with their drafting per step scaled by
-    the paired probe's ratio at depth `k` (the kernel's drafting over fp32's, measured interleaved:
-    `PROBE` / `REFERENCE_PROBE`); (profile, True) when both probes were there, else fp32's drafting
-    stands (False)."""
+    """phi_w and the bookkeeping per step of the fp32 drafted runs, with their drafting per step scaled by the paired
+    probe's ratio at depth `k` (the kernel's drafting over fp32's, measured interleaved: `PROBE` / `REFERENCE_PROBE`);
+    (profile, True) when both probes were there, else fp32's drafting stands (False)."""
     fp32 = draft_profile(rows, "reference_drafted_")
     on_kernel, on_fp32 = _probe(rows, PROBE), _probe(rows, REFERENCE_PROBE)
     if str(k) not in on_kernel or str(k) not in on_fp32 or "reference_drafted_draft_time_s" not in rows:
@@ -180,8 +178,7 @@ def row_context(rows: pd.DataFrame, tokens: str = "baseline_new_tokens") -> floa
 
 
 def plain_run(rows: pd.DataFrame) -> costmodel.PlainRun:
-    """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's,
-    c a row's)."""
+    """The kernel's plain runs (`baseline_*`) summed over `rows` (a batch cell's: t_1 is a batch step's, c a row's)."""
     n, verify_s = (rows[_column(rows, "baseline_", name)].sum() for name in ("steps", "verify_time_s"))
     by_rows, row_forward_s = {}, row_forwards(rows, "baseline_")
     if row_forward_s is not None:  # a batch's one-token forward per row count, and the rest of its steps
@@ -219,10 +216,13 @@ def expected_transfer(seen: pd.DataFrame, unseen: pd.DataFrame) -> float:
     return v * (2 / np.pi) ** 0.5 * (1 / len(mal) + 1 / unseen.question_id.nunique()) ** 0.5
 
 
-def measured_speculation(rows: pd.DataFrame) -> float:
-    """Pooled drafted tokens/s over plain tokens/s on the kernel."""
-    return float((rows.new_tokens.sum() / rows.wall_time_s.sum())
-                 / (rows.baseline_new_tokens.sum() / rows.baseline_wall_time_s.sum()))
+def measured_speculation(rows: pd.DataFrame, drafted: str = "", plain: str = "baseline_") -> float:
+    """Pooled drafted tokens/s over plain tokens/s on the kernel (`reference_drafted_`, `reference_`: on fp32;
+    NaN where the rows lack those runs)."""
+    if not _has(rows, [f"{drafted}wall_time_s", f"{plain}wall_time_s"]):
+        return float("nan")
+    return float((rows[f"{drafted}new_tokens"].sum() / rows[f"{drafted}wall_time_s"].sum())
+                 / (rows[f"{plain}new_tokens"].sum() / rows[f"{plain}wall_time_s"].sum()))
 
 
 def halves(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -240,7 +240,7 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     batch = int(labels.get("batch", 1) or 1)
     common = {"cell_id": cell_id, "drafter": labels["drafter"], "quant": labels["quant"],
               "shape": labels["shape"] + (f" @b{batch}" if batch > 1 else ""),  # as the report names the cell
-              "numerics_only": bool(labels.get("numerics_only", False))}
+              "numerics_only": bool(labels.get("numerics_only", False)), "control": bool(labels.get("control"))}
 
     def one(kind: str, part: str, source: costmodel.DraftProfile, target: pd.DataFrame, **extra) -> HeldOut:
         plain = plain_run(target)
@@ -256,11 +256,14 @@ def predictions(cell_id: str, labels: dict, rows: pd.DataFrame, curve: LatencyCu
     if not own_reference and _has(rows, ["reference_drafted_verify_widths"]):
         shape = parse_shape(labels["shape"])
         profile, probed = kernel_profile(rows, shape.k if isinstance(shape, ChainShape) else None)
-        out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows))
+        out.append(one("kernel", "all" if probed else "all (fp32's drafting cost)", profile, rows,
+                       transfer=measured_speculation(rows, "reference_drafted_", "reference_")))
     a, b = halves(rows)
     if len(a) and len(b):
-        out.append(one("prompts", "B", draft_profile(a), b, expected_mal_error=expected_transfer(a, b)))
-        out.append(one("prompts", "A", draft_profile(b), a, expected_mal_error=expected_transfer(b, a)))
+        out.append(one("prompts", "B", draft_profile(a), b, expected_mal_error=expected_transfer(a, b),
+                       transfer=measured_speculation(a)))
+        out.append(one("prompts", "A", draft_profile(b), a, expected_mal_error=expected_transfer(b, a),
+                       transfer=measured_speculation(b)))
     return out
 
 
@@ -273,7 +276,9 @@ class Measured:
     """drafter, shape, quant, numerics_only, control, batch (the report's cell labels)."""
     rows: pd.DataFrame
     curve: LatencyCurve
-    """The cell's target latency curve."""
+    """The target latency curve the cell is priced on (another cell's measurement of its kernel, where one was)."""
+    own_curve: bool = False
+    """`curve` is the cell's own (`HeldOut.own_curve`)."""
 
     @property
     def kernel(self) -> str:
@@ -338,13 +343,13 @@ def shape_predictions(cells: Sequence[Measured]) -> tuple[list[HeldOut], str | N
         if target.empty:
             missing.append(f"{source.cell_id} (no question in common with {small.cell_id})")
             continue
-        draft = chain_profile(source.rows[source.rows.question_id.isin(set(target.question_id))], small.chain,
-                              source.chain)
-        plain = plain_run(target)
+        seen = source.rows[source.rows.question_id.isin(set(target.question_id))]
+        draft, plain = chain_profile(seen, small.chain, source.chain), plain_run(target)
         out.append(HeldOut(cell_id=small.cell_id, drafter=small.labels["drafter"], shape=small.labels["shape"],
                            quant=small.labels["quant"], numerics_only=bool(small.labels.get("numerics_only", False)),
                            kind="shape", part=f"from {source.labels['shape']} on {source.labels['quant']}",
-                           measured=measured_speculation(target),
+                           measured=measured_speculation(target), transfer=measured_speculation(seen),
+                           control=bool(small.labels.get("control")), own_curve=small.own_curve,
                            predicted=costmodel.predict_speculation(draft, plain, small.curve),
                            flat=costmodel.predict_speculation(draft, plain, None), **diagnostics(draft, target),
                            in_sample=in_sample(target, small.curve)))

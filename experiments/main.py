@@ -1,19 +1,18 @@
-"""The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the
-findings report, ending with the report's verdict (grids/main.yaml says which cells and why).
+"""The main job: the grid of grids/main.yaml on the embedded target, then the leaderboard and the findings report,
+ending with the report's verdict (grids/main.yaml says which cells and why).
 
     python -m experiments.main                       # the grid, the leaderboard files, REPORT.md, the verdict
     python -m experiments.main max_new_tokens=24 results.dir=results/quick
     python -m experiments.main --dry-run             # print the commands it runs (paste them as they are)
     python -m experiments.main size=full             # the publication-size grid (grids/full.yaml)
     python -m experiments.main kv=off                # without the KV-retention curve (`kv:` of the grid)
+    python -m experiments.main prediction=off        # without the interactions predicted before the cells
 
-Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of
-`experiments.run`), the drafters resolved against the registry at start (`others` = every registered
-drafter no block names and `exclude_drafters` does not exclude; unregistered drafters and quant
-presets are dropped with a note), fixed settings and command-line overrides (which replace the
-grid's value in every block). Afterwards it writes RESULTS/leaderboard/ and RESULTS/REPORT.md, runs
-the grid's `kv:` curve (`experiments.kv`) when set, and prints the report's verdict and its JSON line
-with the grid's exit status added.
+Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of `experiments.run`), the
+drafters resolved against the registry at start (`others` = every registered drafter no block names nor
+`exclude_drafters` excludes; unregistered drafters and quant presets dropped with a note), fixed settings and
+command-line overrides (replacing the grid's value in every block). Then RESULTS/leaderboard/, RESULTS/REPORT.md,
+the grid's `kv:` curve (`experiments.kv`), and the verdict and JSON line with the grid's exit status added.
 """
 
 from __future__ import annotations
@@ -203,6 +202,59 @@ def check_cells(blocks: list[list[str]]) -> int:
     return cells
 
 
+def profile_command(blocks: list[list[str]], grid_file: Path, results: str) -> list[str] | None:
+    """`experiments.run -m` of each drafter x shape of the grid's kernel blocks with the overrides of its
+    `prediction:` entry (fp32, held-out prompts) into RESULTS/profile: what `predict_block` reads."""
+    extra = OmegaConf.to_container(OmegaConf.load(grid_file)).get("prediction")
+    kernel = [dict(o.split("=", 1) for o in b) for b in blocks if set(dict(o.split("=", 1) for o in b).get(
+        "quant", "none").split(",")) - {"none"}]
+    if not extra or not kernel:
+        return None
+    union = lambda key: ",".join(dict.fromkeys(v for b in kernel for v in b[key].split(",")))  # noqa: E731
+    kept = [f"{k}={v}" for k, v in kernel[0].items() if k.split(".")[0] not in (
+        "drafter", "shape", "quant", "dataset", "results") and not k.startswith(("runner.teacher", "runner.latency"))]
+    return commands([[f"drafter={union('drafter')}", f"shape={union('shape')}", *kept, *extra,
+                      f"results.dir={Path(results) / 'profile'}"]])[0]
+
+
+def predict_block(command: list[str], results: str, tune: list[str], control: dict | None, profiled: bool) -> None:
+    """Before the block `command` runs, print the mechanism control's prediction (in the grid's
+    `mechanism_control` drafter's block) and, with RESULTS/profile, each drafted kernel cell's from the
+    tune records' curves (`experiments.predict`); a note on stderr where one cannot be made."""
+    import itertools
+
+    from experiments import predict
+    from specdec import quant as quantization
+    from specdec.core.shapes import parse_shape
+    from specdec.tune import stored_record
+
+    values = {o.split("=", 1)[0]: o.split("=", 1)[1].split(",") for o in command if "=" in o}
+    threads = int(tune[tune.index("--threads") + 1]) if "--threads" in tune else None
+    if control and values.get("drafter") == [control["drafter"]]:
+        try:
+            print("mechanism control, predicted before it runs: " + str(predict.predict_control(
+                results, control["drafter"], control["source"], _preset_spec(values["quant"][0]))), flush=True)
+        except (LookupError, ValueError, StoreError) as err:
+            print(f"mechanism control: no prediction ({err})", file=sys.stderr)
+    for drafter, shape, preset in itertools.product(values["drafter"], values["shape"], values.get("quant", [])):
+        spec = _preset_spec(preset)
+        if not profiled or preset == "none" or spec is None:
+            continue
+        label = OmegaConf.load(CONF_DIR / "quant" / f"{preset}.yaml").get("label") or quantization.parse_spec(spec).text
+        shape = str(parse_shape(OmegaConf.load(CONF_DIR / "shape" / f"{shape}.yaml").spec))
+        try:
+            found = {role: stored_record(tune[3], threads, "cpu", s) for role, s in (("kernel", spec), ("fp32", None))}
+            if None in found.values():
+                raise LookupError(f"no tune record of {tune[3]} ({', '.join(r for r, f in found.items() if not f)})")
+            p = predict.predict_cell(results, f"{drafter} {shape} on {label}", drafter, shape,
+                                     {r: predict.tune_curve(f[0]) for r, f in found.items()},
+                                     {r: Path(f[1]).name for r, f in found.items()})
+            print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; "
+                  f"the tune record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)
+        except (LookupError, ValueError, StoreError, OSError) as err:
+            print(f"{drafter} {shape} on {label}: no prediction before it runs ({err})", file=sys.stderr)
+
+
 def record_counts(kind: str, paths: list[Path], this_run: dict) -> dict[str, int]:
     """Over `this_run` and every stored record of `kind` in `paths` (the results store's and the published
     ones of this machine, a published copy counted once): runs, runs with a fight verdict, with the A/A
@@ -222,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         grid_file, overrides = pick_grid(args.overrides)
+        predict = "prediction=off" not in overrides
+        overrides = [o for o in overrides if o != "prediction=off"]
         kv_off = [o for o in overrides if o.startswith("kv=")]
         if not args.dry_run:
             quick_check([o for o in overrides if o not in kv_off])
@@ -236,28 +290,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    runs = [tune_command(blocks), *commands(blocks), *([kv] if kv else [])]  # the machine's choices first
+    profile = profile_command(blocks, grid_file, results) if predict else None  # what the predictions read
+    runs = [tune_command(blocks), *([profile] if profile else []), *commands(blocks), *([kv] if kv else [])]
     for command in runs:
         print(shlex.join(command), flush=True)
     if args.dry_run:
         return 0
     control = OmegaConf.to_container(OmegaConf.load(grid_file)).get("mechanism_control")
     for command in runs:
-        if control and f"drafter={control['drafter']}" in command:  # its prediction, before it runs
-            from experiments.report import ReportError, predict_control
-
-            try:
-                kernel = _preset_spec(next(o for o in command if o.startswith("quant=")).split("=", 1)[1])
-                print(f"mechanism control, predicted before it runs: "
-                      f"{predict_control(results, control['drafter'], control['source'], kernel)}", flush=True)
-            except (ReportError, StoreError, LookupError, ValueError) as err:
-                print(f"mechanism control: no prediction ({err})", file=sys.stderr)
+        block = command in commands(blocks)
+        if block:
+            predict_block(command, results, runs[0], control, profile is not None)
         status = subprocess.run(command).returncode
-        if status != 0:  # no report: a report now would print an earlier run's cells as this run's verdict
+        if status != 0 and command is profile:
+            print(f"the held-out profile failed (exit {status}): no prediction before the cells", file=sys.stderr)
+            profile = None
+        elif status != 0:  # no report: a report now would print an earlier run's cells as this run's verdict
             print(f"\nthe grid failed (exit {status}) at: {shlex.join(command)}\nno report and no record were "
                   f"written; the cells stored so far are in {results} (python -m experiments.report {results})",
                   file=sys.stderr)
             return status
+        if block and profile:
+            from experiments.predict import print_measured
+
+            print_measured(results)
     from experiments.leaderboard import LeaderboardError, write_leaderboard
     from experiments.report import ReportError, write_report
 

@@ -2,11 +2,10 @@
 
     python -m experiments.report RESULTS [--project-device H200=h200_curve.json] [--project-curve FILE ...]
 
-Owns, over a store's cells (`experiments.stored`), the verdict lines (`experiments.verdict`), the
-cost-model score and projections (`experiments.costs`), acceptance apart from cost, and REPORT.md with
-its PNGs (`experiments.figures`). The same store gives the same REPORT.md byte for byte. "Numerics
-only" rows get no speed verdict and sit apart in every table. Knows nothing about how cells were
-measured beyond the fields the runner writes.
+Owns, over a store's cells (`experiments.stored`), the verdict lines (`experiments.verdict`), the cost-model score
+and projections (`experiments.costs`), acceptance apart from cost, and REPORT.md with its PNGs (`experiments.figures`).
+The same store gives the same REPORT.md byte for byte. "Numerics only" rows get no speed verdict and sit apart in
+every table. Knows nothing about how cells were measured beyond the fields the runner writes.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import costs, figures, kv
+from experiments.predict import mechanism_control, predictions, text
 from experiments.batches import batch_section
 from experiments.costs import md_table
 from experiments.leaderboard import N_BOOT, LeaderboardError, atomic_text, position_rates
@@ -230,38 +230,6 @@ def decomposition(cells: list[Cell], found: dict[str, Interaction]) -> dict:
     return out
 
 
-CONTROL_FILE = "mechanism_control.json"
-"""RESULTS/mechanism_control.json: the mechanism control's prediction, written before its cell runs."""
-
-
-def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
-    """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting
-    and prefill taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), read
-    from the stored `source` drafter's cell on `kernel`; written to RESULTS/`CONTROL_FILE`."""
-    cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
-    found = verdicts(cells, N_BOOT)
-    scored = [c for c in cells if found[c.cell_id].factors]
-    if not scored:
-        raise ReportError(f"no decomposed {source} cell on {kernel} in {results} to predict the {drafter} control from")
-    width = found[scored[0].cell_id].factors["width"][0]
-    record = {"drafter": drafter, "predicted": round(width, 4), "from": f"width factor of {scored[0].name}"}
-    atomic_text(Path(results) / CONTROL_FILE, json.dumps(record) + "\n")
-    return record
-
-
-def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
-    """The JSON line's `mechanism_control`: the stored prediction beside the control cell's measured
-    interaction and CI (None without a prediction or that cell)."""
-    path = Path(results) / CONTROL_FILE
-    record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    cell = next((c for c in _speed(cells, found) if c.entry[0] == record.get("drafter")), None)
-    if cell is None:
-        return None
-    v, guess = found[cell.cell_id], record["predicted"]
-    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
-                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
-
-
 def _decomposition_md(table: dict) -> list[str]:
     """Why each cell fights or compounds: the decomposition's table and stacked plot."""
     if not table:
@@ -380,10 +348,11 @@ def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tupl
     control = mechanism_control(results, cells, found)
     if control is not None:
         summary["mechanism_control"] = control
-        verdict[14:] = [f"- Mechanism control ({control['drafter']}): predicted {control['predicted']:.2f} ({control['from']}"
-                       f"), measured {control['measured']:.2f} [{control['ci'][0]:.2f}, {control['ci'][1]:.2f}]: "
-                       f"{'within' if control['within'] else 'NOT within'} its CI or 0.05"]
+        verdict[14:] = [f"- Mechanism control ({control['drafter']}): {text(control)}"]
         md.insert(md.index("## Setting and limits") - 1, verdict[-1])
+    summary["prediction"] = predictions(results, cells, found)
+    md[md.index("## Setting and limits") - 1:md.index("## Setting and limits") - 1] = [
+        f"- Predicted before it ran, {p['cell']}: {text(p)}" for p in summary["prediction"]]
     return "\n".join(md), verdict, summary, _figures(cells, found, curves, held_out.held, summary["decomposition"])
 
 

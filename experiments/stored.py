@@ -1,8 +1,8 @@
 """The cells of a results store as the report reads them: labels, rows, stored metadata and curves.
 
-Owns `Cell` (one finished cell: its rows, its metadata, its latency curves and measured parts) and
-`load_cells` (every cell of one setting, refusing cells the report cannot use). Knows nothing about
-verdicts, the cost model or rendering: `experiments.report` and `experiments.costs` read cells from here.
+Owns `Cell` (one finished cell: its rows, its metadata, its latency curves and measured parts) and `load_cells`
+(every cell of one setting, refusing cells the report cannot use). Knows nothing about verdicts, the cost model or
+rendering: `experiments.report` and `experiments.costs` read cells from here.
 """
 
 from __future__ import annotations

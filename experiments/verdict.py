@@ -1,21 +1,17 @@
 """Verdict rules with a known answer: the paired interaction of a cell and what its interval supports.
 
-Owns the per-prompt interaction of a paired cell (`experiments.cell`: four runs per prompt), its
-bootstrap interval over prompts, the three-way rule, the number of prompts an inconclusive interval
-would need, and the drift of the fp32 plain loop across a job. Knows nothing about stores or files.
+Owns the per-prompt interaction of a paired cell (`experiments.cell`: four runs per prompt), its bootstrap interval
+over prompts, the three-way rule, the prompts an inconclusive interval would need, and the drift of the fp32 plain
+loop across a job. Knows nothing about stores or files. Per question q (turns pooled): s_k(q) = drafted / plain
+tokens/s on the kernel, s_0(q) the same on fp32, r(q) = s_k(q) / s_0(q); the interaction is the geometric mean of
+r(q), with a 95% percentile bootstrap interval [lo, hi] over questions. Rules: *fight*: hi < 1; *compound*: lo >= 0.9
+and not a fight (no loss beyond a 10% equivalence margin); *inconclusive*: otherwise, `prompts_to_settle` saying how
+many prompts would settle it at the same spread (half-width as 1 / sqrt(n), the point held). An A/A control (fp32
+paired against itself) has a true interaction of exactly 1: it must read compound.
 
-Per question q (its turns pooled): s_k(q) = drafted tokens/s / plain tokens/s on the kernel, s_0(q) the
-same on fp32, and the interaction r(q) = s_k(q) / s_0(q). The cell's interaction is the geometric mean
-of r(q) over questions, with a 95% percentile bootstrap interval [lo, hi] over questions. Rules:
-- *fight*: hi < 1 (speculation gains less on the kernel than on fp32);
-- *compound*: lo >= 0.9 and not a fight (no loss beyond a 10% equivalence margin, or a gain);
-- *inconclusive*: otherwise; `prompts_to_settle` says how many prompts would settle it at the same
-  per-prompt spread (half-width shrinking as 1 / sqrt(n), the point estimate held).
-An A/A control (fp32 paired against itself) has a true interaction of exactly 1: it must read compound.
-
-The decomposition (`factor_logs`, as REPORT.md states it): per question s = M / (R + d) exactly, so the
-interaction = (M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: the mean of
-each one's effect in both orders, in logs] x prefill, prompt by prompt and in the geometric mean.
+The decomposition (`factor_logs`, as REPORT.md states it): per question s = M / (R + d) exactly, so the interaction =
+(M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: the mean of each one's effect in both
+orders, in logs] x prefill, prompt by prompt and in the geometric mean.
 """
 
 from __future__ import annotations
@@ -97,9 +93,8 @@ def gmean_ci(logs: np.ndarray, draws: np.ndarray) -> tuple[float, float, float]:
 
 
 def factor_logs(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per question (turns pooled), the logs of the interaction, the decode-only one, `FACTORS` and R of
-    each kernel (`r_kernel`, `r_fp32`: the in-run cost of a verify step in plain steps); see the module
-    docstring."""
+    """Per question (turns pooled), the logs of the interaction, the decode-only one, `FACTORS` and R of each kernel
+    (`r_kernel`, `r_fp32`: the in-run cost of a verify step in plain steps); see the module docstring."""
     speed = per_question(rows)
     out = pd.DataFrame({"interaction": np.log((speed.drafted / speed.plain) / (speed.reference_drafted / speed.reference))})
     s = rows.groupby("question_id").sum(numeric_only=True)

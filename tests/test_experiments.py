@@ -322,16 +322,17 @@ def test_main_dry_run_prints_commands_that_paste_as_they_are(capsys):
     from experiments.main import main as main_job
 
     assert main_job(["--dry-run"]) == 0
-    tune, *lines, kv = capsys.readouterr().out.strip().splitlines()
+    tune, profile, *lines, kv = capsys.readouterr().out.strip().splitlines()
     assert shlex.split(tune) == [sys.executable, "-m", "specdec.tune", "smollm2-135m", "--reuse", "--threads", "1",
                                  "--quant", "torchao_int4_g32"]  # the grid's real kernel; fp32_again is the reference
     assert shlex.split(kv)[:4] == [sys.executable, "-m", "experiments.kv", "results/main"]  # the grid's `kv:`
+    assert "results.dir=results/main/profile" in profile and "dataset.source=chat_heldout" in profile  # held out
     assert lines
-    for line in lines:
+    for line in [profile, *lines]:
         words = shlex.split(line)
         assert words[:4] == [sys.executable, "-m", "experiments.run", "-m"]
         OverridesParser.create().parse_overrides(words[4:])  # every override is valid Hydra syntax
-        assert "results.dir=results/main" in words and "dataset=main" in words
+        assert line == profile or "results.dir=results/main" in words and "dataset=main" in words
 
 
 def test_empty_prompt_file(tmp_path):

@@ -17,7 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny", "dataset=smoke", "dataset.question_ids=[smoke-1,smoke-4]", "drafter=random", "shape=chain2",
-        "quant=fp32_again", "max_new_tokens=4", "kv=off", "runner.warmup_tokens=2", "runner.progress=false",
+        "quant=fp32_again", "max_new_tokens=4", "kv=off",
+        "prediction=off", "runner.warmup_tokens=2", "runner.progress=false",
         "runner.latency_widths=[1,2,4]", "runner.latency_contexts=[16]", "runner.latency_repeats=1"]
 
 

@@ -1,25 +1,21 @@
 """The cost model: a cell's speculation speedup predicted out of sample, and projections to other hardware.
 
-Owns `DraftProfile` (drafting cost and target forwards of each width per new token, measured on
-*other* runs), `PlainRun` (the plain run on the target being predicted), `predict_speculation` (the
-held-out prediction and its flat-curve null), `RunParts` / `predict` / `project` (speedups with
-another device's curves), `mal_from_acceptance` / `drafting_scale` (a shorter chain
-from a deeper one) and `Device` / `DEVICES` / `roofline_curve` / `measured_overhead` (a roofline
-curve whose per-forward overhead is measured, never assumed). Knows nothing about drafters, stores
-or reports.
-
-A drafted run of N new tokens takes
+Owns `DraftProfile` (drafting cost and target forwards of each width per new token, measured on *other* runs),
+`PlainRun` (the plain run on the target being predicted), `predict_speculation` (the held-out prediction and its
+flat-curve null), `RunParts` / `predict` / `project` (speedups with another device's curves), `mal_from_acceptance`
+/ `drafting_scale` (a shorter chain from a deeper one) and `Device` / `DEVICES` / `roofline_curve` /
+`measured_overhead` (a roofline curve whose per-forward overhead is measured, never assumed). Knows nothing about
+drafters, stores or reports. A drafted run of N new tokens takes
 
     T_d = P + N * sum_w phi_w * (t_1 * R(w, c) + delta),      speculation = T_p / T_d
 
-with phi_w the target forwards of width w per new token (sum = 1 / MAL) and delta the seconds per
-step outside the target's forward, both from a DraftProfile measured elsewhere; P, t_1, T_p and N
-from the plain run; R(w, c) = L(w, c) / L(1, c) the shape of the latency curve at the mean context c
-(a ratio, so a curve taken under other load shifts neither side). A batch step costs f_r R_r(w, c)
-+ the plain step's other seconds at r rows still decoding. Nulls: *flat curve* (R = 1) and
-*constant* (1.0x). A roofline forward: L(w, c) = overhead + max(bytes / bandwidth, flops / peak),
-bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w +
-4 * layers * hidden * w * (c + w).
+with phi_w the target forwards of width w per new token (sum = 1 / MAL) and delta the seconds per step outside the
+target's forward, both from a DraftProfile measured elsewhere; P, t_1, T_p and N from the plain run; R(w, c) =
+L(w, c) / L(1, c) the shape of the latency curve at the mean context c (a ratio, so a curve taken under other load
+shifts neither side). A batch step costs f_r R_r(w, c) + the plain step's other seconds at r rows still decoding.
+Nulls: *flat curve* (R = 1) and *constant* (1.0x). A roofline forward: L(w, c) = overhead + max(bytes / bandwidth,
+flops / peak), bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w + 4 * layers
+* hidden * w * (c + w).
 """
 
 from __future__ import annotations

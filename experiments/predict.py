@@ -1,0 +1,138 @@
+"""Predicted before measured: the interactions the main job prints before a cell runs, then measures.
+
+Owns the mechanism control's prediction (its source drafter's width factor: `predict_control`) and each
+drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over fp32, fed the
+fp32 drafted and plain runs of that drafter x shape on held-out prompts (RESULTS/profile) with forwards
+and prefill scaled by the tune records' kernel / fp32 curves, drafting not. Both are stored before their
+cell runs and set beside its measured interaction by the report. The scored cell is never read for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import heldout
+from experiments.leaderboard import N_BOOT, atomic_text
+from experiments.store import StoreError
+from experiments.stored import Cell, ReportError, load_cells
+from experiments.verdict import Interaction
+from specdec.core.curve import LatencyCurve
+from specdec.measure import costmodel
+
+CONTROL_FILE = "mechanism_control.json"
+"""RESULTS/mechanism_control.json: the mechanism control's prediction, written before its cell runs."""
+PREDICTION_FILE = "prediction.jsonl"
+"""RESULTS/prediction.jsonl: one line per kernel cell predicted before it ran."""
+PROFILE_DIR = "profile"
+"""RESULTS/profile: the held-out prompts' fp32 drafted and plain runs the predictions read."""
+
+
+def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
+    """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting
+    and prefill taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), read
+    from the stored `source` drafter's cell on `kernel`; written to RESULTS/`CONTROL_FILE`."""
+    from experiments.report import verdicts
+
+    cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
+    found = verdicts(cells, N_BOOT)
+    scored = [c for c in cells if found[c.cell_id].factors]
+    if not scored:
+        raise ReportError(f"no decomposed {source} cell on {kernel} in {results} to predict the {drafter} control from")
+    width = found[scored[0].cell_id].factors["width"][0]
+    record = {"drafter": drafter, "predicted": round(width, 4), "from": f"width factor of {scored[0].name}"}
+    atomic_text(Path(results) / CONTROL_FILE, json.dumps(record) + "\n")
+    return record
+
+
+def _beside(record: dict, v: Interaction) -> dict:
+    """A stored prediction with the measured interaction, its CI and whether it falls within them (or 0.05)."""
+    guess = record["predicted"]
+    return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
+                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
+
+
+def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
+    """The JSON line's `mechanism_control` (None without a prediction or the control's cell)."""
+    path = Path(results) / CONTROL_FILE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    cell = next((c for c in cells if c.cell_id in found and not c.numerics_only and not c.control
+                 and c.entry[0] == record.get("drafter")), None)
+    return None if cell is None else _beside(record, found[cell.cell_id])
+
+
+def tune_curve(record: dict) -> LatencyCurve:
+    """The batch-1 curve `specdec.tune` stored in a tune record (its own grid first); LookupError without one."""
+    from specdec import tune
+
+    grid = f"_w{'-'.join(map(str, tune.CURVE_WIDTHS))}_c{'-'.join(map(str, tune.CURVE_CONTEXTS))}_r5"
+    curves = sorted(((not key.endswith(grid), key), LatencyCurve.from_json(c, key))
+                    for key, c in (record.get("curves") or {}).items())
+    found = [c for _, c in curves if c.batch == 1 and not c.holes]
+    if not found:
+        raise LookupError(f"the tune record of {record.get('target')} holds no batch-1 latency curve")
+    return found[0]
+
+
+def interaction_from(rows: pd.DataFrame, kernel: LatencyCurve, fp32: LatencyCurve) -> float:
+    """Speculation on the kernel over speculation on fp32 (`costmodel.predict_speculation` both), from the
+    fp32 drafted and plain runs `rows` of other prompts: the kernel's plain run is fp32's with each forward
+    scaled by L_k(1, c) / L_0(1, c) and the prefill by the ratio at the curves' widest width."""
+    draft, plain = heldout.draft_profile(rows), heldout.plain_run(rows)
+    c, widest = plain.context, min(kernel.widths[-1], fp32.widths[-1])
+    forward = plain.forward_s * kernel.at(1, c) / fp32.at(1, c)
+    prefill = plain.prefill_s * kernel.at(widest, c) / fp32.at(widest, c)
+    steps = int(rows[heldout._column(rows, "baseline_", "steps")].sum())
+    seconds = plain.seconds + prefill - plain.prefill_s + steps * (forward - plain.forward_s)
+    on_kernel = costmodel.PlainRun(plain.new_tokens, seconds, prefill, forward, c)
+    return (costmodel.predict_speculation(draft, on_kernel, kernel)
+            / costmodel.predict_speculation(draft, plain, fp32))
+
+
+def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str, curves: dict[str, LatencyCurve],
+                 sources: dict[str, str]) -> dict:
+    """Predict cell `name` (drafter x shape on curves["kernel"]) from RESULTS/`PROFILE_DIR`'s runs of that
+    drafter x shape and curves["fp32"]; appended to RESULTS/`PREDICTION_FILE` and returned."""
+    from experiments.store import load_rows
+
+    rows = load_rows(Path(results) / PROFILE_DIR)
+    rows = rows[(rows.drafter == drafter) & (rows["shape"] == shape)]
+    if rows.empty:
+        raise LookupError(f"no {drafter} {shape} runs in {Path(results) / PROFILE_DIR}")
+    plain = heldout.plain_run(rows)  # `fp32_curve_over_runs`: how far the tune record is from this machine now
+    record = {"cell": name, "predicted": round(interaction_from(rows, curves["kernel"], curves["fp32"]), 4),
+              "from": f"tune curves ({sources['kernel']}; {sources['fp32']}) and {drafter} {shape} on fp32 over "
+                      f"{rows.question_id.nunique()} held-out prompts ({', '.join(sorted(set(rows.dataset)))})",
+              "fp32_curve_over_runs": round(curves["fp32"].at(1, plain.context) / plain.forward_s, 3)}
+    with open(Path(results) / PREDICTION_FILE, "a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+    return record
+
+
+def predictions(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> list[dict]:
+    """The JSON line's `prediction`: each cell's last stored prediction beside its measured interaction."""
+    path = Path(results) / PREDICTION_FILE
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    stored = {r["cell"]: r for r in map(json.loads, lines)}
+    return [_beside(stored[c.name], found[c.cell_id]) for c in cells if c.name in stored and c.cell_id in found]
+
+
+def print_measured(results: str | os.PathLike) -> None:
+    """Print each predicted cell stored so far: measured (with its CI) against predicted."""
+    from experiments.report import _order, verdicts
+
+    try:
+        cells = sorted(load_cells(results), key=_order)
+    except (ValueError, StoreError) as err:  # ReportError, or no cell yet
+        return print(f"no measured interaction yet ({err})")
+    for p in predictions(results, cells, verdicts(cells, N_BOOT)):
+        print(f"measured after it ran, {p['cell']}: {text(p)}", flush=True)
+
+
+def text(p: dict) -> str:
+    """`predicted 0.80 (from ...), measured 0.78 [0.70, 0.85]: within its CI or 0.05` of a `_beside` record."""
+    return (f"predicted {p['predicted']:.2f} ({p['from']}), measured {p['measured']:.2f} [{p['ci'][0]:.2f}, "
+            f"{p['ci'][1]:.2f}]: {'within' if p['within'] else 'NOT within'} its CI or 0.05")
