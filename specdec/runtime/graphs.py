@@ -187,6 +187,9 @@ class StaticForward:
         if self.capture == "compile":
             print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
                   f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
+            # every bucket's program shares one code object, whose entries dynamo caps at 8 by default; past the
+            # cap (4 targets x 2 buckets in one process) it would run the forward eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
             return torch.compile(functools.partial(self._forward, b), dynamic=False, options=dict(COMPILE_OPTIONS))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
