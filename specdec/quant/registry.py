@@ -243,8 +243,7 @@ def availability(spec: str | QuantSpec, device: str | torch.device = "cpu") -> A
 
 
 @backend("torchao_w8a8", description="torchao int8 weights (per row) x int8 activations (per token, quantized each "
-         "forward): slow eager, fast compiled (VNNI/AMX int8 GEMMs; tune --compile)", bits=(8,), library="torchao",
-         extra="torchao")
+         "forward); compiled (cache='compiled'), inductor runs int8 GEMMs", bits=(8,), library="torchao", extra="torchao")
 def apply_torchao_w8a8(model: torch.nn.Module, spec: QuantSpec) -> torch.nn.Module:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
