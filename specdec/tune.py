@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -101,10 +102,11 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
                 "dtype": str(best).removeprefix("torch."),
                 "seconds_per_step": {str(d).removeprefix("torch."): s for d, s in per_step.items()}}})
     if compiled and dev.type == "cpu":  # the compiled forward runs plain linears: its choice is the kernel's too
-        choice = machine.update_record(label, dev, dtype, cache=measure_compiled(target))["cache"]
+        plain = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=count)
+        choice = machine.update_record(label, dev, dtype, cache=measure_compiled(target, plain))["cache"]
         if choice["cache"] == "compiled":
             machine.update_record(label, dev, dtype, kernel={"kernel": "torch", "compiled": True})
-        target = specdec.load_target(name, device=device, quant=quant, threads=count)
+            target = plain
     curves = {}
     for batch in batches:  # one curve per batch size: `shape="auto"` in a batch plans with its own
         kind = resolve_cache("auto", target, batch)  # a batch runs (and is timed) with its own cache
@@ -116,29 +118,38 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     return {**record, "notes": notes, "path": str(machine.record_path(label, dev, dtype))}
 
 
-def measure_compiled(target: specdec.Target, repeats: int = 5, context: int = 64) -> dict:
-    """Median seconds of a 1- and an 8-token forward after `context` cached tokens, eager on the target's
-    kernel, then `compiled` (plain linears, which inductor packs itself; buckets 1 and 8, compiled on the
-    warm-up round or read from the on-disk cache): the `cache` field of a record, naming the faster.
-    Leaves the target on the `torch` kernel, which the compiled forward needs."""
+def measure_compiled(target: specdec.Target, plain: specdec.Target, repeats: int = 5, context: int = 64) -> dict:
+    """Median seconds of a 1- and an 8-token forward after `context` cached tokens, `dynamic` (eager, on
+    `target`'s kernel) and `compiled` (`plain`: the same model on the `torch` kernel, whose linears inductor
+    packs itself; buckets 1 and 8), interleaved per repeat after a warm-up round that compiles or reads the
+    on-disk cache (its seconds: `compile_seconds`): the `cache` field of a record, naming the faster."""
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-    seconds = {}
-    for kind in ("dynamic", "compiled"):
-        if kind == "compiled":
-            kernels.apply_kernel(target.model, "torch")
-        cache, forward = CACHES[kind](target, context + 16, kernels.CHOICE_WIDTHS)
-        forward(prompt, cache)
-        times: dict[int, list[float]] = {w: [] for w in kernels.CHOICE_WIDTHS}
-        for rep in range(repeats + 1):
+    runs = {kind: CACHES[kind](t, context + 16, kernels.CHOICE_WIDTHS) for kind, t in (("dynamic", target),
+                                                                                      ("compiled", plain))}
+    times: dict[str, dict[int, list[float]]] = {kind: {w: [] for w in kernels.CHOICE_WIDTHS} for kind in runs}
+    for rep in range(repeats + 1):
+        for kind, (cache, forward) in runs.items():
+            if rep == 0:
+                forward(prompt, cache)
             for w in kernels.CHOICE_WIDTHS:
                 t0 = time.perf_counter()
                 forward(prompt[:, :w], cache)
-                if rep:
-                    times[w].append(time.perf_counter() - t0)
+                times[kind][w].append(time.perf_counter() - t0)
                 cache.truncate(context)
-        seconds[kind] = {str(w): statistics.median(ts) for w, ts in times.items()}
+    seconds = {kind: {str(w): statistics.median(ts[1:]) for w, ts in per.items()} for kind, per in times.items()}
     return {"cache": min(seconds, key=lambda k: sum(seconds[k].values())), "seconds": seconds,
-            "widths": list(kernels.CHOICE_WIDTHS)}
+            "widths": list(kernels.CHOICE_WIDTHS), "compile_seconds": sum(t[0] for t in times["compiled"].values()),
+            "limit_seconds": read_seconds(weight_bytes(target.model))}
+
+
+def compare_compiled(name: str, quant: str | None, threads: int, device: str = "cpu") -> dict:
+    """A record-shaped dict (not stored) of `measure_compiled` on `name` quantized by `quant`, both on the
+    `torch` kernel, so the one difference is the compile: what `--markdown` tabulates."""
+    target = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads)
+    c = measure_compiled(target, target)
+    return {"target": target.label, "dtype": str(target.dtype).removeprefix("torch."), "device": device,
+            "threads": threads, "machine": machine.machine_facts(device), "machine_key": machine.machine_key(device),
+            "cache": c, "physics": memory_limit(target, c["seconds"]["dynamic"]["1"]), "path": "(not stored)"}
 
 
 def read_seconds(nbytes: int, repeats: int = 7) -> float:
@@ -219,8 +230,11 @@ def card(record: dict) -> list[str]:
         lines.append(f"  curve    widths {'/'.join(map(str, curve['widths']))}: {ratios} x a 1-token forward "
                      f"({1e3 * row[0]:.0f} ms; {key})")
     if c := record.get("cache"):
-        ms = ", ".join(f"{k} " + "/".join(f"{1e3 * t:.1f}" for t in ts.values()) for k, ts in c["seconds"].items())
-        lines.append(f"  forward  {c['cache']}   (ms at widths {'/'.join(map(str, c['widths']))}: {ms})")
+        limit = c.get("limit_seconds") or float("nan")
+        ms = ", ".join(f"{k} " + "/".join(f"{1e3 * t:.1f} ({t / limit:.2f}x)" for t in ts.values())
+                       for k, ts in c["seconds"].items())
+        lines.append(f"  forward  {c['cache']}   (ms at widths {'/'.join(map(str, c['widths']))}, x the memory limit: "
+                     f"{ms}; compiling or reading its cache took {c.get('compile_seconds', float('nan')):.0f} s)")
     if p := record.get("physics"):
         lines.append(f"  memory   {p['weight_bytes'] / 1e6:.1f} MB as stored, read once in {1e3 * p['read_seconds']:.2f} ms "
                      f"({p['read_gb_s']:.1f} GB/s); 1-token forward {1e3 * p['forward_seconds']:.2f} ms = "
@@ -228,6 +242,30 @@ def card(record: dict) -> list[str]:
     lines += [f"  note     {n}" for n in record.get("notes", [])]
     lines.append(f"  record   {record['path']}")
     return lines
+
+
+def compiled_markdown(records: Sequence[dict], command: str) -> str:
+    """A measurement page of `tune --compile` records: eager against compiled, 1- and 8-token forwards, in ms
+    and as ratios to each kernel's memory-read limit."""
+    m = records[0]["machine"]
+    lines = [f"<!-- generated by `{command}`; do not edit by hand -->", "",
+             f"# Compiled vs eager decode forwards on {m['name']} ({records[0]['machine_key']})", "",
+             f"`lscpu` model name \"{m['name']}\", {m.get('vendor')} family {m.get('family')} model {m.get('model')}; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, "
+             f"{records[0]['threads']} thread(s); command: `{command}`.", "",
+             "Median ms of a forward after 64 cached tokens, eager (`dynamic`) and `compiled` "
+             "(torch.compile, inductor, freezing), both on the torch kernel, interleaved per repeat; (x) = ms / the "
+             "time to read the weights' stored bytes once on the same thread (1.00 = at the memory limit).", "",
+             "| target | weights MB | limit ms | eager 1 | compiled 1 | eager 8 | compiled 8 | compiled/eager 1 | "
+             "compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in records if "cache" in r):
+        c, limit = r["cache"], r["cache"]["limit_seconds"]
+        cells = [f"{1e3 * c['seconds'][k][w]:.1f} ({c['seconds'][k][w] / limit:.2f}x)" for w in ("1", "8")
+                 for k in ("dynamic", "compiled")]
+        lines.append(f"| {r['target']} | {r['physics']['weight_bytes'] / 1e6:.0f} | {1e3 * limit:.1f} | "
+                     f"{' | '.join(cells)} | {c['seconds']['compiled']['1'] / c['seconds']['dynamic']['1']:.2f} | "
+                     f"{c['compile_seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_vocab: int | None, repeats: int = 3,
@@ -260,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "`generate_batch(shape='auto')` plans with the curve of its batch size)")
     parser.add_argument("--compile", action="store_true", help="also time the compiled forward (torch.compile: "
                         "minutes on a first run, then cached on disk) against the eager one; `cache='auto'` runs the faster")
+    parser.add_argument("--markdown", default="", help="only time eager against compiled forwards of "
+                        "the target and each --quant (torch kernel, nothing stored) and write that page here")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
                         "(and --quant target) when it has one for these threads (print where it is), else tune it now")
     args = parser.parse_args(argv)
@@ -275,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise ValueError(f"unknown drafter {unknown[0]!r}; registered: {', '.join(specdec.drafters.names())}")
         specs = [q.strip() for q in args.quant.split(",") if q.strip()]
+        if args.markdown:  # eager against compiled only, per target, on the given threads (no other tuning)
+            records = [compare_compiled(args.target, spec, args.threads or 1, args.device) for spec in [None, *specs]]
+            command = "python -m specdec.tune " + " ".join(argv if argv is not None else sys.argv[1:])
+            page = compiled_markdown(records, command)
+            Path(args.markdown).write_text(page)
+            print(page, flush=True)
+            return 0
         if args.reuse:
             record = ensure_tuned(args.target, args.threads, drafters, args.device)
             quantized = [ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs]

@@ -251,3 +251,15 @@ def test_a_batch_row_at_the_stored_length_fails_the_greedy_batched_case():
     with mutated(mutant("batch_rows_at_stored_length")):
         case = batch_case(target, build("random", target=target), "tree(2,2)", "greedy", 1)
     assert case.p_value == 0.0 and case.problem.startswith("rows [") and "differ from the greedy reference" in case.problem
+
+
+@pytest.mark.slow
+def test_the_certificate_runs_on_the_compiled_path():
+    """Issue 53's must-show, its fast subset: greedy identity and a distribution case, each on the
+    `compiled` forward (torch.compile of the static-shape forward, tiny fp64 models)."""
+    cert = certify.certify("ngram", shapes=("chain(2)",), n=60, samplings=("plain",), eos=(False,), power_n=0,
+                           greedy_shapes=("chain(4)",), coverage=False, batch_n=0, cache="compiled",
+                           buckets=(16,))  # one compile per model
+    assert cert.greedy == {"chain(4)": None} and "cache 'compiled'" in cert.text()
+    assert [(c.cache, c.problem) for c in cert.cases] == [("compiled", None)] * 2
+    assert cert.min_p >= certify.ALPHA and cert.failure() == "no power section (--power-n 0)"

@@ -157,7 +157,7 @@ def test_bad_inputs_name_what_mismatched(tiny):
     other_width = specdec.tiny_target("llama", dtype=torch.float64, vocab_size=64, hidden_size=48)
     with pytest.raises(ValueError, match="hidden size 32 \\(target has 48\\)"):
         build("eagle", target=other_width, head=random_head(tiny))
-    with pytest.raises(ValueError, match="larger than target"):
+    with pytest.raises(ValueError, match="draft_vocab=65 > the vocabulary of 'tiny-llama' \\(64\\)"):
         build("eagle", target=tiny, head="random", draft_vocab=65)
     with pytest.raises(ValueError, match="draft_vocab must be an integer >= 1"):
         build("eagle", target=tiny, head="random", draft_vocab=0)

@@ -108,13 +108,14 @@ def batch_cases(world: World, drafter: Drafter, n: int, samplings: Sequence[str]
 
 def drafter_cases(world: World, drafter: Drafter, shapes: Sequence[str], n: int,
                   samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
-                  coverage: bool = True) -> list[CaseResult]:
-    """The drafter's distribution cases: shapes x samplings x EOS on the sample prompt, shapes x
-    samplings on `BRANCH_PROMPT`, and (coverage) the `COVERAGE` cases."""
-    cases = [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, stop)
-             for shape in shapes for sampling in samplings for stop in eos]
+                  coverage: bool = True, cache: str = "dynamic", buckets: Sequence[int] | None = None
+                  ) -> list[CaseResult]:
+    """The drafter's distribution cases on `cache` (at width `buckets`): shapes x samplings x EOS on the
+    sample prompt, shapes x samplings on `BRANCH_PROMPT`, and (coverage) the `COVERAGE` cases."""
+    cases = [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, stop, cache=cache,
+                                buckets=buckets) for shape in shapes for sampling in samplings for stop in eos]
     cases += [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, prompt=BRANCH_PROMPT,
-                                prompt_name="branch prompt") for shape in shapes for sampling in samplings]
+                                cache=cache, buckets=buckets, prompt_name="branch prompt") for shape in shapes for sampling in samplings]
     if coverage:
         cases += [distribution_case(world.target, drafter, parse_case_shape(shape), sampling, n, cache=cache)
                   for shape, sampling, cache in COVERAGE]
@@ -138,6 +139,8 @@ class Certificate:
     """The width effect on a real target (`--target`); None when none was given."""
     seconds: float = 0.0
     """CPU seconds (process time) of the whole certificate."""
+    cache: str = "dynamic"
+    """What the greedy identity and the drafter's own cases ran on (`generate(cache=...)`)."""
 
     @property
     def min_p(self) -> float:
@@ -186,7 +189,7 @@ class Certificate:
         opts = ",".join(f"{k}={v}" for k, v in self.options.items()) or "test defaults"
         lines = [f"Exactness certificate: drafter {self.drafter!r} ({opts})", "",
                  f"Greedy identity (T = 0, {len(FAMILIES)} fp64 families x {len(GREEDY_PROMPTS)} prompts x 20 tokens, "
-                 "vs the cacheless reference):"]
+                 f"cache {self.cache!r}, vs the cacheless reference):"]
         lines += [f"  {shape:<40} {'identical' if why is None else 'DIVERGED: ' + why}"
                   for shape, why in self.greedy.items()]
         lines += ["", f"Distribution (T > 0, chi-square of the first {LENGTH} tokens vs the exact law, vocab {VOCAB}; "
@@ -232,20 +235,22 @@ def certify(name: str, *, shapes: Sequence[str] = DISTRIBUTION_SHAPES, options: 
             n: int = 250, samplings: Sequence[str] = tuple(SAMPLINGS), eos: Sequence[bool] = (False, True),
             power_n: int = POWER_N, greedy_shapes: Sequence[str] | None = None, coverage: bool = True,
             power_result: Power | None = None, batch_n: int | None = None, target: Target | None = None,
-            width_prompts: int = 8, width_tokens: int = 24) -> Certificate:
+            width_prompts: int = 8, width_tokens: int = 24, cache: str = "dynamic",
+            buckets: Sequence[int] | None = None) -> Certificate:
     """Run the greedy identity, the drafter's distribution and batched cases (`batch_n` batches per
     case, default n / 2; 0 skips them) and the power section for `name` (power_n = 0 skips the power
     section; such a certificate cannot pass). The power section does not depend on the drafter:
     `power_result` reuses one already run (its CPU time is counted). With a real `target`, the width
-    effect of the drafter (built with `options` only) is measured on `width_prompts` prompts."""
+    effect of the drafter (built with `options` only) is measured on `width_prompts` prompts. The greedy
+    identity and the drafter's cases (not the coverage cases) run on `cache`, e.g. `compiled` (at `buckets`)."""
     start = time.process_time()
     world = tiny_world()
-    cert = Certificate(name, dict(options or {}))
+    cert = Certificate(name, dict(options or {}), cache=cache)
     for shape in greedy_shapes or GREEDY_SHAPES:
-        cert.greedy[shape] = next(filter(None, (greedy_case(t, build_drafter(name, t, options), shape)
-                                                for t in world.greedy_targets)), None)
+        cert.greedy[shape] = next(filter(None, (greedy_case(t, build_drafter(name, t, options), shape, cache=cache,
+                                                            buckets=buckets) for t in world.greedy_targets)), None)
     drafter = build_drafter(name, world.target, options)
-    cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage)
+    cert.cases = drafter_cases(world, drafter, shapes, n, samplings, eos, coverage, cache, buckets)
     batch_n = n // 2 if batch_n is None else batch_n
     greedy_drafter = build_drafter(name, world.greedy_targets[0], options)
     cert.batch = batch_cases(world, drafter, batch_n, shapes=shapes, greedy_drafter=greedy_drafter) if batch_n else []
@@ -278,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="the target's dtype (e.g. bfloat16)")
     parser.add_argument("--kernel", default="auto", help="the target's linear kernel")
     parser.add_argument("--quant", default=None, help="the target's quantization spec")
+    parser.add_argument("--cache", default="dynamic", help="what the greedy and drafter cases run on, e.g. compiled")
     parser.add_argument("--width-prompts", type=int, default=8, help="prompts of the width effect (2..12)")
     parser.add_argument("--self-test", action="store_true",
                         help="only the power section: one JSON line {control: p, mutants: {name: p}}")
@@ -304,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"certify: {err.args[0]}", file=sys.stderr)
         return 2
     cert = certify(args.drafter, shapes=shapes, options=options, n=args.n, power_n=args.power_n, target=target,
-                   width_prompts=args.width_prompts)
+                   width_prompts=args.width_prompts, cache=args.cache)
     print(cert.text())
     print(cert.json_line())
     return {"PASS": 0, "FAIL": 1, "WIDTH-DEPENDENT": 3}[cert.verdict]

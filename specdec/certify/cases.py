@@ -234,14 +234,14 @@ class Recorder:
 
 
 def greedy_case(target: Target, drafter: Drafter, shape: str, prompts: Sequence[Sequence[int]] = GREEDY_PROMPTS,
-                max_new_tokens: int = 20) -> str | None:
-    """None when the drafter's greedy output equals the reference on every prompt, else what diverged
-    (or what the drafter raised)."""
+                max_new_tokens: int = 20, cache: str = "dynamic", buckets: Sequence[int] | None = None) -> str | None:
+    """None when the drafter's greedy output, run on `cache` (at width `buckets`), equals the reference on
+    every prompt, else what diverged (or what the drafter raised)."""
     for prompt in prompts:
         ref = reference_generate(target, prompt, max_new_tokens=max_new_tokens, stop_on_eos=False)
         try:
             out = specdec.generate(target, drafter, list(prompt), shape=shape, max_new_tokens=max_new_tokens,
-                                   stop_on_eos=False).token_ids
+                                   stop_on_eos=False, cache=cache, buckets=buckets).token_ids
         except Exception as err:  # noqa: BLE001 -- a drafter's error fails this case, named
             return f"{target.model.config.model_type} {shape} prompt {list(prompt)}: {type(err).__name__}: {err}"
         if out != ref:
@@ -305,7 +305,8 @@ class CaseResult:
 
 def distribution_case(target: Target, drafter: Drafter, shape: str | ShapeSpec, sampling_name: str, n: int,
                       eos: bool = False, prompt: Sequence[int] = SAMPLE_PROMPT, length: int = LENGTH,
-                      cache: str = "dynamic", prompt_name: str = "sample") -> CaseResult:
+                      cache: str = "dynamic", prompt_name: str = "sample", buckets: Sequence[int] | None = None
+                      ) -> CaseResult:
     """Sample n seeded generations of `length` tokens and test them against the target's exact law.
     A case that raises (a bad draft, a shape the drafter cannot make) is a failed case naming why."""
     sampling = SAMPLINGS[sampling_name]
@@ -318,7 +319,8 @@ def distribution_case(target: Target, drafter: Drafter, shape: str | ShapeSpec, 
         for seed in range(n):
             out = specdec.generate(target, recorder, list(prompt), shape=shape, max_new_tokens=length,
                                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                   seed=seed, stop_on_eos=eos, eos={stop} if eos else None, cache=cache)
+                                   seed=seed, stop_on_eos=eos, eos={stop} if eos else None, cache=cache,
+                                   buckets=buckets)
             counts[tuple(out.token_ids)] += 1
             result.count(out.stats.steps)
         result.branched = recorder.branched

@@ -36,6 +36,7 @@ from specdec.drafters.speculators_format import Eagle3Head, is_speculators_dir, 
 from specdec.drafters.common import BlockSlots
 from specdec.drafters.lockstep import Ask, grow_rows
 from specdec.loading import parse_dtype
+from specdec.quant.registry import get as quant_backend, parse_spec
 from specdec.runtime.model import Target, batch_attention, tree_attention
 from specdec.core.grow import SubVocab, grow_tree
 
@@ -47,7 +48,8 @@ class EagleDrafter:
     """Drafts with an EAGLE head over `target`'s features (see the module docstring)."""
 
     def __init__(self, head: EagleHead | Eagle3Head, *, target: Target, draft_vocab: int | None = None,
-                 refresh: bool = True, head_dtype: torch.dtype | None = None, name: str = "eagle") -> None:
+                 refresh: bool = True, head_dtype: torch.dtype | None = None, name: str = "eagle",
+                 head_quant: bool = False) -> None:
         head.config.check_target(target)
         self.name = name
         self.batchable = getattr(head, "takes_row_positions", False)  # its forward runs rows at their own positions
@@ -56,7 +58,9 @@ class EagleDrafter:
         # be built into drafters of other dtypes (`specdec.tune.measure_head_dtypes`), and must not change under them.
         # A dtype the kernel does not pack on this CPU (bf16 under oneDNN without AVX-512) stays on F.linear.
         self.head = copy.deepcopy(head).to(device=target.device, dtype=head_dtype or target.dtype).eval()
-        if target.kernel != "torch":
+        if head_quant and (spec := parse_spec(target.quant)).backend != "none":  # the head in the target's quantization
+            self.head = quant_backend(spec.backend).apply(self.head, spec)
+        elif target.kernel != "torch":
             kernels.apply_kernel(self.head, target.kernel)
         self.embed = self.head.embedding(target)
         self.lm_weight = target.lm_head.weight  # [V, H]
@@ -74,11 +78,9 @@ class EagleDrafter:
         if draft_vocab is not None:
             stored = int(head.draft_vocab.numel())
             if not isinstance(draft_vocab, int) or draft_vocab < 1:
-                raise ValueError(f"draft_vocab must be an integer >= 1 (or None = full vocabulary), "
-                                 f"got {draft_vocab!r}")
+                raise ValueError(f"draft_vocab must be an integer >= 1 (None = full vocabulary), got {draft_vocab!r}")
             if draft_vocab > target.vocab_size:
-                raise ValueError(f"draft vocabulary of {draft_vocab} tokens is larger than target "
-                                 f"{target.name!r}'s vocabulary of {target.vocab_size}")
+                raise ValueError(f"draft_vocab={draft_vocab} > the vocabulary of {target.name!r} ({target.vocab_size})")
             if draft_vocab > stored:
                 raise ValueError(f"draft_vocab={draft_vocab} but the head ranks only {stored} tokens; "
                                  f"use draft_vocab <= {stored} or None (full vocabulary)")
@@ -312,11 +314,9 @@ def shipped_head_path(target: Target) -> Path:
     path = HEADS_DIR / f"{target.name}.safetensors"
     if not path.exists():
         shipped = sorted(p.stem for p in HEADS_DIR.glob("*.safetensors"))
-        raise FileNotFoundError(
-            f"no EAGLE head ships for target {target.name!r} (shipped: {', '.join(shipped) or 'none'}); "
-            "train one with `python -m specdec.training` (specdec/training/LOG.md) and pass head=PATH, "
-            "or head='random' for an untrained head"
-        )
+        raise FileNotFoundError(f"no EAGLE head ships for target {target.name!r} (shipped: "
+                                f"{', '.join(shipped) or 'none'}); train one with `python -m specdec.training` "
+                                "(specdec/training/LOG.md) and pass head=PATH, or head='random' for an untrained head")
     return path
 
 
@@ -324,9 +324,8 @@ def random_head(target: Target, seed: int = 0) -> EagleHead:
     """An untrained head for `target` (for tests), its draft vocabulary ranked by token id."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        head = EagleHead(HeadConfig.for_target(target, draft_vocab_size=target.vocab_size),
+        return EagleHead(HeadConfig.for_target(target, draft_vocab_size=target.vocab_size),
                          draft_vocab=torch.arange(target.vocab_size))
-    return head
 
 
 HEAD_DTYPES = (torch.float32, torch.bfloat16)
@@ -364,16 +363,16 @@ loss of acceptance (`scripts/bench_eagle.py` measures both)."""
 
 @register("eagle")
 def build_eagle(*, target: Target, head: str | Path | EagleHead | Eagle3Head | None = None,
-                draft_vocab: int | str | None = "auto",
-                refresh: bool = True, head_dtype: str | torch.dtype | None = "auto") -> EagleDrafter:
+                draft_vocab: int | str | None = "auto", refresh: bool = True,
+                head_dtype: str | torch.dtype | None = "auto", head_quant: bool = False) -> EagleDrafter:
     """EAGLE drafter. head: None = the head shipped for this target, a `.safetensors` head path (with
     its `.json`), a speculators EAGLE-3 checkpoint directory, 'random' = untrained, or an EagleHead /
     Eagle3Head. draft_vocab: score only the N most frequent training tokens (None = full vocabulary;
     "auto" = DEFAULT_DRAFT_VOCAB when the head ranks that many); an EAGLE-3 head always scores its own
     draft vocabulary (None, "auto" or its size). refresh: see the module docstring. head_dtype: the dtype
     the head and the rows it scores run in: "auto" (the one `python -m specdec.tune` stored, else the
-    target's; `drafter.head_dtype_tuned` says which), None = the target's, or a dtype. Drafts only:
-    exactness does not depend on it."""
+    target's; `drafter.head_dtype_tuned` says which), None = the target's, or a dtype. head_quant: the head's
+    linears in the target's own quantization spec. Drafts only: exactness does not depend on them."""
     auto_dtype = isinstance(head_dtype, str) and head_dtype == "auto"
     head_dtype = None if auto_dtype else parse_dtype(head_dtype)
     if head is None:
@@ -392,7 +391,8 @@ def build_eagle(*, target: Target, head: str | Path | EagleHead | Eagle3Head | N
     tuned = None
     if auto_dtype:
         head_dtype, tuned = choose_head_dtype(target, head, draft_vocab)
-    drafter = EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype)
+    drafter = EagleDrafter(head, target=target, draft_vocab=draft_vocab, refresh=refresh, head_dtype=head_dtype,
+                           head_quant=head_quant)
     drafter.head_dtype_tuned = tuned
     return drafter
 

@@ -42,6 +42,8 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the
 smallest one >= n."""
 CAPTURES = ("cuda_graph", "compile", "eager")
+COMPILE_OPTIONS = {"freezing": True}
+"""inductor options of `capture="compile"`: freezing folds the weights into the program as constants."""
 
 
 def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
@@ -185,7 +187,10 @@ class StaticForward:
         if self.capture == "compile":
             print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
                   f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
-            return torch.compile(functools.partial(self._forward, b), dynamic=False, options={"freezing": True})
+            # every bucket's program shares one code object, whose entries dynamo caps at 8 by default; past the
+            # cap (4 targets x 2 buckets in one process) it would run the forward eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+            return torch.compile(functools.partial(self._forward, b), dynamic=False, options=dict(COMPILE_OPTIONS))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
