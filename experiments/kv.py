@@ -71,23 +71,24 @@ def prompts(target, source: str, count: int) -> list[dict]:
 
 
 def shared_prefill(target):
-    """A shallow copy of `target` whose `prefill` runs each prompt once and hands later runs a copy of
-    its entries: the step's runs share a prompt's prefill, which no timed step includes."""
-    shared = copy.copy(target)
-    memo: dict[tuple[int, ...], tuple] = {}
+    """A shallow copy of `target` whose first forward into an empty cache (the prefill, one row or a batch)
+    runs each prompt once and hands later runs a copy of its entries: runs share a prompt's prefill."""
+    shared, memo = copy.copy(target), {}
 
-    def prefill(token_ids, cache):
-        key = tuple(token_ids)
+    def forward(tokens, cache, *args, **kwargs):
+        key = (tuple(tokens.shape), tokens.numpy().tobytes())
+        if cache.length:
+            return target.forward(tokens, cache, *args, **kwargs)
         if key not in memo:
-            out = target.prefill(token_ids, cache)
             memo.clear()  # one prompt at a time
-            memo[key] = ([(k.clone(), v.clone()) for k, v in cache.tensors()], out)
-            return out
-        entries, out = memo[key]
-        cache.append([(k.clone(), v.clone()) for k, v in entries])
+            out = target.forward(tokens, cache, *args, **kwargs)
+            memo[key] = ([(k.clone(), v.clone()) for k, v in cache.tensors()], cache.valid, out)
+        entries, cache.valid, out = memo[key]
+        if not cache.length:
+            cache.append([(k.clone(), v.clone()) for k, v in entries])
         return out
 
-    shared.prefill = prefill
+    shared.forward = forward
     return shared
 
 
@@ -225,22 +226,23 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
     return md, verdict_lines, compact
 
 
-def physics(target) -> dict:
-    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s, best of 5 copies of
-    256 MB, read + write)}: the memory a step must move, and how fast this core moves it."""
+def physics_facts(target) -> int:
+    """Bytes of the full-precision KV of one position."""
     from specdec.drafters.kv_policy import model_facts
 
     cfg = target.model.config.get_text_config()
-    weights = sum(p.nbytes for p in target.model.parameters())
-    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim
-    per_position *= target.dtype.itemsize
-    src = torch.ones(1 << 26)
-    dst, best = torch.empty_like(src), float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return {"weight_bytes": weights, "kv_bytes_per_position": per_position, "bandwidth": 2 * src.nbytes / best}
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim * target.dtype.itemsize
+
+
+def physics(target) -> dict:
+    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s: `specdec.tune`'s
+    timed read of as many bytes as the weights)}: the memory a step must move, and how fast it moves."""
+    from specdec.quant import weight_bytes
+    from specdec.tune import read_seconds
+
+    weights = weight_bytes(target.model)
+    return {"weight_bytes": weights, "kv_bytes_per_position": physics_facts(target),
+            "bandwidth": weights / read_seconds(weights)}
 
 
 def physics_lines(settings: dict, rows: list[dict]) -> list[str]:
@@ -292,6 +294,9 @@ def answer(settings: dict, rows: list[dict], summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--regime" in (sys.argv[1:] if argv is None else argv):
+        from experiments.kv_regime import main as regime
+        return regime(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description="The KV step: acceptance and timed speedup per policy x retention.")
     ap.add_argument("results", help="the results directory (the report reads RESULTS/kv_curve.json)")
     ap.add_argument("--model", default="smollm2-135m")
