@@ -92,25 +92,26 @@ def shared_prefill(target):
     return shared
 
 
-def timed_run(target, drafter, prompt: list[int], new_tokens: int) -> dict:
-    """One greedy run: {tokens, seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s}
-    (the last: the drafter's time per draft forward; a chain drafts one node per forward)."""
+def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
+    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens committed)],
+    seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s} (the last: the drafter's
+    time per draft forward; a chain drafts one node per forward)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
 
     config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
-    tokens, seconds, hits, tries, drafting, drafted_total = [], 0.0, 0, 0, 0.0, 0
-    for event in decode(target, drafter, [prompt], config):
-        seconds, drafting = seconds + event.times.total, drafting + event.times.propose
-        tokens += event.committed[0]
-        drafted, accepted = event.drafts[0].tokens.shape[-1], len(event.paths[0])
-        hits, tries = hits + accepted, tries + min(accepted + 1, drafted)
-        drafted_total += drafted
-    tokens = tokens[:new_tokens]
+    tokens, steps, hits, tries, drafting, forwards = [[] for _ in rows], [], 0, 0, 0.0, 0
+    for event in decode(target, drafter, rows, config):
+        steps.append((event.times.total, sum(len(c) for c in event.committed)))
+        drafting, forwards = drafting + event.times.propose, forwards + max(d.tokens.shape[-1] for d in event.drafts)
+        for i, committed, draft, path in zip(event.rows, event.committed, event.drafts, event.paths):
+            tokens[i] += committed
+            hits, tries = hits + len(path), tries + min(len(path) + 1, draft.tokens.shape[-1])
     held = held_bytes(drafter.cache) if drafter is not None else None
-    return {"tokens": tokens, "seconds_per_token": seconds / len(tokens), "hits": hits, "tries": tries,
-            "kv_bytes": held, "kv_bytes_per_token": held / max(drafter.cache.next_position, 1) if held else None,
-            "draft_forward_s": drafting / max(drafted_total, 1) if drafter is not None else None}
+    return {"tokens": [t[:new_tokens] for t in tokens], "steps": steps, "hits": hits, "tries": tries,
+            "seconds_per_token": sum(t for t, _ in steps) / sum(n for _, n in steps), "kv_bytes": held,
+            "kv_bytes_per_token": held / max(int(drafter.cache.next_positions.max()), 1) if held else None,
+            "draft_forward_s": drafting / max(forwards, 1) if drafter is not None else None}
 
 
 def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print) -> list[dict]:
@@ -126,7 +127,7 @@ def measure(target, items: list[dict], policies, retentions, new_tokens: int, lo
             if retention is not None:
                 kv = policy_spec(policy, retention, len(p["tokens"]))
                 drafter = build("self_draft", target=target, kv=kv, cache="dynamic")
-            run = timed_run(shared, drafter, p["tokens"], new_tokens)
+            run = timed_run(shared, drafter, [p["tokens"]], new_tokens)
             if policy == "plain":
                 path = run["tokens"]
             elif run["tokens"] != path:

@@ -147,7 +147,7 @@ def draw(rows: list[dict], path: Path, title: str) -> list[str]:
     for ax, (p, r) in zip(axes[0], keys):
         z = np.array([[at[p, r, b, c] for c in contexts] for b in batches])
         im = ax.imshow(z, origin="lower", cmap="RdYlGn", vmin=0, vmax=2, aspect="auto")
-        if z.min() < 1 < z.max():
+        if min(z.shape) > 1 and z.min() < 1 < z.max():
             ax.contour(z, levels=[1.0], colors="k")
         ax.set(title=f"{p} {r:.0%}", xticks=range(len(contexts)), xticklabels=contexts, xlabel="context",
                yticks=range(len(batches)), yticklabels=batches)
@@ -174,35 +174,25 @@ def cell_prompts(items: list[dict], batch: int, context: int) -> list[list[int]]
 
 
 def time_cell(target, items, cell: dict, new_tokens: int, n_boot: int = 2000) -> dict:
-    """Timed plain / self-draft / plain decodes of one cell: {measured, ci, measured_acceptance}."""
+    """Timed plain / self-draft / plain decodes of one cell: {measured, ci, measured_acceptance, spec}."""
     from specdec.drafters import build
-    from specdec.loop.decode import DecodeConfig, decode
 
     rows, shared = cell_prompts(items, cell["batch"], cell["context"]), kv.shared_prefill(target)
-    config = DecodeConfig(shape=kv.SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
     spec = kv.policy_spec(cell["policy"], cell["retention"], cell["context"])
-    steps, hits, tries = {}, 0, 0
-    for name in ("plain", "draft", "plain2"):
-        drafter = build("self_draft", target=target, kv=spec, cache="dynamic") if name == "draft" else None
-        steps[name] = []
-        for event in decode(shared, drafter, rows, config):
-            steps[name].append((event.times.total, sum(len(c) for c in event.committed)))
-            for d, path in zip(event.drafts, event.paths) if drafter else ():
-                hits, tries = hits + len(path), tries + min(len(path) + 1, d.tokens.shape[-1])
-    rng = np.random.default_rng(kv.SEED)
+    runs = {name: kv.timed_run(shared, build("self_draft", target=target, kv=spec, cache="dynamic")
+                               if name == "draft" else None, rows, new_tokens) for name in ("plain", "draft", "plain2")}
+    steps, rng = {k: np.array(run["steps"]) for k, run in runs.items()}, np.random.default_rng(kv.SEED)
 
-    def per_token(run: np.ndarray, boot: bool) -> float:
-        run = run[rng.integers(0, len(run), len(run))] if boot else run
+    def per_token(name: str, boot: bool) -> float:
+        run = steps[name][rng.integers(0, len(steps[name]), len(steps[name]))] if boot else steps[name]
         return run[:, 0].sum() / run[:, 1].sum()
 
-    runs = {k: np.array(v) for k, v in steps.items()}
-
     def ratio(boot: bool) -> float:
-        return (per_token(runs["plain"], boot) + per_token(runs["plain2"], boot)) / 2 / per_token(runs["draft"], boot)
+        return (per_token("plain", boot) + per_token("plain2", boot)) / 2 / per_token("draft", boot)
 
     ci = np.percentile([ratio(True) for _ in range(n_boot)], [2.5, 97.5])
     return {"measured": float(ratio(False)), "ci": [float(x) for x in ci], "spec": spec,
-            "measured_acceptance": hits / max(tries, 1)}
+            "measured_acceptance": runs["draft"]["hits"] / max(runs["draft"]["tries"], 1)}
 
 
 def choose_cells(rows: list[dict], cells, budget_s: float, limit: int) -> list[dict]:
@@ -252,7 +242,12 @@ def run_regime(target, items: list[dict], accept: dict, results: Path, *, batche
         other = regime_map(target, surf, accept, map_batches, map_contexts, curve)
         md += ["", f"Under the width curve of {curve.machine} ({curve.device}, batch {curve.batch}):", ""]
         md += draw(other, results / f"{MAP_FILE}-curve.png", f"under {curve.machine}'s width curve")
-    (results / f"{MAP_FILE}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    from specdec.measure.records import describe_machine
+
+    head = ["# KV regime map: " + "{name} (family {family}, model {model})".format(**describe_machine()), "",
+            f"`python -m experiments.kv {results} --regime`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{torch.get_num_threads()} thread(s); ![map]({png.name})", ""]
+    (results / f"{MAP_FILE}.md").write_text("\n".join(head + md) + "\n", encoding="utf-8")
     (results / f"{MAP_FILE}.json").write_text(json.dumps({"surface": surf, "map": rows}, indent=1), encoding="utf-8")
     log("\n".join(md))
     if physics:
