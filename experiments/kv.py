@@ -2,6 +2,7 @@
 
     python -m experiments.kv RESULTS [--source long2k] [--prompts 8] [--new-tokens 16]
                                      [--policies window,snapkv,quant4] [--retentions 5,10,25,50]
+    python -m experiments.kv RESULTS --regime [--curve FILE]    # where it would pay: experiments.kv_regime
 
 Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt of
 the dataset source (`prompts`), interleaved: a timed plain greedy run, then every policy x retention as

@@ -101,15 +101,6 @@ def forward_s(surf: dict, kind: str, batch: int, context: float) -> float:
     return float(np.interp(batch, surf["batches"], rows))
 
 
-def acceptance(rows: list[dict]) -> dict[tuple[str, float], float]:
-    """Mean per-token acceptance per (policy, retention) of the KV step's rows."""
-    out: dict[tuple[str, float], list[float]] = {}
-    for r in rows:
-        if r["retention"] is not None and r["acceptance"] is not None:
-            out.setdefault((r["policy"], r["retention"]), []).append(r["acceptance"])
-    return {k: float(np.mean(v)) for k, v in out.items()}
-
-
 def predict(surf: dict, alpha: float, batch: int, context: int, retention: float, curve=None) -> float:
     """Predicted self-draft speedup over plain decoding (module docstring)."""
     plain = forward_s(surf, "plain", batch, context)
@@ -119,17 +110,13 @@ def predict(surf: dict, alpha: float, batch: int, context: int, retention: float
     return sum(alpha ** i for i in range(DRAFTS + 1)) * plain / (draft + verify)
 
 
-def memory_bytes(target, batch: int, context: int) -> int:
-    """Weights + the target's cache twice (the shared prefill keeps a copy) + the draft's copy at prefill."""
-    return sum(p.nbytes for p in target.model.parameters()) + 3 * batch * context * kv.physics_facts(target)
-
-
 def regime_map(target, surf: dict, accept: dict, batches, contexts, curve=None) -> list[dict]:
-    """One row per batch x context x (policy, retention): predicted speedup, memory and prefill estimate."""
-    a, q = surf["prefill"]
+    """One row per batch x context x (policy, retention): predicted speedup, prefill estimate and memory
+    (weights, the target's cache, the shared prefill's copy of it, the draft's copy at the prefill)."""
+    (a, q), weights = surf["prefill"], sum(p.nbytes for p in target.model.parameters())
     return [{"batch": b, "context": c, "policy": p, "retention": r, "acceptance": alpha,
-             "predicted": predict(surf, alpha, b, c, r, curve), "memory": memory_bytes(target, b, c),
-             "prefill_s": b * c * (a + q * c)}
+             "predicted": predict(surf, alpha, b, c, r, curve), "prefill_s": b * c * (a + q * c),
+             "memory": weights + 3 * b * c * kv.physics_facts(target)}
             for b in batches for c in contexts for (p, r), alpha in sorted(accept.items())]
 
 
@@ -288,8 +275,9 @@ def main(argv: list[str]) -> int:
     if not stored.exists():
         print(f"regime: no {stored}: measuring acceptance (experiments.kv {results})", flush=True)
         kv.main([str(results), "--model", args.model, "--source", args.source, "--prompts", str(args.prompts)])
-    accept = acceptance(json.loads(stored.read_text(encoding="utf-8"))["rows"])
-    accept = {k: v for k, v in accept.items() if not k[0].startswith("quant")}  # packed caches serve one row
+    summary = kv.summarize(json.loads(stored.read_text(encoding="utf-8"))["rows"], 10)["rows"]
+    accept = {(r["policy"], r["retention"]): r["acceptance"] for r in summary
+              if not r["policy"].startswith("quant")}  # a packed cache serves one row: not mapped
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",") if c]
     curve = LatencyCurve.load(args.curve) if args.curve else None
     summary = run_regime(target, items, accept, results, cells=cells, curve=curve, new_tokens=args.new_tokens,
