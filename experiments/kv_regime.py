@@ -85,7 +85,7 @@ def surface(target, batches, contexts, bar=lambda items: items) -> dict:
             for c in contexts:
                 for k in kinds:
                     times.setdefault((k, b, c), []).append(_time_kind(target, k, b, c))
-    small, large, per_token = min(contexts[-1], 512), min(contexts[-1], 1024), []
+    small, large, per_token = min(contexts[-1], 512), min(contexts[-1], 2048), []
     for n in (small, large):
         start = time.perf_counter()
         target.forward(torch.ones(1, n, dtype=torch.long), _filled(target, 1, 0, False))
@@ -215,7 +215,7 @@ def physics_line(target, batch: int = 8, context: int = 4096, retention: float =
 
 def run_regime(target, items: list[dict], accept: dict, results: Path, *, batches=BATCHES, contexts=CONTEXTS,
                map_batches=MAP_BATCHES, map_contexts=MAP_CONTEXTS, cells=CELLS, curve=None, new_tokens: int = 32,
-               budget_s: float = 300.0, physics: tuple[int, int] | None = (8, 4096), log=print) -> dict:
+               budget_s: float = 200.0, physics: tuple[int, int] | None = (8, 4096), log=print) -> dict:
     """The four phases (module docstring); returns the last line's JSON object."""
     from tqdm import tqdm
 
@@ -263,7 +263,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--curve", help="a LatencyCurve JSON file: draw the map under its width curve too")
     ap.add_argument("--cells", default=",".join(f"{b}x{c}" for b, c in CELLS), help="BxC,... timed besides the best")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--prefill-budget", type=float, default=300.0, help="seconds of prefill the best cell may take")
+    ap.add_argument("--prefill-budget", type=float, default=200.0, help="seconds of prefill the best cell may take")
     args = ap.parse_args(argv)
     import specdec
     from specdec.core.curve import LatencyCurve
