@@ -2,10 +2,10 @@
 
     python -m experiments.kv RESULTS --regime [--curve FILE] [--cells 1x1024,4x2048,16x1024]
 
-Phases, a progress bar each. **Surface**: seconds of one `Target.forward` of B rows x w tokens after c
-cached entries (filled with constants: the time does not depend on them), plain (w 1), draft (w 1,
-the batched draft cache has holes) and verify (w 5, holes when B > 1), median of `REPEATS`, plus the
-prefill rate. **Acceptance** per policy x retention: the KV step's stored rows (RESULTS/kv_curve.json,
+Phases, a progress bar each. **Surface**: seconds of `Target.forward` of B rows after c cached entries
+(constants: the time does not depend on them), median of `REPEATS` passes over the grid: plain (1
+token), draft (per forward of a chain's root and nodes, as `self_draft` runs them, holes when B > 1),
+verify (a 5-token chain) and the drafter's commit, plus the prefill rate. **Acceptance** per policy x retention: the KV step's stored rows (RESULTS/kv_curve.json,
 measured there first when absent). **Map**: per batch x context x policy x retention, a `SHAPE` step
 yields E = 1 + a + .. + a^4 tokens per row (a: per-token acceptance) for 4 draft forwards over the
 R = rC retained entries and one 5-wide verification over C, so (in plain steps)

@@ -3,6 +3,7 @@ predicted before they are timed, the last line's JSON shape, and the map drawn."
 
 import json
 
+import pytest
 import torch
 
 import specdec
@@ -42,3 +43,15 @@ def test_shared_prefill_serves_a_batch_its_entries_once(monkeypatch):
                                    chat=False) for _ in range(2)]
     assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
     assert sum(1 for s in calls if s[1] == 4) == 1  # the 4-token prefill ran once
+
+
+def test_a_flat_width_curve_prices_verification_as_a_plain_step():
+    from specdec.core.curve import LatencyCurve
+
+    surf = {"batches": [1], "contexts": [8, 64], "plain": [[1.0, 2.0]], "draft": [[0.1, 0.2]],
+            "verify": [[3.0, 6.0]], "commit": [[0.05, 0.1]]}
+    flat = LatencyCurve(target="t", device="cuda", dtype="float16", machine="gpu", threads=1, widths=(1, 8),
+                        contexts=(64,), seconds=((1.0, 1.0),))
+    tokens = 1 + 0.5 + 0.25 + 0.125 + 0.0625  # chain(4) at per-token acceptance 0.5
+    assert kv_regime.predict(surf, 0.5, 1, 64, 0.125) == pytest.approx(tokens * 2.0 / (4 * 0.1 + 0.05 + 6.0))
+    assert kv_regime.predict(surf, 0.5, 1, 64, 0.125, flat) == pytest.approx(tokens * 2.0 / (4 * 0.1 + 0.05 + 2.0))
