@@ -78,10 +78,6 @@ class KVPolicy:
     def after_commit(self, cache: KVCache) -> None:
         """Called after each step's committed entries are appended."""
 
-    def retention(self, stored: int, positions: int) -> float:
-        """Fraction of full-precision KV memory kept: entries stored / positions, times the bits."""
-        return stored / max(positions, 1)
-
 
 QueryProbe = Callable[[KVCache, int], torch.Tensor]
 """(cache of the exact prompt entries, W) -> attention mass [S] each stored entry gets from the last W
@@ -198,10 +194,6 @@ class Quant(KVPolicy):
             return layers
         return [(fake_quantize(k, self.bits, self.group), fake_quantize(v, self.bits, self.group)) for k, v in layers]
 
-    def retention(self, stored: int, positions: int) -> float:
-        # bits per value plus an fp16 scale and zero point per group, against 16-bit entries
-        return stored / max(positions, 1) * (self.bits + 32 / self.group) / 16
-
 
 class Compose(KVPolicy):
     """Policies applied left to right (e.g. a window of quantized entries)."""
@@ -233,10 +225,6 @@ class Compose(KVPolicy):
     def after_commit(self, cache: KVCache) -> None:
         for p in self.parts:
             p.after_commit(cache)
-
-    def retention(self, stored: int, positions: int) -> float:
-        quant = [p for p in self.parts if isinstance(p, Quant)]
-        return quant[-1].retention(stored, positions) if quant else stored / max(positions, 1)
 
 
 def by_rows(cache: KVCache) -> bool:
