@@ -94,7 +94,7 @@ def shared_prefill(target):
 
 
 def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
-    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens committed)],
+    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows)],
     seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s} (the last: the drafter's
     time per draft forward; a chain drafts one node per forward)."""
     from specdec.loop.decode import DecodeConfig, decode
@@ -103,14 +103,14 @@ def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
     config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
     tokens, steps, hits, tries, drafting, forwards = [[] for _ in rows], [], 0, 0, 0.0, 0
     for event in decode(target, drafter, rows, config):
-        steps.append((event.times.total, sum(len(c) for c in event.committed)))
+        steps.append((event.times.total, sum(len(c) for c in event.committed), len(event.rows)))
         drafting, forwards = drafting + event.times.propose, forwards + max(d.tokens.shape[-1] for d in event.drafts)
         for i, committed, draft, path in zip(event.rows, event.committed, event.drafts, event.paths):
             tokens[i] += committed
             hits, tries = hits + len(path), tries + min(len(path) + 1, draft.tokens.shape[-1])
     held = held_bytes(drafter.cache) if drafter is not None else None
     return {"tokens": [t[:new_tokens] for t in tokens], "steps": steps, "hits": hits, "tries": tries,
-            "seconds_per_token": sum(t for t, _ in steps) / sum(n for _, n in steps), "kv_bytes": held,
+            "seconds_per_token": sum(s[0] for s in steps) / sum(s[1] for s in steps), "kv_bytes": held,
             "kv_bytes_per_token": held / max(int(drafter.cache.next_positions.max()), 1) if held else None,
             "draft_forward_s": drafting / max(forwards, 1) if drafter is not None else None}
 

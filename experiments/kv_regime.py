@@ -13,8 +13,9 @@ speedup = E f(B, C, plain) / (4 f(B, R, draft) + f(B, R, commit) + f(B, C, verif
 `--curve FILE` (a `LatencyCurve`, e.g. a GPU's) replaces the verification by f(B, C, plain) x the
 curve's width-5 ratio. **Cells**: the best predicted (policy, retention) at each `--cells` B x C and
 the map's most favourable cell that fits the memory and the prefill budget, each predicted, then timed
-(`decode` over B prompts of C tokens, plain / self-draft / plain, speedup of time per token with a
-95% bootstrap over steps). Last line: JSON {cells, map, median_abs_error}.
+(`decode` over B prompts of C tokens, plain / self-draft / plain, speedup of time per token over the
+steps all B rows are in, as a server keeps its batch full; 95% bootstrap over steps). `--surface FILE`
+reuses a stored surface (RESULTS/kv_regime.json). Last line: JSON {cells, map, median_abs_error}.
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ def time_cell(target, items, cell: dict, new_tokens: int, n_boot: int = 2000) ->
     spec = kv.policy_spec(cell["policy"], cell["retention"], cell["context"])
     runs = {name: kv.timed_run(shared, build("self_draft", target=target, kv=spec, cache="dynamic")
                                if name == "draft" else None, rows, new_tokens) for name in ("plain", "draft", "plain2")}
-    steps, rng = {k: np.array(run["steps"]) for k, run in runs.items()}, np.random.default_rng(kv.SEED)
+    steps = {k: np.array([s for s in run["steps"] if s[2] == len(rows)]) for k, run in runs.items()}  # batch full
+    rng = np.random.default_rng(kv.SEED)
 
     def per_token(name: str, boot: bool) -> float:
         run = steps[name][rng.integers(0, len(steps[name]), len(steps[name]))] if boot else steps[name]
@@ -215,12 +217,13 @@ def physics_line(target, batch: int = 8, context: int = 4096, retention: float =
 
 def run_regime(target, items: list[dict], accept: dict, results: Path, *, batches=BATCHES, contexts=CONTEXTS,
                map_batches=MAP_BATCHES, map_contexts=MAP_CONTEXTS, cells=CELLS, curve=None, new_tokens: int = 32,
-               budget_s: float = 200.0, physics: tuple[int, int] | None = (8, 4096), log=print) -> dict:
+               budget_s: float = 200.0, physics: tuple[int, int] | None = (8, 4096), stored_surface: dict | None = None,
+               log=print) -> dict:
     """The four phases (module docstring); returns the last line's JSON object."""
     from tqdm import tqdm
 
     bar = lambda name: lambda items: tqdm(items, desc=name, mininterval=5)  # noqa: E731
-    surf = surface(target, batches, contexts, bar("surface"))
+    surf = stored_surface or surface(target, batches, contexts, bar("surface"))
     rows = regime_map(target, surf, accept, map_batches, map_contexts)
     results.mkdir(parents=True, exist_ok=True)
     png = results / f"{MAP_FILE}.png"
@@ -263,6 +266,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--curve", help="a LatencyCurve JSON file: draw the map under its width curve too")
     ap.add_argument("--cells", default=",".join(f"{b}x{c}" for b, c in CELLS), help="BxC,... timed besides the best")
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--surface", help="a kv_regime.json whose surface to reuse rather than measure")
     ap.add_argument("--prefill-budget", type=float, default=200.0, help="seconds of prefill the best cell may take")
     args = ap.parse_args(argv)
     import specdec
@@ -281,6 +285,7 @@ def main(argv: list[str]) -> int:
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",") if c]
     curve = LatencyCurve.load(args.curve) if args.curve else None
     summary = run_regime(target, items, accept, results, cells=cells, curve=curve, new_tokens=args.new_tokens,
-                         budget_s=args.prefill_budget, log=lambda line: print(line, flush=True))
+                         budget_s=args.prefill_budget, log=lambda line: print(line, flush=True),
+                         stored_surface=json.loads(Path(args.surface).read_text())["surface"] if args.surface else None)
     print(json.dumps(summary))
     return 0
