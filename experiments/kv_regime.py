@@ -5,10 +5,11 @@
 Phases, a progress bar each. **Surface**: seconds of `Target.forward` of B rows after c cached entries
 (constants: the time does not depend on them), median of `REPEATS` passes over the grid: plain (1
 token), draft (per forward of a chain's root and nodes, as `self_draft` runs them, holes when B > 1),
-verify (a 5-token chain) and the drafter's commit, plus the prefill rate. **Acceptance** per policy x retention: the KV step's stored rows (RESULTS/kv_curve.json,
-measured there first when absent). **Map**: per batch x context x policy x retention, a `SHAPE` step
-yields E = 1 + a + .. + a^4 tokens per row (a: per-token acceptance) for 4 draft forwards over the
-R = rC retained entries and one 5-wide verification over C, so (in plain steps)
+verify (a 5-token chain) and the drafter's commit, plus the prefill rate. **Acceptance** per policy x
+retention: the KV step's stored rows (RESULTS/kv_curve.json, measured there first when absent).
+**Map**: per batch x context x policy x retention, a `SHAPE` step yields E = 1 + a + .. + a^4 tokens
+per row (a: per-token acceptance) for 4 draft forwards over the R = rC retained entries, their commit
+and one 5-wide verification over C, so (in plain steps)
 speedup = E f(B, C, plain) / (4 f(B, R, draft) + f(B, R, commit) + f(B, C, verify)), f linear in B and c.
 `--curve FILE` (a `LatencyCurve`, e.g. a GPU's) replaces the verification by f(B, C, plain) x the
 curve's width-5 ratio. **Cells**: the best predicted (policy, retention) at each `--cells` B x C and
