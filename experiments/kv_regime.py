@@ -130,18 +130,20 @@ def draw(rows: list[dict], path: Path, title: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     keys = sorted({(r["policy"], r["retention"]) for r in rows})
+    policies, retentions = sorted({k[0] for k in keys}), sorted({k[1] for k in keys})
     batches, contexts = sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows})
     at = {(r["policy"], r["retention"], r["batch"], r["context"]): r["predicted"] for r in rows}
-    fig, axes = plt.subplots(1, len(keys), figsize=(2.6 * len(keys), 2.8), squeeze=False, sharey=True)
-    for ax, (p, r) in zip(axes[0], keys):
+    fig, axes = plt.subplots(len(policies), len(retentions), figsize=(2.4 * len(retentions) + 1.5,
+                             2.4 * len(policies) + 0.6), squeeze=False, sharey=True, constrained_layout=True)
+    for ax, (p, r) in ((axes[policies.index(p)][retentions.index(r)], (p, r)) for p, r in keys):
         z = np.array([[at[p, r, b, c] for c in contexts] for b in batches])
         im = ax.imshow(z, origin="lower", cmap="RdYlGn", vmin=0, vmax=2, aspect="auto")
         if min(z.shape) > 1 and z.min() < 1 < z.max():
             ax.contour(z, levels=[1.0], colors="k")
-        ax.set(title=f"{p} {r:.0%}", xticks=range(len(contexts)), xticklabels=contexts, xlabel="context",
+        ax.set(title=f"{p} {r:.0%}", xticks=range(len(contexts)), xlabel="context", ylabel="batch",
+               xticklabels=[f"{c / 1024:g}K" if c >= 1024 else c for c in contexts],
                yticks=range(len(batches)), yticklabels=batches)
-    axes[0][0].set_ylabel("batch")
-    fig.colorbar(im, ax=axes[0].tolist(), label="predicted speedup (1 = break-even)")
+    fig.colorbar(im, ax=axes, label="predicted speedup (1 = break-even)")
     fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
