@@ -2,6 +2,7 @@
 
     python -m experiments.kv RESULTS [--source long2k] [--prompts 8] [--new-tokens 16]
                                      [--policies window,snapkv,quant4] [--retentions 5,10,25,50]
+    python -m experiments.kv RESULTS --regime [--curve FILE]    # where it would pay: experiments.kv_regime
 
 Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt of
 the dataset source (`prompts`), interleaved: a timed plain greedy run, then every policy x retention as
@@ -71,45 +72,47 @@ def prompts(target, source: str, count: int) -> list[dict]:
 
 
 def shared_prefill(target):
-    """A shallow copy of `target` whose `prefill` runs each prompt once and hands later runs a copy of
-    its entries: the step's runs share a prompt's prefill, which no timed step includes."""
-    shared = copy.copy(target)
-    memo: dict[tuple[int, ...], tuple] = {}
+    """A shallow copy of `target` whose first forward into an empty cache (the prefill, one row or a batch)
+    runs each prompt once and hands later runs a copy of its entries: runs share a prompt's prefill."""
+    shared, memo = copy.copy(target), {}
 
-    def prefill(token_ids, cache):
-        key = tuple(token_ids)
+    def forward(tokens, cache, *args, **kwargs):
+        key = (tuple(tokens.shape), tokens.numpy().tobytes())
+        if cache.length:
+            return target.forward(tokens, cache, *args, **kwargs)
         if key not in memo:
-            out = target.prefill(token_ids, cache)
             memo.clear()  # one prompt at a time
-            memo[key] = ([(k.clone(), v.clone()) for k, v in cache.tensors()], out)
-            return out
-        entries, out = memo[key]
-        cache.append([(k.clone(), v.clone()) for k, v in entries])
+            out = target.forward(tokens, cache, *args, **kwargs)
+            memo[key] = ([(k.clone(), v.clone()) for k, v in cache.tensors()], cache.valid, out)
+        entries, cache.valid, out = memo[key]
+        if not cache.length:
+            cache.append([(k.clone(), v.clone()) for k, v in entries])
         return out
 
-    shared.prefill = prefill
+    shared.forward = forward
     return shared
 
 
-def timed_run(target, drafter, prompt: list[int], new_tokens: int) -> dict:
-    """One greedy run: {tokens, seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s}
-    (the last: the drafter's time per draft forward; a chain drafts one node per forward)."""
+def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
+    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows)],
+    seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s} (the last: the drafter's
+    time per draft forward; a chain drafts one node per forward)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
 
     config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
-    tokens, seconds, hits, tries, drafting, drafted_total = [], 0.0, 0, 0, 0.0, 0
-    for event in decode(target, drafter, [prompt], config):
-        seconds, drafting = seconds + event.times.total, drafting + event.times.propose
-        tokens += event.committed[0]
-        drafted, accepted = event.drafts[0].tokens.shape[-1], len(event.paths[0])
-        hits, tries = hits + accepted, tries + min(accepted + 1, drafted)
-        drafted_total += drafted
-    tokens = tokens[:new_tokens]
+    tokens, steps, hits, tries, drafting, forwards = [[] for _ in rows], [], 0, 0, 0.0, 0
+    for event in decode(target, drafter, rows, config):
+        steps.append((event.times.total, sum(len(c) for c in event.committed), len(event.rows)))
+        drafting, forwards = drafting + event.times.propose, forwards + max(d.tokens.shape[-1] for d in event.drafts)
+        for i, committed, draft, path in zip(event.rows, event.committed, event.drafts, event.paths):
+            tokens[i] += committed
+            hits, tries = hits + len(path), tries + min(len(path) + 1, draft.tokens.shape[-1])
     held = held_bytes(drafter.cache) if drafter is not None else None
-    return {"tokens": tokens, "seconds_per_token": seconds / len(tokens), "hits": hits, "tries": tries,
-            "kv_bytes": held, "kv_bytes_per_token": held / max(drafter.cache.next_position, 1) if held else None,
-            "draft_forward_s": drafting / max(drafted_total, 1) if drafter is not None else None}
+    return {"tokens": [t[:new_tokens] for t in tokens], "steps": steps, "hits": hits, "tries": tries,
+            "seconds_per_token": sum(s[0] for s in steps) / sum(s[1] for s in steps), "kv_bytes": held,
+            "kv_bytes_per_token": held / max(int(drafter.cache.next_positions.max()), 1) if held else None,
+            "draft_forward_s": drafting / max(forwards, 1) if drafter is not None else None}
 
 
 def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print) -> list[dict]:
@@ -125,7 +128,7 @@ def measure(target, items: list[dict], policies, retentions, new_tokens: int, lo
             if retention is not None:
                 kv = policy_spec(policy, retention, len(p["tokens"]))
                 drafter = build("self_draft", target=target, kv=kv, cache="dynamic")
-            run = timed_run(shared, drafter, p["tokens"], new_tokens)
+            run = timed_run(shared, drafter, [p["tokens"]], new_tokens)
             if policy == "plain":
                 path = run["tokens"]
             elif run["tokens"] != path:
@@ -225,22 +228,23 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
     return md, verdict_lines, compact
 
 
-def physics(target) -> dict:
-    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s, best of 5 copies of
-    256 MB, read + write)}: the memory a step must move, and how fast this core moves it."""
+def physics_facts(target) -> int:
+    """Bytes of the full-precision KV of one position."""
     from specdec.drafters.kv_policy import model_facts
 
     cfg = target.model.config.get_text_config()
-    weights = sum(p.nbytes for p in target.model.parameters())
-    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim
-    per_position *= target.dtype.itemsize
-    src = torch.ones(1 << 26)
-    dst, best = torch.empty_like(src), float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return {"weight_bytes": weights, "kv_bytes_per_position": per_position, "bandwidth": 2 * src.nbytes / best}
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * model_facts(target).head_dim * target.dtype.itemsize
+
+
+def physics(target) -> dict:
+    """{weight_bytes, kv_bytes_per_position (the full fp cache), bandwidth (bytes/s: `specdec.tune`'s
+    timed read of as many bytes as the weights)}: the memory a step must move, and how fast it moves."""
+    from specdec.quant import weight_bytes
+    from specdec.tune import read_seconds
+
+    weights = weight_bytes(target.model)
+    return {"weight_bytes": weights, "kv_bytes_per_position": physics_facts(target),
+            "bandwidth": weights / read_seconds(weights)}
 
 
 def physics_lines(settings: dict, rows: list[dict]) -> list[str]:
@@ -292,6 +296,9 @@ def answer(settings: dict, rows: list[dict], summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--regime" in (sys.argv[1:] if argv is None else argv):
+        from experiments.kv_regime import main as regime
+        return regime(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description="The KV step: acceptance and timed speedup per policy x retention.")
     ap.add_argument("results", help="the results directory (the report reads RESULTS/kv_curve.json)")
     ap.add_argument("--model", default="smollm2-135m")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.runtime.cache import KVCache
-from specdec.runtime.packed_cache import PackedFormat, PackedKVCache
+from specdec.runtime.packed_cache import PackedFormat, PackedKVCache, fake_quantize  # noqa: F401 (re-exported)
 from specdec.core.draft import KVLayers
 
 if TYPE_CHECKING:
@@ -43,12 +43,10 @@ DEFAULT_QUANT_GROUP = 32
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a policy checks its parameters against."""
+    """What a policy checks its parameters against: the width of one key/value head, the longest sequence."""
 
     head_dim: int
-    """Width of one key/value head."""
     context_length: int
-    """Longest sequence the target runs."""
 
 
 class KVPolicy:
@@ -80,17 +78,12 @@ class KVPolicy:
     def after_commit(self, cache: KVCache) -> None:
         """Called after each step's committed entries are appended."""
 
-    def retention(self, stored: int, positions: int) -> float:
-        """Fraction of full-precision KV memory kept: entries stored / positions, times the bits."""
-        return stored / max(positions, 1)
-
 
 QueryProbe = Callable[[KVCache, int], torch.Tensor]
-"""(cache of the exact prompt entries, W) -> attention mass [S] each stored entry gets from the last
-W prompt positions' queries, summed over layers, heads and queries (used by snapkv only)."""
+"""(cache of the exact prompt entries, W) -> attention mass [S] each stored entry gets from the last W
+prompt positions' queries, summed over layers, heads and queries (snapkv); `RowsProbe`: (cache, W, rows)
+-> per listed row of a batched cache, the mass [n_b] of each of its real entries (`row_entries` order)."""
 RowsProbe = Callable[[KVCache, int, list[int]], list[torch.Tensor]]
-"""`QueryProbe` for a batched cache: (cache, W, rows) -> per listed row, the mass [n_b] of each of
-its real entries (`row_entries` order)."""
 
 
 class Window(KVPolicy):
@@ -201,10 +194,6 @@ class Quant(KVPolicy):
             return layers
         return [(fake_quantize(k, self.bits, self.group), fake_quantize(v, self.bits, self.group)) for k, v in layers]
 
-    def retention(self, stored: int, positions: int) -> float:
-        # bits per value plus an fp16 scale and zero point per group, against 16-bit entries
-        return stored / max(positions, 1) * (self.bits + 32 / self.group) / 16
-
 
 class Compose(KVPolicy):
     """Policies applied left to right (e.g. a window of quantized entries)."""
@@ -237,10 +226,6 @@ class Compose(KVPolicy):
         for p in self.parts:
             p.after_commit(cache)
 
-    def retention(self, stored: int, positions: int) -> float:
-        quant = [p for p in self.parts if isinstance(p, Quant)]
-        return quant[-1].retention(stored, positions) if quant else stored / max(positions, 1)
-
 
 def by_rows(cache: KVCache) -> bool:
     """True when `cache` needs the per-row hooks: several rows, holes, or per-row evictions."""
@@ -263,16 +248,6 @@ def retain_per_row(cache: KVCache, chosen: list[torch.Tensor]) -> None:
     for b, c in enumerate(chosen):
         index[b, : c.numel()], real[b, : c.numel()] = c, True
     cache.retain_rows(index, real)
-
-
-def fake_quantize(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
-    """x [..., D] rounded to `bits` per group of `group` along D (asymmetric min-max), dequantized."""
-    shape = x.shape
-    g = x.reshape(*shape[:-1], shape[-1] // group, group)  # [..., D/G, G]
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    scale = (hi - lo).clamp_min(torch.finfo(x.dtype).tiny) / (2**bits - 1)
-    q = ((g - lo) / scale).round().clamp(0, 2**bits - 1)
-    return (q * scale + lo).reshape(shape)
 
 
 _POLICIES: dict[str, tuple[type[KVPolicy], tuple[str, ...]]] = {
@@ -334,27 +309,17 @@ def apply_to_prefill(policy: KVPolicy, layers: KVLayers, prompt_entries: int, qu
 
 
 def attention_probe(model: Target, prompt: list[int]) -> QueryProbe:
-    """A `QueryProbe` that runs the last W prompt tokens through `model` over the cache's first
-    entries (a temporary copy) and scores every cached entry by the softmax attention of those
-    queries, summed over layers, heads and queries. The queries are rebuilt from each attention
-    layer's input (q_proj, optional q_norm, the model's own RoPE), since sdpa returns no weights."""
-
-    def probe(cache: KVCache, window: int) -> torch.Tensor:
-        n, end = cache.length, cache.next_position
-        scratch = KVCache()
-        scratch.append([(k[..., : n - window, :], v[..., : n - window, :]) for k, v in cache.tensors()])
-        scratch.evicted = cache.evicted
-        keys = [k for k, _ in cache.tensors()]  # [B, kv_heads, n, D] exact prompt keys per layer
-        captured = _queries(model, torch.tensor([prompt[end - window: end]]), scratch)
-        return _mass(captured, keys, n, window)
-
-    return probe
+    """`attention_probe_rows` for a one-row cache whose prompt is `prompt`."""
+    rows = attention_probe_rows(model, [prompt])
+    return lambda cache, window: rows(cache, window, [0])[0]
 
 
 def attention_probe_rows(model: Target, prompts: list[list[int]]) -> RowsProbe:
-    """`attention_probe` for a batched cache, row b's prompt being `prompts[b]`: one forward runs the
-    last W prompt tokens of every listed row, each over a front-packed copy of its row's real entries
-    but the last W (the rest are holes), and each row is scored over its own entries as it is alone."""
+    """A `RowsProbe`, row b's prompt being `prompts[b]`: one forward runs the last W prompt tokens of every
+    listed row over a front-packed copy of its real entries but the last W (the rest are holes), and scores
+    each of its entries by the softmax attention of those queries, summed over layers, heads and queries,
+    as if the row were alone. The queries are rebuilt from each attention layer's input (q_proj, optional
+    q_norm, the model's own RoPE), since sdpa returns no weights."""
 
     def probe(cache: KVCache, window: int, rows: list[int]) -> list[torch.Tensor]:
         entries = [row_entries(cache)[b] for b in rows]

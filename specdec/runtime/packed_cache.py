@@ -37,12 +37,19 @@ class PackedFormat:
     """Key layout: `token` or `channel` (see the module docstring)."""
 
 
-def _quantize(g: torch.Tensor, bits: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes uint8, zero fp16, scale fp16) of `g` rounded asymmetrically over its axis `dim`."""
-    lo = g.amin(dim, keepdim=True).half()
-    scale = ((g.amax(dim, keepdim=True) - lo.to(g.dtype)) / (2**bits - 1)).clamp_min(1e-6).half()
+def _quantize(g: torch.Tensor, bits: int, dim: int, dtype: torch.dtype = torch.float16,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8, zero, scale in `dtype`) of `g` rounded asymmetrically (min-max) over its axis `dim`."""
+    lo = g.amin(dim, keepdim=True).to(dtype)
+    scale = ((g.amax(dim, keepdim=True) - lo.to(g.dtype)) / (2**bits - 1)).clamp_min(1e-6).to(dtype)
     codes = ((g - lo.to(g.dtype)) / scale.to(g.dtype)).round().clamp(0, 2**bits - 1).to(torch.uint8)
     return codes, lo, scale
+
+
+def fake_quantize(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """x [..., D] rounded to `bits` per group of `group` along D, dequantized (scales in x's dtype)."""
+    codes, lo, scale = _quantize(x.unflatten(-1, (-1, group)), bits, -1, x.dtype)  # [..., D/G, G]
+    return (codes.to(x.dtype) * scale + lo).flatten(-2)
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
