@@ -4,11 +4,9 @@
     python -m specdec.tune smollm2-135m --threads 1 --quant torchao_int4 --drafter none
     python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
-Owns the measuring: the fastest torch thread count, the linear kernel (`kernels.measure_choice`),
-the EAGLE head dtype (`measure_head_dtypes`), the latency curve `shape="auto"` plans with, and the
-physics beside it (`memory_limit`: the 1-token forward against the time to read the weights once). Each
-run writes one fresh record per target in the machine's store (`specdec.machine`), prints a card and
-one JSON line; constructors then look these up and never measure. Knows nothing about drafting or
+Owns the measuring: thread count, linear kernel (`kernels.measure_choice`), EAGLE head dtype (`measure_head_dtypes`),
+the latency curve `shape="auto"` plans with, and `memory_limit`. Each run writes one fresh record per target in the
+machine's store (`specdec.machine`); constructors look these up and never measure. Knows nothing about drafting or
 acceptance.
 """
 

@@ -4,12 +4,9 @@ Owns: `Cache`, the small protocol every KV cache here follows (entries stored, *
 position, the two rollbacks speculative decoding needs, read access per layer), and `KVCache`, the
 full cache over a Hugging Face `DynamicCache`. Knows nothing about drafts or acceptance.
 
-Positions are absolute and belong to the cache: a lossy cache stores fewer entries than the
-positions it has seen (`evicted`). A forward of n new tokens reads `length` and `next_position` and
-appends exactly n entries; rollback is an explicit call by the owner, `truncate` (a chain) or `keep`
-(a tree's accepted path). Batches (`RowBook`): rows share one stored length S; a row that stored
-fewer entries has *holes*, marked invalid in `valid` [B, S] and masked out of every later query, its
-next position its valid entries plus its evictions; `keep_rows` and `select_rows` act per row.
+Positions are absolute and belong to the cache (a lossy cache has `evicted` some). A forward of n new tokens appends
+exactly n entries; rollback is the owner's call, `truncate` (a chain) or `keep` (a tree's accepted path). Batches
+(`RowBook`): rows share one stored length S; a row's *holes* are marked invalid in `valid` [B, S] and masked out.
 """
 
 from __future__ import annotations

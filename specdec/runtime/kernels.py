@@ -1,11 +1,9 @@
 """Which kernel runs a model's plain linear layers: a registry, and a choice measured per machine.
 
-Owns the linear-kernel registry (`torch`, `onednn`, `hybrid`: see docs/library.md), the module swap
-and its inverse (`apply_kernel`, `plain_linears`), `measure_choice` (run by `python -m specdec.tune`)
-and `use_kernel`, which sets a Target's kernel: `auto` looks the choice up in the machine's tune
-record and, with none stored, runs `specdec.machine.DEFAULT_KERNEL`. It never measures. A kernel
-changes rounding in the last bits, never the weights. Touches only exact `nn.Linear`s with a dense
-fp32 / bf16 weight the kernel packs on this CPU (`why_not`); quantized layers keep their own kernel.
+Owns the linear-kernel registry (`torch`, `onednn`, `hybrid`: see docs/library.md), the module swap and its inverse
+(`apply_kernel`, `plain_linears`), `measure_choice` (run by `python -m specdec.tune`) and `use_kernel`: `auto` looks
+the choice up in the machine's tune record, else `specdec.machine.DEFAULT_KERNEL`; it never measures. A kernel
+changes rounding in the last bits, never the weights; it touches only exact `nn.Linear`s it can pack (`why_not`).
 Knows nothing about drafting, caches or quantization formats.
 """
 
