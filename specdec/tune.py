@@ -189,10 +189,9 @@ def stored_record(name: str, threads: int | None = None, device: str = "cpu",
 
 def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
                  device: str = "cpu", quant: str | None = None) -> dict:
-    """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`)
-    on this machine (tuned again when `threads` asks for another count than it holds), else `tune_target`
-    now. Says which on stdout, so the choices a run used are visible; returns the record (with `notes`
-    when it was tuned now)."""
+    """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`) on this machine
+    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says which on stdout, so
+    the choices a run used are visible; returns the record (with `notes` when it was tuned now)."""
     stored = stored_record(name, threads, device, quant)
     if stored is not None:
         print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]})", flush=True)

@@ -88,11 +88,10 @@ def chi_square_p(counts: Counter, law: dict[tuple[int, ...], float], n: int) -> 
 
 
 def reference_law(logits: Sequence[float], sampling: SamplingConfig) -> list[float]:
-    """The target law of one row of logits, written apart from `target_probs_from_logits` (which the
-    loop runs, and a certificate must not take as its own oracle): greedy = one-hot of the first
-    maximum; else softmax(z / T) over the tokens at or above the k-th largest z (top-k), then the
-    smallest prefix of the tokens sorted by probability, ties in index order, whose mass reaches
-    top_p (top-p), renormalised."""
+    """The target law of one row of logits, written apart from `target_probs_from_logits` (which the loop runs, and a
+    certificate must not take as its own oracle): greedy = one-hot of the first maximum; else softmax(z / T) over the
+    tokens at or above the k-th largest z (top-k), then the smallest prefix of the tokens sorted by probability, ties in
+    index order, whose mass reaches top_p (top-p), renormalised."""
     v = len(logits)
     if sampling.greedy:
         first = max(range(v), key=lambda i: (logits[i], -i))

@@ -38,8 +38,8 @@ class Cache(Protocol):
         """Drop every entry at absolute position >= `position` (chain rollback)."""
 
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
-        """Keep entries before absolute position `start`, then the block entries start + offsets
-        (tree rollback; offsets index the block of entries appended since `start`)."""
+        """Keep entries before absolute position `start`, then the block entries start + offsets (tree rollback; offsets
+        index the block of entries appended since `start`)."""
 
     def tensors(self) -> KVLayers:
         """(keys, values) per layer, [B, kv_heads, S, head_dim]."""
@@ -165,10 +165,7 @@ class KVCache(RowBook):
         self._truncate_stored(length)
 
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
-        """Example: the verifier appended a root and 5 draft nodes at stored entries 10..15 (no
-        eviction) and accepted the root plus nodes 1 and 4, i.e. entries 0, 2 and 5 of the block:
-        keep(10, [0, 2, 5]) leaves entries 0..9, 10, 12, 15 -> length 13, next position 13, equal
-        to a prefill of those 13 tokens."""
+        """E.g. after a 6-entry block at 10..15, keep(10, [0, 2, 5]) leaves entries 0..9, 10, 12, 15 (length 13)."""
         begin, offsets = block_offsets(self, start, offsets)
         n = offsets.numel()
         if torch.equal(offsets, torch.arange(n)):
@@ -178,11 +175,10 @@ class KVCache(RowBook):
 
     @torch.inference_mode()  # the entries were made by inference-mode forwards
     def keep_rows(self, begin: int, offsets: list[list[int]]) -> None:
-        """Per-row `keep` of a batch: row b keeps the stored entries before `begin` (a stored index,
-        the block's start, common to all rows) and block entries begin + offsets[b], moved to the
-        front of the block; slots past a row's last kept entry become holes. The stored length
-        becomes begin + the longest row's count. The block is rewritten in place (one gather per
-        layer), never the prefix."""
+        """Per-row `keep` of a batch: row b keeps the stored entries before `begin` (a stored index, the block's start,
+        common to all rows) and block entries begin + offsets[b], moved to the front of the block; slots past a row's
+        last kept entry become holes. The stored length becomes begin + the longest row's count. The block is rewritten
+        in place (one gather per layer), never the prefix."""
         index, real = self._check_rows(begin, offsets)
         width = index.shape[1]
         if bool(real.all()) and torch.equal(index, torch.arange(width).expand_as(index)):
