@@ -1,21 +1,15 @@
-"""The cost model scored out of sample: each cell's speculation speedup predicted only from runs it
-was not measured in, beside three nulls. Owns which runs predict which (the model is
-`specdec.measure.costmodel`'s) and the per-prediction errors (scored in `experiments.costs.score`):
-- *kernel*: the fp32 drafted runs of a paired cell, their drafting scaled by the paired drafting probe
-  (`kernel_profile`; without both probes fp32's drafting stands, and the part says so), and the kernel's
-  curve and plain runs predict speculation on the kernel;
+"""The cost model scored out of sample: each cell's speculation speedup predicted only from runs it was not measured
+in, beside three nulls. Owns which runs predict which (the model is `specdec.measure.costmodel`'s) and the
+per-prediction errors (scored in `experiments.costs.score`):
+- *kernel*: a paired cell's fp32 drafted runs (drafting scaled by the drafting probe, `kernel_profile`) with the
+  kernel's curve and plain runs;
 - *prompts*: alternating halves of the questions (sorted ids), each half's drafted runs predicting the other's;
-- *shape*: a chain(k) cell from the nearest deeper chain(K) cell of its drafter and kernel (an A/A control
-  counts as fp32) over the same questions: MAL = that cell's teacher-forced profile replayed in chain(k)
-  (`REPLAY`), delta = its bookkeeping + its drafting x `costmodel.drafting_scale(k, K, probe)`; trees and
-  dynamic shapes are not predicted (cells do not store the drafts a smaller tree would be cut from).
-Errors are |predicted / measured - 1| of the pooled speedup. Shown apart, never scored: the *MAL error*,
-the *in-sample error* (the model fed the predicted runs' own phi and delta) and, for *prompts*, the MAL
-error the seen half's spread expects (`expected_transfer`). Nulls: *constant* (1.0x), *flat curve*
-(R(w) = 1), *transfer* (the measured speculation of the runs read, no model). Numerics-only cells, the
-A/A twin's *kernel* prediction and cells priced on their own curve are not scored; a kind no cell allows
-is absent, with a note. Batch cells are predicted from their batch steps (a step's width its widest row's),
-priced by the rows still decoding (`shapes`: f_r R_r(w)), by width alone where stored without curves by rows.
+- *shape*: a chain(k) cell from the nearest deeper chain(K) cell of its drafter and kernel: MAL replayed in chain(k)
+  (`REPLAY`), delta scaled by `costmodel.drafting_scale(k, K, probe)`; trees and dynamic shapes are not predicted.
+Errors are |predicted / measured - 1| of the pooled speedup. Shown, never scored: the MAL error, the in-sample error
+and, for *prompts*, `expected_transfer`. Nulls: *constant* (1.0x), *flat curve* (R(w) = 1), *transfer* (measured
+speculation of the runs read). Not scored: numerics-only cells, the A/A twin's *kernel* prediction and cells priced
+on their own curve. Batch cells are priced by the rows still decoding (`shapes`: f_r R_r(w)).
 """
 
 from __future__ import annotations

@@ -4,22 +4,14 @@
                                      [--policies window,snapkv,quant4] [--retentions 5,10,25,50]
     python -m experiments.kv RESULTS --regime [--curve FILE]    # where it would pay: experiments.kv_regime
 
-Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt of
-the dataset source (`prompts`), interleaved: a timed plain greedy run, then every policy x retention as
-a timed greedy `self_draft` run of `SHAPE` (checked token-identical to the plain run), then a second
-timed plain run. Each run gives per-token acceptance (accepted draft tokens over draft tokens tried:
-a chain's accepted ones plus its first rejected one) and the time per generated token summed over the
-loop's step events (the prefill excluded; `shared_prefill` runs it once per prompt). Speedup = the two
-plain runs' mean time per token over the self-draft's, paired per prompt; CIs are 95% percentile
-bootstraps over prompts. The A/A control is plain run 1 over plain run 2, so it can fail from noise.
-
-Verdicts per policy (`verdicts`): **acceptance-free down to r** when at r and every larger retention
-measured, per-token acceptance's CI lower end is >= 1 - MARGIN (the full cache's is 1: same weights,
-exact KV); this is per-token argmax agreement, stricter than task quality. **Pays in time at r** when
-the speedup's CI lies above 1 (the lowest such r). Retention r of a prompt of P tokens (`policy_spec`):
-`window` keeps 4 sink + rP - 4 recent entries, `snapkv` a budget of rP, `quantN` a window of rP entries
-stored packed at N bits (keys per token); no 100% point (window and snapkv would be the full cache).
-Knows nothing about the grid's cells or the rest of the report.
+Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt, interleaved: a
+timed plain greedy run, every policy x retention as a timed greedy `self_draft` run of `SHAPE` (token-identical to
+plain), a second plain run. Per-token acceptance = accepted draft tokens over draft tokens tried; speedup = the plain
+runs' mean time per token over the self-draft's, paired per prompt (95% bootstrap over prompts); A/A: plain 1 / 2.
+Verdicts (`verdicts`): **acceptance-free down to r** when at r and every larger retention the acceptance CI's lower
+end is >= 1 - MARGIN; **pays in time at r** when the speedup's CI lies above 1. Retention r of P tokens
+(`policy_spec`): `window` keeps 4 sink + rP - 4 recent, `snapkv` a budget of rP, `quantN` a window of rP
+packed at N bits. Knows nothing about the grid's cells or the rest of the report.
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 
     python -m experiments.kv RESULTS --regime [--curve FILE] [--cells 1x1024,4x2048,16x1024]
 
-Phases, a progress bar each. **Surface**: seconds of `Target.forward` of B rows after c cached entries
-(constants: the time does not depend on them), median of `REPEATS` passes over the grid: plain (1
-token), draft (per forward of a chain's root and nodes, as `self_draft` runs them, holes when B > 1),
-verify (a 5-token chain) and the drafter's commit, plus the prefill rate. **Acceptance** per policy x
-retention: the KV step's stored rows (RESULTS/kv_curve.json, measured there first when absent).
-**Map**: per batch x context x policy x retention, a `SHAPE` step yields E = 1 + a + .. + a^4 tokens
-per row (a: per-token acceptance) for 4 draft forwards over the R = rC retained entries, their commit
-and one 5-wide verification over C, so (in plain steps)
-speedup = E f(B, C, plain) / (4 f(B, R, draft) + f(B, R, commit) + f(B, C, verify)), f linear in B and c.
-`--curve FILE` (a `LatencyCurve`, e.g. a GPU's) replaces the verification by f(B, C, plain) x the
-curve's width-5 ratio. **Cells**: the best predicted (policy, retention) at each `--cells` B x C and
-the map's most favourable cell that fits the memory and the prefill budget, each predicted, then timed
-(`decode` over B prompts of C tokens, plain / self-draft / plain, speedup of time per token over the
-steps all B rows are in, as a server keeps its batch full; 95% bootstrap over steps). `--surface FILE`
-reuses a stored surface (RESULTS/kv_regime.json). Last line: JSON {cells, map, median_abs_error}.
+Phases: **surface** (seconds f of `Target.forward` of B rows after c cached entries for plain, draft, verify and
+commit, plus the prefill rate), **acceptance** per policy x retention (RESULTS/kv_curve.json), **map**: per batch x
+context x policy x retention a `SHAPE` step yields E = 1 + a + .. + a^4 tokens per row (a: per-token acceptance)
+over R = rC retained entries, so speedup = E f(B, C, plain) / (4 f(B, R, draft) + f(B, R, commit) + f(B, C, verify)),
+f linear in B and c (`--curve FILE`: verify = f(B, C, plain) x the curve's width-5 ratio), then **cells**: the best
+predicted point per `--cells` B x C and the most favourable cell that fits, predicted then timed with the batch full
+(95% bootstrap over steps). `--surface FILE` reuses a stored surface. Last line: JSON {cells, map, median_abs_error}.
 """
 
 from __future__ import annotations
@@ -202,7 +194,7 @@ def choose_cells(rows: list[dict], cells, budget_s: float, limit: int) -> list[d
 
 
 def physics_line(target, batch: int = 8, context: int = 4096, retention: float = 0.05) -> str:
-    """Item 4: a `retention` draft step against a plain step at batch x context, measured and by bytes."""
+    """A `retention` draft step against a plain step at batch x context, measured and by bytes."""
     from specdec.tune import read_seconds
     from specdec.quant import weight_bytes
 

@@ -8,11 +8,9 @@ ending with the report's verdict (grids/main.yaml says which cells and why).
     python -m experiments.main kv=off                # without the KV-retention curve (`kv:` of the grid)
     python -m experiments.main prediction=off        # without the interactions predicted before the cells
 
-Owns the grids (`size=NAME` picks grids/NAME.yaml): their blocks (each a Hydra multirun of `experiments.run`), the
-drafters resolved against the registry at start (`others` = every registered drafter no block names nor
-`exclude_drafters` excludes; unregistered drafters and quant presets dropped with a note), fixed settings and
-command-line overrides (replacing the grid's value in every block). Then RESULTS/leaderboard/, RESULTS/REPORT.md,
-the grid's `kv:` curve (`experiments.kv`), and the verdict and JSON line with the grid's exit status added.
+Owns the grids (`size=NAME`): their blocks (Hydra multiruns of `experiments.run`), drafters resolved against the
+registry (`others` = every registered drafter no block names nor `exclude_drafters` excludes), fixed settings and
+overrides; then RESULTS/leaderboard/, RESULTS/REPORT.md, the `kv:` curve and the verdict with the exit status.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Predicted before measured: the interactions the main job prints before a cell runs, then measures.
 
-Owns the mechanism control's prediction (its source drafter's width factor: `predict_control`) and each
-drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over fp32, fed the
-fp32 drafted and plain runs of that drafter x shape on held-out prompts (RESULTS/profile) with forwards
-and prefill scaled by the tune records' kernel / fp32 curves, drafting not. Both are stored before their
-cell runs and set beside its measured interaction by the report. The scored cell is never read for it.
+Owns the mechanism control's prediction (its source drafter's width factor: `predict_control`) and each drafted kernel
+cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over fp32, fed the fp32 drafted and plain runs
+of that drafter x shape on held-out prompts (RESULTS/profile), forwards and prefill scaled by the tune records' kernel
+/ fp32 curves. Both are stored before their cell runs; the scored cell is never read for it.
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 Owns the per-prompt interaction of a paired cell (`experiments.cell`: four runs per prompt), its bootstrap interval
 over prompts, the three-way rule, the prompts an inconclusive interval would need, and the drift of the fp32 plain
-loop across a job. Knows nothing about stores or files. Per question q (turns pooled): s_k(q) = drafted / plain
-tokens/s on the kernel, s_0(q) the same on fp32, r(q) = s_k(q) / s_0(q); the interaction is the geometric mean of
-r(q), with a 95% percentile bootstrap interval [lo, hi] over questions. Rules: *fight*: hi < 1; *compound*: lo >= 0.9
-and not a fight (no loss beyond a 10% equivalence margin); *inconclusive*: otherwise, `prompts_to_settle` saying how
-many prompts would settle it at the same spread (half-width as 1 / sqrt(n), the point held). An A/A control (fp32
-paired against itself) has a true interaction of exactly 1: it must read compound.
-
-The decomposition (`factor_logs`, as REPORT.md states it): per question s = M / (R + d) exactly, so the interaction =
-(M_k / M_0) x [(R_0 + d_0) / (R_k + d_k), split between R and d by Shapley: the mean of each one's effect in both
-orders, in logs] x prefill, prompt by prompt and in the geometric mean.
+loop across a job. Knows nothing about stores or files. Per question q: r(q) = s_k(q) / s_0(q), s = drafted / plain
+tokens/s on the kernel (k) or fp32 (0); the interaction is the geometric mean of r(q), with a 95% percentile bootstrap
+interval [lo, hi]. Rules: *fight*: hi < 1; *compound*: lo >= 0.9 and not a fight; *inconclusive*: otherwise
+(`prompts_to_settle`: half-width as 1 / sqrt(n)). An A/A control has interaction exactly 1: it must read compound.
+The decomposition (`factor_logs`): per question s = M / (R + d), so the interaction = (M_k / M_0) x
+(R_0 + d_0) / (R_k + d_k) x prefill, the middle factor split between R and d by Shapley (both orders, in logs).
 """
 
 from __future__ import annotations

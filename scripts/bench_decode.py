@@ -1,18 +1,14 @@
 """Decoding speed: specdec's loop (plain and with drafters x shapes) against Hugging Face `generate`.
 
-Same target, prompts, lengths and greedy decoding; for every prompt all configurations run back to
-back (HF generate, HF prompt lookup, our plain loop, then each drafter x shape). Prints a card per
-configuration (tokens/s, ratios to HF, MAL, step-time split, outputs equal to our plain loop's),
-then one JSON line. Not a test: a measurement.
+Same target, prompts, lengths and greedy decoding, all configurations back to back per prompt; prints a card per
+configuration (tokens/s, ratios to HF, MAL, step-time split, outputs equal to the plain loop's), then one JSON line.
+--cache: `specdec.runtime.forwards.CACHES` (not `dynamic`: a `plain[cache=dynamic]` row too). --latency: forward
+time per width first. --prompts: `chat_heldout` or `FILE.jsonl[:category,category]`.
 
     python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto]
         [--drafters "eagle,eagle[head_dtype=bfloat16],ngram"]
         [--shapes "chain(4);dynamic(8,6,32);auto"] [--prompts chat_heldout] [--num-prompts 6]
         [--new-tokens 64] [--threads 1] [--cache auto] [--latency 1,2,4,...,128]
-
---cache: the loop's (cache, forward) pair (`specdec.runtime.forwards.CACHES`); when it is not
-`dynamic`, a `plain[cache=dynamic]` row runs for comparison. --latency first prints the forward time
-per width. --prompts: `chat_heldout` or `FILE.jsonl[:category,category]`.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@
     pip install -e '.[peer]'      # llama-cpp-python: builds llama.cpp from source (about 20 minutes)
     python scripts/bench_peer.py [--prompts 6] [--tokens 64] [--drafter eagle] [--shape auto]
 
-Per prompt, in turn: llama.cpp greedy, specdec's plain loop, then specdec with `--drafter` at `--shape`
-(both on the embedded target as tuned here), the same chat prompt and token budget. Prints tokens/s
-per engine, the ratios to llama.cpp as a mean with a 95% interval over prompts, then one JSON line.
-Without llama-cpp-python it says so in one line and exits 0.
+Per prompt: llama.cpp greedy, specdec's plain loop, then specdec with `--drafter` at `--shape`. Prints tokens/s per
+engine, ratios to llama.cpp (mean, 95% interval over prompts), one JSON line; without llama-cpp-python, exits 0.
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@
     python -m specdec.tune smollm2-135m --threads 1 --quant torchao_int4 --drafter none
     python -m specdec.tune smollm2-135m --threads 1 --batch 1,8          # + the curve batches of 8 plan with
 
-Owns the measuring: the fastest torch thread count, the linear kernel (`kernels.measure_choice`),
-the EAGLE head dtype (`measure_head_dtypes`), the latency curve `shape="auto"` plans with, and the
-physics beside it (`memory_limit`: the 1-token forward against the time to read the weights once). Each
-run writes one fresh record per target in the machine's store (`specdec.machine`), prints a card and
-one JSON line; constructors then look these up and never measure. Knows nothing about drafting or
+Owns the measuring: thread count, linear kernel (`kernels.measure_choice`), EAGLE head dtype (`measure_head_dtypes`),
+the latency curve `shape="auto"` plans with, and `memory_limit`. Each run writes one fresh record per target in the
+machine's store (`specdec.machine`); constructors look these up and never measure. Knows nothing about drafting or
 acceptance.
 """
 
@@ -191,10 +189,9 @@ def stored_record(name: str, threads: int | None = None, device: str = "cpu",
 
 def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
                  device: str = "cpu", quant: str | None = None) -> dict:
-    """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`)
-    on this machine (tuned again when `threads` asks for another count than it holds), else `tune_target`
-    now. Says which on stdout, so the choices a run used are visible; returns the record (with `notes`
-    when it was tuned now)."""
+    """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`) on this machine
+    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says which on stdout, so
+    the choices a run used are visible; returns the record (with `notes` when it was tuned now)."""
     stored = stored_record(name, threads, device, quant)
     if stored is not None:
         print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]})", flush=True)

@@ -1,29 +1,19 @@
 """An exactness certificate for any registered drafter: `python -m specdec.certify DRAFTER`.
 
-Owns the certificate that the test suite and the command line share (the package's face):
-- greedy identity (`greedy_case`): at T = 0 the loop's output equals the cacheless reference's
-  greedy output, token for token, on position-keyed fp64 models of three families
-  (`specdec.certify.world`: a token moved by one position changes their output);
-- the drafter's distribution cases (`specdec.certify.cases.distribution_case`): at T > 0,
-  Pearson's chi-square of the first `LENGTH` generated tokens of n seeded generations against the
-  target's exact law (written apart from the loop's, `cases.reference_law`), per shape x {plain,
-  top-k, top-p} x EOS stopping {off, on}; on a second prompt whose repeats branch; `auto` and the
-  static and graphs caches; batched rows (`specdec.certify.batch`: every shape x {greedy, top-k,
-  top-p}; a drafter that cannot batch gets a line saying so, not a failure). Every draft is checked
-  (`Recorder`): it fits the shape asked for, its draft_probs are well formed and match the sampled
-  tokens (chi-square of their ranks per depth);
-- power (`specdec.certify.power`): drafter-independent reference cases pass unmutated (the control)
-  and fail under every mutant of `specdec.certify.mutants` (an edit of the real acceptance code,
-  draft sampler, target law, tree forward or cache rollback), and the smallest per-token TV a case
-  detects (`detectable_tv`). A certificate passes only if every case of the drafter and the control
-  pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA); a FAIL names what failed, with its p;
-- the width effect (`--target`): on a real target, how far a drafted run's next-token law is from
-  the plain loop's (`specdec.measure.width_effect`, TV per token with a CI over prompts). The
-  promise (`PROMISE`) is exactness with respect to the target's computation at the verification
-  width: on a target that is not plain fp32/fp64 the certificate reports that effect and the
-  verdict WIDTH-DEPENDENT instead of a PASS it cannot back;
-- `certify` and `main`: a readable certificate with one JSON line last, or with `--self-test`
-  the power section alone as one JSON line.
+Owns the certificate that the test suite and the command line share:
+- greedy identity (`greedy_case`): at T = 0 the loop's output equals the cacheless reference's, token for token, on
+  position-keyed fp64 models (`specdec.certify.world`);
+- distribution cases (`cases.distribution_case`): at T > 0, Pearson's chi-square of the first `LENGTH` tokens of n
+  seeded generations against the target's exact law, per shape x {plain, top-k, top-p} x EOS {off, on}, caches and
+  batched rows (`specdec.certify.batch`: a drafter that cannot batch gets a line saying so, not a failure); every
+  draft is checked (`Recorder`);
+- power (`specdec.certify.power`): reference cases pass unmutated and fail under every mutant of
+  `specdec.certify.mutants`, with the smallest per-token TV detected (`detectable_tv`). A certificate passes only if
+  every case and the control pass (p >= ALPHA) and every mutant is caught (p <= POWER_ALPHA); a FAIL names it, with p;
+- the width effect (`--target`, `specdec.measure.width_effect`): the promise (`PROMISE`) is exactness with respect to
+  the target's computation at the verification width; on a target that is not plain fp32/fp64 the verdict is
+  WIDTH-DEPENDENT, not PASS;
+- `certify` and `main`: a readable certificate with one JSON line last (`--self-test`: the power section alone).
 Knows nothing about any particular drafter: it builds them by name through the registry, with the
 factory's `test_options` under the user's `--options`.
 """

@@ -1,14 +1,9 @@
 """The certificate's batched cases: every row of `specdec.generate_batch` follows the target's law.
 
-Owns `BATCH_PROMPTS` (three prompts of different lengths) and `batch_case`: n seeded batches of those
-prompts through `generate_batch`, each row's first tokens counted apart and tested against the exact
-law of its own prompt (`cases.exact_law`); the case's p-value is the smallest row's,
-Bonferroni-corrected for the three rows. It sees each row's marginal law (a row reading a
-neighbour's randomness or cache, or placed at another row's position, would move it). A greedy
-case runs one batch and wants each row token for token. A drafter that cannot batch
-gets no batched case (`generate_batch` refuses it before any work). The per-draft checks of
-`cases.Recorder` run in the batch-of-one cases; here the drafter runs bare.
-Knows nothing about mutants or particular drafters.
+Owns `BATCH_PROMPTS` (three prompts of different lengths) and `batch_case`: n seeded batches through
+`generate_batch`, each row's first tokens tested against its own prompt's exact law (`cases.exact_law`); the case's
+p-value is the smallest row's, Bonferroni-corrected. A greedy case wants each row token for token. A drafter that
+cannot batch gets no batched case. Knows nothing about mutants or particular drafters.
 """
 
 from __future__ import annotations

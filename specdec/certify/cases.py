@@ -1,18 +1,11 @@
-"""The statistical cases of an exactness certificate, and the checks run on every draft.
-
-Owns:
-- `chi_square_p` / `binned_chi_square`: Pearson's chi-square with cells binned by the expected
-  counts (never by the observed ones);
-- `reference_law`, `exact_law`, `pick_eos`: the target's exact law of the first few tokens, and the stop token of
-  a case with EOS stopping (passed to the loop as its `eos=` stop set);
-- `distribution_case`: n seeded generations through `specdec.generate` (any shape, `auto`
-  included, and any cache) tested against the exact law; the drafter runs inside a `Recorder`;
-- `Recorder`: wraps a drafter and checks each draft it proposes: `draft_probs` of shape [B, N, V]
-  with rows that sum to 1 and give every proposed token mass (a sampled token whose probability is
-  missing), and a draft that fits the requested shape. It also tests, per depth, that the tokens
-  sampled match the recorded `draft_probs` (`draft_probability_p`). A draft without `draft_probs`
-  is point-mass, which the verifier handles exactly whatever chose its tokens (a sampled draft
-  recorded as point-mass is exact too, only accepted less often);
+"""The statistical cases of an exactness certificate, and the checks run on every draft. Owns:
+- `chi_square_p` / `binned_chi_square`: Pearson's chi-square with cells binned by the expected counts (never the
+  observed ones);
+- `reference_law`, `exact_law`, `pick_eos`: the target's exact law of the first few tokens, and a case's stop token;
+- `distribution_case`: n seeded generations through `specdec.generate` (any shape and cache) against the exact law;
+- `Recorder`: checks each draft: `draft_probs` [B, N, V] rows sum to 1 and give every proposed token mass, the draft
+  fits the requested shape, and per depth the sampled tokens match `draft_probs` (`draft_probability_p`); a draft
+  without `draft_probs` is point-mass, which the verifier handles exactly;
 - `greedy_case`: the greedy identity against the cacheless reference.
 Knows nothing about particular registered drafters or about mutants.
 """
@@ -95,11 +88,10 @@ def chi_square_p(counts: Counter, law: dict[tuple[int, ...], float], n: int) -> 
 
 
 def reference_law(logits: Sequence[float], sampling: SamplingConfig) -> list[float]:
-    """The target law of one row of logits, written apart from `target_probs_from_logits` (which the
-    loop runs, and a certificate must not take as its own oracle): greedy = one-hot of the first
-    maximum; else softmax(z / T) over the tokens at or above the k-th largest z (top-k), then the
-    smallest prefix of the tokens sorted by probability, ties in index order, whose mass reaches
-    top_p (top-p), renormalised."""
+    """The target law of one row of logits, written apart from `target_probs_from_logits` (which the loop runs, and a
+    certificate must not take as its own oracle): greedy = one-hot of the first maximum; else softmax(z / T) over the
+    tokens at or above the k-th largest z (top-k), then the smallest prefix of the tokens sorted by probability, ties in
+    index order, whose mass reaches top_p (top-p), renormalised."""
     v = len(logits)
     if sampling.greedy:
         first = max(range(v), key=lambda i: (logits[i], -i))

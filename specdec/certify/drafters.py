@@ -18,17 +18,11 @@ from specdec.runtime.model import Target
 
 
 class SiblingDrafter:
-    """Synthetic drafter: every node gets `width` sampled siblings up to `depth`, each with its draft
-    probabilities recorded, i.i.d. (`replace=True`) or without replacement (each sibling's recorded
-    distribution is the conditional one given the earlier siblings, renormalised); or, with
-    `point_mass=True`, its top-`width` tokens as deterministic siblings without draft probabilities
-    (`shuffle=True`: in an order fixed per context, so the likeliest is often a later sibling).
-
-    Its distribution after a context is softmax(sharpen x `like`'s logits + noise x N(0, 1)), the
-    noise seeded by the context (so it is a fixed function of the context); without `like`, pure
-    noise. A `like` target sharpened (sharpen > 1) gives the peaky mismatch that makes a case reject
-    often: the draft piles its mass on the target's favourite token, is rejected there about as
-    often as the target doubts it, and the next sibling then meets a heavily reshaped residual."""
+    """Synthetic drafter: every node gets `width` sampled siblings up to `depth` with their draft probabilities,
+    i.i.d. (`replace=True`) or without replacement (each sibling's recorded distribution conditional on the earlier
+    ones); or, with `point_mass=True`, its top-`width` tokens without draft probabilities (`shuffle=True`: in an
+    order fixed per context). Its distribution after a context is softmax(sharpen x `like`'s logits + noise x
+    N(0, 1)), the noise seeded by the context; without `like`, pure noise."""
 
     name = "siblings"
 

@@ -1,16 +1,11 @@
 """Mutants of the real code (acceptance, draft sampler, target law, tree forward, cache rollback):
 the wrong rules a certificate must catch.
 
-Owns `MUTANTS` (each one small textual edit of one real function, `Mutant`) and `mutated`, which
-applies an edit for the duration of a `with` block by compiling the edited source of the function
-and swapping its code object in place (`function.__code__`). Every reference to the function sees
-the mutant (the loop's `from ... import accept`, the growers' dispatch table), nothing is copied
-or re-implemented, and the edit is undone on exit. When the real source no longer contains the text
-a mutant edits, `mutated` raises `MutantDoesNotApply` naming it (a certificate then fails: its
-power would otherwise be claimed for code it never ran).
-
-Knows nothing about certificates or statistics: `specdec.certify.power` runs a reference case under
-each mutant.
+Owns `MUTANTS` (each one small textual edit of one real function, `Mutant`) and `mutated`, which swaps in the
+edited function's code object (`function.__code__`) for a `with` block, so every reference sees the mutant, and
+undoes it on exit. When the real source no longer contains a mutant's text, `mutated` raises `MutantDoesNotApply`
+(the certificate then fails).
+Knows nothing about certificates or statistics: `specdec.certify.power` runs a reference case under each mutant.
 """
 
 from __future__ import annotations

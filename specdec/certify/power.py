@@ -1,14 +1,11 @@
 """The power section of an exactness certificate: reference cases under every mutant, and the
 smallest perturbation of the target law the certificate detects.
 
-Owns `REFERENCE_CASES` / `reference_cases` (drafter-independent cases the mutants must fail), the
-thresholds `ALPHA` (a case passes at p >= ALPHA) and `POWER_ALPHA` (a mutant is caught at
-p <= POWER_ALPHA), `power` / `Power`: the reference cases run unmutated (the control) and each
-mutant of `specdec.certify.mutants` under the reference case it names; and `detectable_tv`: the
-smallest per-token total-variation distance from the target law that a distribution case detects
-with power >= `POWER` at ALPHA, planted through the real verifier (`tilted`).
-Knows nothing about the drafter being certified: `specdec.certify` runs this once per certificate
-(or alone, `--self-test`) on the world of `specdec.certify.world`.
+Owns `REFERENCE_CASES` / `reference_cases` (drafter-independent cases the mutants must fail), the thresholds `ALPHA`
+(a case passes at p >= ALPHA) and `POWER_ALPHA` (a mutant is caught at p <= POWER_ALPHA), `power` / `Power` (the
+control and each mutant under the reference case it names) and `detectable_tv`: the smallest per-token TV from the
+target law a distribution case detects with power >= `POWER` at ALPHA, planted through the real verifier (`tilted`).
+Knows nothing about the drafter being certified: `specdec.certify` runs this on `specdec.certify.world`.
 """
 
 from __future__ import annotations
@@ -52,19 +49,12 @@ REFERENCE_CASES = ("point-mass siblings", "greedy siblings", "sampled siblings",
 
 def reference_cases(world: World, n: int = POWER_N, names: Sequence[str] = REFERENCE_CASES) -> list[CaseResult]:
     """The drafter-independent cases the mutants must fail (`names` picks some):
-    - point-mass siblings at the flat target's three likeliest tokens (`tree(3)`, 2 tokens): the
-      first sibling is rejected about 3 times in 4, and every wrong walk moves the first token's law;
-    - greedy siblings: the greedy target's three likeliest tokens in an order fixed per context
-      (`tree(3,3)`), each greedy prompt token for token the reference's (p = 1, or 0): the accepted
-      node is a later sibling two times in three, whose position and kept cache entry must be right;
-    - sampled siblings drawn without replacement with their draft probabilities, from a peaky draft
-      unrelated to the target (`tree(3)`, logits 4 x N(0, 1)): a later sibling's conditional draft
-      distribution differs most from the first's;
-    - a sampled chain of `ShiftedDrafter` (logits 160 + 2 N(0, 1)) through the real grower under
-      top-k and top-p (its recorded draft_probs are what the draft-probability check compares its
-      samples with; top-p at T != 1);
-    - batch rows: `random` drafts in batches of three prompts of different lengths (n / 3 batches),
-      each row against its own prompt's law."""
+    - point-mass siblings at the flat target's three likeliest tokens (`tree(3)`, 2 tokens);
+    - greedy siblings: the greedy target's three likeliest tokens in an order fixed per context (`tree(3,3)`), each
+      prompt token for token the reference's (p = 1, or 0), so a later sibling's position and cache entry count;
+    - sampled siblings drawn without replacement from a peaky draft unrelated to the target (`tree(3)`);
+    - a sampled chain of `ShiftedDrafter` through the real grower under top-k and top-p (T != 1);
+    - batch rows: `random` drafts in batches of three prompts of different lengths (n / 3 batches)."""
     unknown = sorted(set(names) - set(REFERENCE_CASES))
     if unknown:
         raise ValueError(f"unknown reference cases {unknown}; known: {', '.join(REFERENCE_CASES)}")

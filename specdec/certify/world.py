@@ -1,14 +1,9 @@
 """The tiny fp64 models a certificate runs on, built so that a wrong position changes their output.
 
-Owns `World` / `tiny_world` and `positional`, which rewrites a tiny causal LM (llama, qwen2 or
-mistral: the same module names) into a position-keyed one: its first layer's four heads each read
-the token a fixed distance back (`OFFSETS`), with scores that depend on the relative position
-only (RoPE of constant queries and keys, `FREQUENCIES`), and the lm_head mixes the current token
-with what the heads read. Moving a token by one position makes each head read a different token,
-so a tree node or a batch row placed at the wrong position changes the logits (and flips the
-argmax in most contexts), which a random tiny model barely shows. Constructed, not trained: the
-same weights on every run, built in milliseconds.
-Knows nothing about drafters, cases or mutants.
+Owns `World` / `tiny_world` and `positional`, which rewrites a tiny causal LM (llama, qwen2 or mistral) into a
+position-keyed one: its first layer's heads each read the token a fixed distance back (`OFFSETS`, RoPE of constant
+queries and keys, `FREQUENCIES`), so a tree node or batch row at the wrong position changes the logits.
+Constructed, not trained. Knows nothing about drafters, cases or mutants.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """EAGLE drafting: a one-layer head over the target's own features drafts in any shape.
 
-Owns `EagleDrafter` and its registration as `eagle`. The drafter runs an `EagleHead` with its own KV
-cache over *pairs*: pair i is (feature at position i, embedding of token i+1), the features being the
-target's final hidden states from each committed `Step` (`Step.target_hidden`, plus `Step.target_aux`
-for an EAGLE-3 head that fuses aux layers). The head's output at the last pair, scored by the
-target's frozen lm_head, gives the root's logits; deeper nodes read their parent's predicted feature,
-one tree forward of the head per expanded level.
-
-Rollback: `refresh=True` (EAGLE's recipe, the default) drops every draft entry and re-runs the
-accepted tokens with the target's true features; `refresh=False` keeps the accepted path's entries
-(keep-path by node id). `draft_vocab=N` scores only the head's N most frequent tokens (`SubVocab`).
-Speculators EAGLE-3 heads (`head=DIR`) read only the aux layers and score with their own lm_head.
-Batches: one head cache holds every row (`specdec.runtime.cache`), rows grow their own trees with
-`lockstep.grow_rows`; a head without per-row positions (`takes_row_positions`) drafts one prompt at a
-time. `head_dtype="auto"` reads the dtype `python -m specdec.tune` stored, else the target's.
-
-Knows nothing about verification; the target's lm_head and embedding are shared, never copied or
-trained (the rows a draft scores are copied only when the head runs in another dtype).
+Owns `EagleDrafter` and its registration as `eagle`. The head (`EagleHead`, own KV cache) runs over pairs
+(feature at position i, embedding of token i+1), the features being the target's final hidden states from each
+committed `Step` (`Step.target_hidden`, `Step.target_aux` for EAGLE-3); deeper nodes read their parent's predicted
+feature. `refresh=True` (the default) re-runs the accepted tokens with the target's true features; `refresh=False`
+keeps the accepted path's entries. `draft_vocab=N` scores only the head's N most frequent tokens (`SubVocab`);
+`head=DIR` loads a Speculators EAGLE-3 head (aux layers only, its own lm_head).
+`head_dtype="auto"` reads the dtype `python -m specdec.tune` stored, else the target's.
+Knows nothing about verification; the target's lm_head and embedding are shared, never copied or trained.
 """
 
 from __future__ import annotations

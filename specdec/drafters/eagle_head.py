@@ -1,20 +1,15 @@
 """The EAGLE head: a one-layer autoregressive model over a target's features, and its file format.
 
-Owns `EagleHead` (the trainable nn.Module), `HeadConfig` (what a head was built for), the draft
-vocabulary (target token ids ranked by training-data frequency, as EAGLE-3 does) and saving/loading a
-head as safetensors + a small JSON config. It does NOT own the target's embedding or lm_head: those
-stay the target's (frozen, shared) and are passed in by the caller.
+Owns `EagleHead` (the trainable nn.Module), `HeadConfig` (what a head was built for), the draft vocabulary (target
+token ids ranked by training-data frequency) and saving/loading a head as safetensors + a small JSON config. It does
+NOT own the target's embedding or lm_head: those stay the target's (frozen, shared) and are passed in by the caller.
 
     x_i = fc(concat(embed(t_{i+1}), h_i))        # [B, n, 2H] -> [B, n, H]
     f_i = norm(decoder_layer(x_i))               # predicted feature ~ h_{i+1}
     logits_i = lm_head(f_i)                      # next-token logits after t_{i+1}
 
-With `aux_layers` (EAGLE-3), the target's RMS-normed hidden states after those layers add
-`fc_aux(concat(norm_1(a_i^1), ..., norm_k(a_i^k)))`, with fc_aux starting at zero; pairs that read
-the head's own predicted feature pass none. A head with fc_aux = 0 is therefore exactly the head
-without aux layers, which is how `widen` starts a fused head from a plain one. The decoder layer's
-weights live in transformers' `LlamaDecoderLayer` (its names in the file), but the forward wires
-them itself, bit for bit the same (tests/test_eagle.py).
+With `aux_layers` (EAGLE-3), x_i adds `fc_aux(concat(norm_1(a_i^1), ..., norm_k(a_i^k)))`, fc_aux starting at zero
+(so `widen` starts a fused head from a plain one exactly); pairs reading the head's own predicted feature pass none.
 """
 
 from __future__ import annotations

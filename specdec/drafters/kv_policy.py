@@ -4,19 +4,14 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
 
     full                          every entry, exact (the default)
     window(sink=S,recent=R)       StreamingLLM: the first S and the last R stored entries
-    snapkv(budget=B,window=W)     at the prefill, the B prompt positions the last W prompt queries
-                                  attend to most (the last W included); everything generated is kept
-    quant(bits=2|4|8,group=G)     every entry fake-quantized (asymmetric round-to-nearest per group
-                                  of G along head_dim), stored dequantized (a simulation)
-    quant(bits=B,keys=token|channel)  stored packed (`specdec.runtime.packed_cache`): values per token,
-                                  keys per token or per channel (KIVI); one row at a time
+    snapkv(budget=B,window=W)     at the prefill, the B prompt positions the last W prompt queries attend to most
+                                  (the last W included); everything generated is kept
+    quant(bits=2|4|8,group=G)     every entry fake-quantized per group of G along head_dim, stored dequantized
+    quant(bits=B,keys=token|channel)  stored packed (`specdec.runtime.packed_cache`), keys per token or per channel
     window(...)+quant(...)        policies compose left to right with '+'
 
-A policy acts on a cache of committed tokens only, in three hooks: `transform` (entries about to be
-appended), `after_prefill` and `after_commit`. Every hook is a function of the committed entries
-alone, so the cache after any steps equals the policy applied to a fresh prefill (`apply_to_prefill`,
-tested). Eviction goes through `KVCache.retain` / `retain_rows`: one selection for every layer and
-head, per row on a batch cache. Knows nothing about drafts, acceptance or the loop.
+Every hook (`transform`, `after_prefill`, `after_commit`) is a function of the committed entries alone, so the cache
+equals the policy applied to a fresh prefill (`apply_to_prefill`). Knows nothing about drafts, acceptance or the loop.
 """
 
 from __future__ import annotations

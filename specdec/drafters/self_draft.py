@@ -1,19 +1,11 @@
 """Self-draft: the target's own weights (or a cheaper copy) over a lossy view of the target's own KV.
 
-Owns the `self_draft` drafter and its three spec-string knobs: `kv=` (a `kv_policy` spec: what the
-draft's cache keeps), `weights=` (a `specdec.quant` spec: a quantized copy, `quantized_copy`) and
-`layers=` (`all` or `first(k)`: an early exit with the target's final norm and lm_head,
-`early_exit_copy`). `lowbit` and the early-exit default of `small` are presets of it.
-
-Cache sync (TriForce / QuantSpec), through `commit(step)`: the draft's cache holds entries for
-committed tokens only, and those are the *target's exact* K/V (`step.target_kv()`) passed through the
-policy. While drafting the draft appends its own approximate entries; `commit` truncates them all and
-appends the target's entries for the kept rows, so the cache is a pure function of the committed
-tokens ("cache == policy(fresh prefill)", tested). Batches: one cache with holes for every row, the
-policy run per row, each row's draft grown by `grow_rows`; on the CUDA-graph cache it drafts one
-prompt only (`batchable` False).
-
-Knows nothing about acceptance or the target's cache beyond the read-only step view.
+Owns the `self_draft` drafter and its spec-string knobs: `kv=` (a `kv_policy` spec), `weights=` (a `specdec.quant`
+spec, `quantized_copy`) and `layers=` (`all` or `first(k)`, `early_exit_copy`); `lowbit` and `small` are presets.
+Cache sync (`commit(step)`): the draft's cache holds the target's exact K/V (`step.target_kv()`) of committed tokens
+only, through the policy; `commit` drops the draft's own entries, so cache == policy(fresh prefill). On the
+CUDA-graph cache it drafts one prompt only (`batchable` False). Knows nothing about acceptance or the target's cache
+beyond the read-only step view.
 """
 
 from __future__ import annotations

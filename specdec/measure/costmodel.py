@@ -11,11 +11,10 @@ drafters, stores or reports. A drafted run of N new tokens takes
 
 with phi_w the target forwards of width w per new token (sum = 1 / MAL) and delta the seconds per step outside the
 target's forward, both from a DraftProfile measured elsewhere; P, t_1, T_p and N from the plain run; R(w, c) =
-L(w, c) / L(1, c) the shape of the latency curve at the mean context c (a ratio, so a curve taken under other load
-shifts neither side). A batch step costs f_r R_r(w, c) + the plain step's other seconds at r rows still decoding.
-Nulls: *flat curve* (R = 1) and *constant* (1.0x). A roofline forward: L(w, c) = overhead + max(bytes / bandwidth,
-flops / peak), bytes = weights + KV entries read and written (c + w positions), flops = 2 * params * w + 4 * layers
-* hidden * w * (c + w).
+L(w, c) / L(1, c) the shape of the latency curve at the mean context c. A batch step costs f_r R_r(w, c) + the plain
+step's other seconds at r rows decoding. Nulls: *flat curve* (R = 1) and *constant* (1.0x). Roofline: L(w, c) =
+overhead + max(bytes / bandwidth, flops / peak), bytes = weights + KV read and written (c + w positions), flops =
+2 * params * w + 4 * layers * hidden * w * (c + w).
 """
 
 from __future__ import annotations

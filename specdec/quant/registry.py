@@ -1,12 +1,10 @@
 """The quantization registry: spec strings, backends, availability.
 
-Owns: `QuantSpec` (one parsed spec string), `Backend` (bit-widths, group sizes, devices, library and
-pip extra) and the name registry (`backend`, `get`, `names`, `parse_spec`, `availability`). Knows
-nothing about any algorithm and never imports an optional library; each backend module registers
-itself with `backend(...)`.
-
-Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g64),
-`rtn3_g64_sym`, `rtn8_pc` (one group per output row), `torchao_int4_g64`, `hqq3`.
+Owns: `QuantSpec` (one parsed spec string), `Backend` (bit-widths, group sizes, devices, library and pip extra) and
+the name registry (`backend`, `get`, `names`, `parse_spec`, `availability`). Knows nothing about any algorithm and
+never imports an optional library; each backend module registers itself with `backend(...)`.
+Spec grammar: `<name>[<bits>][_g<N> | _pc][_sym | _asym]`, e.g. `none`, `bf16`, `rtn4` (= rtn4_g64), `rtn3_g64_sym`,
+`rtn8_pc` (one group per output row), `torchao_int4_g64`, `hqq3`.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@ Owns: `Cache`, the small protocol every KV cache here follows (entries stored, *
 position, the two rollbacks speculative decoding needs, read access per layer), and `KVCache`, the
 full cache over a Hugging Face `DynamicCache`. Knows nothing about drafts or acceptance.
 
-Positions are absolute and belong to the cache: a lossy cache stores fewer entries than the
-positions it has seen (`evicted`). A forward of n new tokens reads `length` and `next_position` and
-appends exactly n entries; rollback is an explicit call by the owner, `truncate` (a chain) or `keep`
-(a tree's accepted path). Batches (`RowBook`): rows share one stored length S; a row that stored
-fewer entries has *holes*, marked invalid in `valid` [B, S] and masked out of every later query, its
-next position its valid entries plus its evictions; `keep_rows` and `select_rows` act per row.
+Positions are absolute and belong to the cache (a lossy cache has `evicted` some). A forward of n new tokens appends
+exactly n entries; rollback is the owner's call, `truncate` (a chain) or `keep` (a tree's accepted path). Batches
+(`RowBook`): rows share one stored length S; a row's *holes* are marked invalid in `valid` [B, S] and masked out.
 """
 
 from __future__ import annotations
@@ -41,8 +38,8 @@ class Cache(Protocol):
         """Drop every entry at absolute position >= `position` (chain rollback)."""
 
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
-        """Keep entries before absolute position `start`, then the block entries start + offsets
-        (tree rollback; offsets index the block of entries appended since `start`)."""
+        """Keep entries before absolute position `start`, then the block entries start + offsets (tree rollback; offsets
+        index the block of entries appended since `start`)."""
 
     def tensors(self) -> KVLayers:
         """(keys, values) per layer, [B, kv_heads, S, head_dim]."""
@@ -168,10 +165,7 @@ class KVCache(RowBook):
         self._truncate_stored(length)
 
     def keep(self, start: int, offsets: list[int] | torch.Tensor) -> None:
-        """Example: the verifier appended a root and 5 draft nodes at stored entries 10..15 (no
-        eviction) and accepted the root plus nodes 1 and 4, i.e. entries 0, 2 and 5 of the block:
-        keep(10, [0, 2, 5]) leaves entries 0..9, 10, 12, 15 -> length 13, next position 13, equal
-        to a prefill of those 13 tokens."""
+        """E.g. after a 6-entry block at 10..15, keep(10, [0, 2, 5]) leaves entries 0..9, 10, 12, 15 (length 13)."""
         begin, offsets = block_offsets(self, start, offsets)
         n = offsets.numel()
         if torch.equal(offsets, torch.arange(n)):
@@ -181,11 +175,10 @@ class KVCache(RowBook):
 
     @torch.inference_mode()  # the entries were made by inference-mode forwards
     def keep_rows(self, begin: int, offsets: list[list[int]]) -> None:
-        """Per-row `keep` of a batch: row b keeps the stored entries before `begin` (a stored index,
-        the block's start, common to all rows) and block entries begin + offsets[b], moved to the
-        front of the block; slots past a row's last kept entry become holes. The stored length
-        becomes begin + the longest row's count. The block is rewritten in place (one gather per
-        layer), never the prefix."""
+        """Per-row `keep` of a batch: row b keeps the stored entries before `begin` (a stored index, the block's start,
+        common to all rows) and block entries begin + offsets[b], moved to the front of the block; slots past a row's
+        last kept entry become holes. The stored length becomes begin + the longest row's count. The block is rewritten
+        in place (one gather per layer), never the prefix."""
         index, real = self._check_rows(begin, offsets)
         width = index.shape[1]
         if bool(real.all()) and torch.equal(index, torch.arange(width).expand_as(index)):

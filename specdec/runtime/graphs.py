@@ -1,24 +1,14 @@
 """Static-shape target forwards: width buckets over a preallocated cache, captured as CUDA graphs.
 
-Owns `StaticForward` (the verifier's forward of one target as a fixed set of static-shape
-programs, one per width bucket), `check_buckets`, and `static_forward`, which keeps one
-`StaticForward` per target so graphs are captured once, not once per generation. Knows nothing
-about drafts or acceptance: it is given tokens and their tree `parents`, as `Target.forward` is.
+Owns `StaticForward` (the verifier's forward of one target as a fixed set of static-shape programs, one per width
+bucket), `check_buckets`, and `static_forward`, which keeps one `StaticForward` per target so graphs are captured
+once, not once per generation. Knows nothing about drafts or acceptance: it is given tokens and their tree
+`parents`, as `Target.forward` is.
 
-Every tensor a forward touches is fixed: the `StaticKVCache` holds `capacity` entries per layer,
-written at slots held in a device tensor; n new tokens are padded to the smallest bucket W >= n (pad
-rows attend to entry 0 only, no row attends to them, and the next forward overwrites their entries);
-positions and the tree mask are rebuilt in place from `parents` with no host sync.
-
-Worked example: 20 entries cached, a root plus a 4-node draft (n = 5), buckets (1, 2, 4, 8): W = 8;
-slots = [20, ..., 27]; rows 0-4 see entries 0..19 plus their ancestors among slots 20..24; rows 5-7
-see entry 0; after the forward the cache stores 25 entries and slots 25..27 hold garbage to be
-overwritten.
-
-`capture="cuda_graph"` (the default on CUDA) captures each bucket's forward on first use and replays
-it; `capture="compile"` compiles it with `torch.compile` on first use (saying so on stderr);
-`capture="eager"` (elsewhere) calls the very same function, so CI on a CPU tests everything but
-the capture itself.
+n new tokens are padded to the smallest bucket W >= n (pad rows attend to entry 0 only, no row attends to them, and
+the next forward overwrites their entries); positions and the tree mask are rebuilt in place with no host sync.
+`capture` is `cuda_graph` (the default on CUDA), `compile` (`torch.compile`) or `eager` (elsewhere: the very same
+function, so CI on a CPU tests everything but the capture itself).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Which kernel runs a model's plain linear layers: a registry, and a choice measured per machine.
 
-Owns the linear-kernel registry (`torch`, `onednn`, `hybrid`: see docs/library.md), the module swap
-and its inverse (`apply_kernel`, `plain_linears`), `measure_choice` (run by `python -m specdec.tune`)
-and `use_kernel`, which sets a Target's kernel: `auto` looks the choice up in the machine's tune
-record and, with none stored, runs `specdec.machine.DEFAULT_KERNEL`. It never measures. A kernel
-changes rounding in the last bits, never the weights. Touches only exact `nn.Linear`s with a dense
-fp32 / bf16 weight the kernel packs on this CPU (`why_not`); quantized layers keep their own kernel.
+Owns the linear-kernel registry (`torch`, `onednn`, `hybrid`: see docs/library.md), the module swap and its inverse
+(`apply_kernel`, `plain_linears`), `measure_choice` (run by `python -m specdec.tune`) and `use_kernel`: `auto` looks
+the choice up in the machine's tune record, else `specdec.machine.DEFAULT_KERNEL`; it never measures. A kernel
+changes rounding in the last bits, never the weights; it touches only exact `nn.Linear`s it can pack (`why_not`).
 Knows nothing about drafting, caches or quantization formats.
 """
 
@@ -161,10 +159,9 @@ def _swap(model: nn.Module, make: Callable[[nn.Module], nn.Module | None]) -> in
 
 
 def apply_kernel(model: nn.Module, kernel: str) -> int:
-    """Run `model`'s plain linears (fp32/bf16 `nn.Linear` of a dtype `kernel` packs here: `why_not`) with
-    `kernel`, in place; returns how many were swapped. `torch` first restores plain linears; `onednn` <->
-    `hybrid` only switches how the packed linears run one-row products. Raises ValueError for an unknown
-    kernel."""
+    """Run `model`'s plain linears (fp32/bf16 `nn.Linear` of a dtype `kernel` packs here: `why_not`) with `kernel`, in
+    place; returns how many were swapped. `torch` first restores plain linears; `onednn` <-> `hybrid` only switches how
+    the packed linears run one-row products. Raises ValueError for an unknown kernel."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
     k = KERNELS[kernel]
@@ -277,11 +274,10 @@ def measure_choice(target: Target, names: list[str], repeats: int = 5, context: 
 
 
 def use_kernel(target: Target, kernel: str = "auto") -> Target:
-    """`target` with its plain linears run by `kernel` (in place: the returned Target wraps the same
-    model; do not use the given one afterwards). `auto` takes the only kernel that can run here, else the
-    one `python -m specdec.tune` stored, else `specdec.machine.DEFAULT_KERNEL` (not tuned); it measures
-    nothing. A kernel that cannot run here, explicit or stored, is a ValueError naming why. The choice and
-    its source go to `info["kernel"]`."""
+    """`target` with its plain linears run by `kernel` (in place: the returned Target wraps the same model; do not use
+    the given one afterwards). `auto` takes the only kernel that can run here, else the one `python -m specdec.tune`
+    stored, else `specdec.machine.DEFAULT_KERNEL` (not tuned); it measures nothing. A kernel that cannot run here,
+    explicit or stored, is a ValueError naming why. The choice and its source go to `info["kernel"]`."""
     chosen = resolve(kernel, target.device, target.dtype)
     record: dict = {"requested": kernel}
     if chosen is None:

@@ -1,17 +1,11 @@
 """A KV cache that stores its committed entries packed: int8 / int4 / int2 with per-group fp16 scales.
 
-Owns `PackedKVCache` (a `KVCache` whose committed prefix is held packed, read through
-dequantize-on-the-fly: every forward dequantizes the prefix in front of the full-precision tail the
-model writes), the two key layouts, and `held_bytes` (the bytes a cache's tensors actually hold).
-
-Layouts (values are always quantized per token, in groups of G along head_dim):
-    keys=token     keys like values: per token, groups of G along head_dim
-    keys=channel   KIVI: per channel, groups of G consecutive tokens; committed entries wait in full
-                   precision until G of them fill a group (both keys and values, so they stay aligned)
-
-Only `append` (the owner's committed entries) packs; a forward's entries stay in the tail until the
-owner truncates them. Entries are aligned from stored index 0, so the cache is a function of the
-committed entries alone. One row only (a batch raises). Knows nothing about drafts or policies.
+Owns `PackedKVCache` (a `KVCache` whose committed prefix is held packed and dequantized on the fly in front of the
+full-precision tail), the two key layouts, and `held_bytes` (the bytes a cache's tensors actually hold).
+Values are quantized per token in groups of G along head_dim; keys=token: likewise; keys=channel (KIVI): per
+channel in groups of G consecutive tokens, committed entries waiting in full precision until G fill a group.
+Only `append` packs, so the cache is a function of the committed entries alone. One row only (a batch raises).
+Knows nothing about drafts or policies.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A preallocated (static) KV cache: fixed-capacity buffers written in place, never reallocated.
 
 Owns `StaticKVCache`, which follows the `specdec.runtime.cache.Cache` protocol over per-layer buffers
-[B, kv_heads, capacity, head_dim] allocated on the first write; no step allocates or concatenates
-cache tensors. A forward of any width through `hf` appends at the stored length by a slice write; a
-static-shape forward (`specdec.runtime.graphs`) writes at device-held slots through
-`slot_writer(slots)`, reads the whole buffers under the caller's mask, then says how many entries
-were real with `advance(n)`. Batches keep holes per row as in `RowBook`; `over` adopts buffers a
-caller filled and `select_rows` moves the rows still generating to the front.
-Knows nothing about drafts, acceptance or eviction (`evicted` stays 0).
+[B, kv_heads, capacity, head_dim] allocated on the first write. `hf` forwards append at the stored length; a
+static-shape forward (`specdec.runtime.graphs`) writes through `slot_writer(slots)` then calls `advance(n)`.
+Batches keep holes per row as in `RowBook`. Knows nothing about drafts, acceptance or eviction (`evicted` stays 0).
 """
 
 from __future__ import annotations
