@@ -17,6 +17,7 @@ packed at N bits. Knows nothing about the grid's cells or the rest of the report
 from __future__ import annotations
 
 import argparse
+import importlib
 import copy
 import json
 import os
@@ -288,9 +289,8 @@ def answer(settings: dict, rows: list[dict], summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--regime" in (sys.argv[1:] if argv is None else argv):
-        from experiments.kv_regime import main as regime
-        return regime(sys.argv[1:] if argv is None else argv)
+    if "--regime" in (sys.argv[1:] if argv is None else argv):  # the regime command builds on this module: by name
+        return importlib.import_module("experiments.kv_regime").main(argv)
     ap = argparse.ArgumentParser(description="The KV step: acceptance and timed speedup per policy x retention.")
     ap.add_argument("results", help="the results directory (the report reads RESULTS/kv_curve.json)")
     ap.add_argument("--model", default="smollm2-135m")

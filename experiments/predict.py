@@ -17,7 +17,7 @@ import pandas as pd
 from experiments import heldout
 from experiments.leaderboard import N_BOOT, atomic_text
 from experiments.store import StoreError
-from experiments.stored import Cell, ReportError, load_cells
+from experiments.stored import Cell, ReportError, cell_order, load_cells, verdicts
 from experiments.verdict import Interaction
 from specdec.core.curve import LatencyCurve
 from specdec.measure import costmodel
@@ -34,8 +34,6 @@ def predict_control(results: str | os.PathLike, drafter: str, source: str, kerne
     """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting
     and prefill taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), read
     from the stored `source` drafter's cell on `kernel`; written to RESULTS/`CONTROL_FILE`."""
-    from experiments.report import verdicts
-
     cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
     found = verdicts(cells, N_BOOT)
     scored = [c for c in cells if found[c.cell_id].factors]
@@ -121,10 +119,8 @@ def predictions(results: str | os.PathLike, cells: list[Cell], found: dict[str, 
 
 def print_measured(results: str | os.PathLike) -> None:
     """Print each predicted cell stored so far: measured (with its CI) against predicted."""
-    from experiments.report import _order, verdicts
-
     try:
-        cells = sorted(load_cells(results), key=_order)
+        cells = sorted(load_cells(results), key=cell_order)
     except (ValueError, StoreError) as err:  # ReportError, or no cell yet
         return print(f"no measured interaction yet ({err})")
     for p in predictions(results, cells, verdicts(cells, N_BOOT)):

@@ -27,12 +27,11 @@ from experiments.batches import batch_section
 from experiments.costs import md_table
 from experiments.leaderboard import N_BOOT, LeaderboardError, atomic_text, position_rates
 from experiments.store import StoreError
-from experiments.stored import Cell, ReportError, load_cells  # noqa: F401 -- ReportError: the report's error
-from experiments.verdict import MARGIN, Interaction, drift, interaction, job_drift
+from experiments.stored import Cell, ReportError, cell_order, load_cells, verdicts  # noqa: F401 -- the report's error
+from experiments.verdict import MARGIN, Interaction, drift, job_drift
 from specdec.core.curve import LatencyCurve
 from specdec.measure import costmodel
 
-SEED = 0
 REFERENCE = "none"
 RULES = ("Per prompt, the interaction = (speculation speedup on the kernel) / (on fp32), from four runs back to back "
          "in rotating order (fp32 plain, fp32 drafted, kernel plain, kernel drafted); geometric mean over prompts, 95% "
@@ -85,12 +84,6 @@ def _ci(stats: dict, key: str, unit: str = "x") -> str:
     return f"{stats[key]:.2f}{unit} [{stats[key + '_lo']:.2f}, {stats[key + '_hi']:.2f}]"
 
 
-def verdicts(cells: list[Cell], n_boot: int) -> dict[str, Interaction]:
-    """{cell id: its interaction and verdict} for every cell on a kernel other than fp32 itself."""
-    rng = np.random.default_rng(SEED)
-    return {c.cell_id: interaction(c.rows, n_boot, rng) for c in cells if c.quant != REFERENCE}
-
-
 def acceptance_table(cells: list[Cell]) -> pd.DataFrame:
     """Per cell: free-running MAL on the kernel and on fp32 (same prompts), teacher-forced MAL on the
     fp32 text, and the share of prompts whose plain text equals fp32's."""
@@ -138,10 +131,6 @@ def _setting_lines(cells: list[Cell]) -> list[str]:
             f"questions), {first.labels['max_new_tokens']} new tokens, T = {first.labels['temperature']:g}",
             f"- machine: {', '.join(machines)}, torch threads {', '.join(threads)}, torch {', '.join(torch_versions)}",
             f"- {len(cells)} cells; every number below is read from the results store"]
-
-
-def _order(c: Cell) -> tuple:
-    return (c.numerics_only, c.entry, not c.control, c.quant != REFERENCE, c.quant)
 
 
 def _verdict(cells: list[Cell], found: dict[str, Interaction], accept: pd.DataFrame, score: dict,
@@ -317,7 +306,7 @@ def _figures(cells: list[Cell], found: dict[str, Interaction], curves: dict[str,
 def build_report(results: str | os.PathLike, n_boot: int = N_BOOT, devices: tuple[str, ...] = (),
                  curve_files: tuple[str, ...] = ()) -> tuple[str, list[str], dict, dict]:
     """(REPORT.md text, verdict lines, JSON summary, figures {file name: plotting thunk})."""
-    cells = sorted(load_cells(results, n_boot), key=_order)  # each with its stored statistics
+    cells = sorted(load_cells(results, n_boot), key=cell_order)  # each with its stored statistics
     found = verdicts(cells, n_boot)
     held_out = costs.heldout_score(cells)
     accept = acceptance_table(cells)

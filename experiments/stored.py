@@ -16,6 +16,7 @@ import pandas as pd
 from experiments import heldout
 from experiments.leaderboard import N_BOOT, SETTING, stored_stats
 from experiments.store import load_rows, open_existing
+from experiments.verdict import Interaction, interaction
 from specdec.core.curve import LatencyCurve
 from specdec.measure import costmodel
 
@@ -131,3 +132,14 @@ def load_cells(results: str | os.PathLike, n_boot: int = N_BOOT) -> list[Cell]:
                               "unpaired runs, or shared curves). Run the grid into a new results.dir")
         seen[key] = cell.cell_id
     return cells
+
+
+def verdicts(cells: list[Cell], n_boot: int) -> dict[str, Interaction]:
+    """{cell id: its interaction and verdict} for every cell on a kernel other than fp32 (one seeded bootstrap)."""
+    rng = np.random.default_rng(0)
+    return {c.cell_id: interaction(c.rows, n_boot, rng) for c in cells if c.quant != heldout.REFERENCE}
+
+
+def cell_order(c: Cell) -> tuple:
+    """The report's order of cells: speed before numerics, then by entry, the A/A control after its kernel cells."""
+    return (c.numerics_only, c.entry, not c.control, c.quant != heldout.REFERENCE, c.quant)

@@ -239,14 +239,3 @@ def availability(spec: str | QuantSpec, device: str | torch.device = "cpu") -> A
             reasons.append(probe)
     return Availability(ok=not reasons, reasons=tuple(reasons))
 
-
-@backend("torchao_w8a8", description="torchao int8 weights (per row) x int8 activations (per token, quantized each "
-         "forward); compiled (cache='compiled'), inductor runs int8 GEMMs", bits=(8,), library="torchao", extra="torchao")
-def apply_torchao_w8a8(model: torch.nn.Module, spec: QuantSpec) -> torch.nn.Module:
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-
-    from specdec.quant.layers import quantizable_linears
-
-    names = set(quantizable_linears(model))
-    quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=lambda module, fqn: fqn in names)
-    return model

@@ -1,6 +1,6 @@
 """Backends built on torch and torchao kernels: `torchao_int4` (CPU tinygemm, the model cast to bf16), `torchao_int8`
-(per-row scales), `dynamic_int8` and `dynamic_fp16` (torch `quantize_dynamic`, CPU only). Knows which layers to touch
-only through `quantizable_linears`.
+(per-row scales), `torchao_w8a8` (int8 weights x dynamic int8 activations), `dynamic_int8` and `dynamic_fp16` (torch
+`quantize_dynamic`, CPU only). Knows which layers to touch only through `quantizable_linears`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,16 @@ def apply_torchao_int8(model: nn.Module, spec: QuantSpec) -> nn.Module:
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantize_(model, Int8WeightOnlyConfig(), filter_fn=_only(model))
+    return model
+
+
+@backend("torchao_w8a8", description="torchao int8 weights (per row) x int8 activations (per token, quantized each "
+         "forward); compiled (cache='compiled'), inductor runs int8 GEMMs",
+         bits=(8,), library="torchao", extra="torchao")
+def apply_torchao_w8a8(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_only(model))
     return model
 
 
