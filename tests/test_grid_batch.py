@@ -49,7 +49,8 @@ def test_batch_axis_runs_paired_batches(tmp_path, extra_conf):  # noqa: F811
     assert any("(the most within one batch size)" in line for line in verdict)
     assert "## Speculation against batch size" in text and "| ngram | `chain(4)` |" in text
     for part in ("kernel all (fp32's drafting cost)", "prompts A", "prompts B"):
-        assert f"| ngram `chain(4) @b2` torchao_int4_g32 | held-out {part} |" in text
+        # the only batch-2 cell: priced on its own curve (no other cell measured batch 2), so shown, not scored
+        assert f"| ngram `chain(4) @b2` torchao_int4_g32 (not scored) | held-out {part} |" in text
     # Projected with one-row curves (the batch-1 cell's own, as if from other hardware), only the batch-1
     # cell is costed; the batch cell says why not.
     import json
