@@ -195,11 +195,8 @@ def choose_cells(rows: list[dict], cells, budget_s: float, limit: int) -> list[d
 
 def physics_line(target, batch: int = 8, context: int = 4096, retention: float = 0.05) -> str:
     """A `retention` draft step against a plain step at batch x context, measured and by bytes."""
-    from specdec.tune import read_seconds
-    from specdec.quant import weight_bytes
-
-    weights, per_position = weight_bytes(target.model), kv.physics_facts(target)
-    bandwidth = weights / read_seconds(weights)
+    phys = kv.physics(target)
+    weights, per_position, bandwidth = phys["weight_bytes"], phys["kv_bytes_per_position"], phys["bandwidth"]
     kept = max(8, round(retention * context))
     plain, draft = _time_kind(target, "plain", batch, context), _time_kind(target, "draft", batch, kept)
     floor = [(weights + batch * n * per_position) / bandwidth for n in (context, kept)]
