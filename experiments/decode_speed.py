@@ -1,13 +1,14 @@
 """Decoding speed of specdec's loop against Hugging Face `generate`: the race behind scripts/bench_decode.py.
 
-Owns `parse` (bad options exit before anything loads), `load_prompts`, `hf_generate`, `configurations`, `race` and
-`rows`. Knows nothing about tuning, printing or records.
+Owns `parse` (bad options exit before anything loads), `load_prompts`, `hf_generate`, `configurations`, `race`,
+`rows` and `by_category`. Knows nothing about tuning, printing or records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def parse(argv: list[str] | None, description: str = "") -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="e.g. float32, bfloat16 (default: the model's)")
+    parser.add_argument("--quant", default=None, help="a quant spec, e.g. torchao_int4_g32 (default: none)")
     parser.add_argument("--kernel", default="auto", choices=kernels.CHOICES,
                         help="linear kernel of the target (specdec.runtime.kernels); HF runs on the same model")
     parser.add_argument("--drafters", default="eagle,ngram",
@@ -44,6 +46,8 @@ def parse(argv: list[str] | None, description: str = "") -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--cache", default="auto", help="auto or a key of specdec.runtime.forwards.CACHES")
     parser.add_argument("--latency", default="", help="comma-separated widths: print the latency curve first")
+    parser.add_argument("--by-category", action="store_true", help="--num-prompts per category, no HF runs: each "
+                        "drafter's `auto` against plain and its best fixed shape, per category (never slower?)")
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
@@ -63,18 +67,21 @@ def parse(argv: list[str] | None, description: str = "") -> argparse.Namespace:
     return args
 
 
-def load_prompts(spec: str, count: int) -> list[str]:
-    """First turns of the prompts named by `spec` (see the module docstring), at most `count`."""
+def load_prompts(spec: str, count: int, per_category: bool = False) -> list[str] | list[tuple[str, str]]:
+    """First turns of the prompts named by `spec` (see the module docstring), at most `count`; `per_category`:
+    [(category, turn)], at most `count` of each category."""
     path, _, categories = spec.partition(":")
     file = PROMPT_SETS.get(path, Path(path))
     if not file.exists():
         raise SystemExit(f"error: prompt set {path!r} is neither {', '.join(PROMPT_SETS)} nor an existing file")
     wanted = {c for c in categories.split(",") if c}
     rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    prompts = [r["turns"][0] for r in rows if not wanted or r.get("category") in wanted]
+    prompts = [(r.get("category", ""), r["turns"][0]) for r in rows if not wanted or r.get("category") in wanted]
     if not prompts:
         raise SystemExit(f"error: no prompts in {file} with categories {sorted(wanted)}")
-    return prompts[:count]
+    if per_category:
+        return [p for c in dict.fromkeys(c for c, _ in prompts) for p in [q for q in prompts if q[0] == c][:count]]
+    return [turn for _, turn in prompts[:count]]
 
 
 def hf_generate(target: specdec.Target, ids: list[int], new_tokens: int, **options) -> list[int]:
@@ -117,9 +124,11 @@ def configurations(target, args, cache: str) -> dict:
 
     configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
                "plain": ours(None, "chain(1)")}
-    if target.kernel != "torch":
+    if getattr(args, "by_category", False):
+        configs = {"plain": configs["plain"]}
+    elif target.kernel != "torch":
         configs["hf_generate[torch kernel]"] = hf_stock
-    if cache != "dynamic":
+    if cache != "dynamic" and "hf_generate" in configs:
         configs["plain[cache=dynamic]"] = ours(None, "chain(1)", "dynamic")
     for name, options in args.drafter_specs:
         drafter = build(name, target=target, **options)
@@ -130,24 +139,29 @@ def configurations(target, args, cache: str) -> dict:
 
 
 def race(target, configs: dict, prompt_ids: list[list[int]]) -> dict[str, dict]:
-    """Every configuration on every prompt, back to back per prompt, after an untimed warm-up: {name: {seconds, tokens,
-    same (outputs equal to plain's), parted (first differing token of each other output), stats}}."""
+    """Every configuration on every prompt, back to back per prompt in an order rotated by one each prompt, after an
+    untimed warm-up: {name: {seconds, tokens, per_prompt (tokens/s each), same (outputs equal to plain's), parted
+    (first differing token of each other output), stats}}."""
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     for run in configs.values():  # warm-up (and auto's one-time latency measurement), not timed
         run(prompt_ids[0][:16])
-    got = {name: {"seconds": 0.0, "tokens": 0, "same": 0, "parted": [], "stats": []} for name in configs}
-    for ids in prompt_ids:
+    got = {name: {"seconds": 0.0, "tokens": 0, "per_prompt": [], "same": 0, "parted": [], "stats": []}
+           for name in configs}
+    names = list(configs)
+    for i, ids in enumerate(prompt_ids):
         outs = {}
-        for name, run in configs.items():
+        for name in names[i % len(names):] + names[:i % len(names)]:
             sync()
             t0 = time.perf_counter()
-            outs[name], st = run(ids)
+            outs[name], st = configs[name](ids)
             sync()
-            got[name]["seconds"] += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            got[name]["seconds"] += seconds
             got[name]["tokens"] += len(outs[name])
+            got[name]["per_prompt"].append(len(outs[name]) / seconds)
             if st is not None:
                 got[name]["stats"].append(st)
-        for name in configs:
+        for name in names:
             differs = first_difference(outs[name], outs["plain"])
             got[name]["same"] += differs is None
             if differs is not None:
@@ -161,12 +175,34 @@ def rows(got: dict[str, dict]) -> list[dict]:
     tps = {name: g["tokens"] / g["seconds"] for name, g in got.items()}
     out = []
     for name, g in got.items():
-        row = {"config": name, "tokens_per_s": tps[name], "vs_hf_generate": tps[name] / tps["hf_generate"],
-               "vs_hf_prompt_lookup": tps[name] / tps["hf_prompt_lookup"], "identical_to_plain": g["same"],
-               "first_difference": sorted(g["parted"])}
+        row = {"config": name, "tokens_per_s": tps[name], "vs_hf_generate": tps[name] / tps.get("hf_generate", math.nan),
+               "vs_hf_prompt_lookup": tps[name] / tps.get("hf_prompt_lookup", math.nan),
+               "identical_to_plain": g["same"], "first_difference": sorted(g["parted"])}
         if g["stats"]:
             merged = GenerationStats.merge(g["stats"])
             row.update(mal=merged.mean_acceptance_length, split=merged.time_split(),
                        shapes=sorted({s.shape or "none" for s in merged.steps}))
         out.append(row)
     return out
+
+
+def by_category(got: dict[str, dict], categories: list[str]) -> list[dict]:
+    """Per category and drafter (each configuration `LABEL auto` beside `LABEL SHAPE`s): `auto`'s tokens/s over
+    plain's and over the fixed shape fastest in that category, mean per prompt with a 95% t-interval
+    (`specdec.measure.width_effect.mean_ci`), and `never_slower`: the means at least 1.0 and 0.95."""
+    from specdec.measure.width_effect import mean_ci
+
+    table = []
+    for category in dict.fromkeys(categories):
+        idx = [i for i, c in enumerate(categories) if c == category]
+        rate = {name: [g["per_prompt"][i] for i in idx] for name, g in got.items()}
+        for label in dict.fromkeys(n.rsplit(" ", 1)[0] for n in got if n.endswith(" auto")):
+            fixed = [n for n in got if n.startswith(label + " ") and n != f"{label} auto"]
+            best = max(fixed, key=lambda n: sum(rate[n]))
+            row = {"category": category, "drafter": label, "prompts": len(idx), "best_fixed": best.split(" ", 1)[1]}
+            for key, base in (("vs_plain", "plain"), ("vs_best_fixed", best)):
+                ratios = [a / b for a, b in zip(rate[f"{label} auto"], rate[base])]
+                row[key] = list(mean_ci(ratios)) if len(ratios) > 1 else [ratios[0]] * 3
+            row["never_slower"] = row["vs_plain"][0] >= 1.0 and row["vs_best_fixed"][0] >= 0.95
+            table.append(row)
+    return table

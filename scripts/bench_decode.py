@@ -3,7 +3,10 @@
 Same target, prompts, lengths and greedy decoding, all configurations back to back per prompt; prints a card per
 configuration (tokens/s, ratios to HF, MAL, step-time split, outputs equal to the plain loop's), then one JSON line.
 --cache: `specdec.runtime.forwards.CACHES` (not `dynamic`: a `plain[cache=dynamic]` row too). --latency: forward
-time per width first. --prompts: `chat_heldout` or `FILE.jsonl[:category,category]`.
+time per width first. --prompts: `chat_heldout` or `FILE.jsonl[:category,category]`. --quant: a quantized target.
+--by-category (no HF runs; --num-prompts per category): is `auto` never slower than plain and its best fixed shape?
+
+    python scripts/bench_decode.py --by-category --prompts experiments/prompts/default.jsonl --num-prompts 2
 
     python scripts/bench_decode.py [--model smollm2-135m] [--device cpu] [--kernel auto]
         [--drafters "eagle,eagle[head_dtype=bfloat16],ngram"]
@@ -21,7 +24,7 @@ import torch
 import specdec
 from specdec.machine import machine_name
 from specdec.measure import records
-from experiments.decode_speed import configurations, load_prompts, parse, race, rows
+from experiments.decode_speed import by_category, configurations, load_prompts, parse, race, rows
 from specdec.measure.latency import measure_latency
 from specdec.runtime.forwards import resolve_cache
 from specdec.tune import ensure_tuned
@@ -57,13 +60,24 @@ def card(target, args, cache: str, table: list[dict], prompts: int) -> None:
         print(text + f" {row['identical_to_plain']:>3d}/{prompts}{parts}")
 
 
+def category_card(table: list[dict]) -> None:
+    """The --by-category table: auto's tokens/s over plain's and over the fastest fixed shape, mean [95% CI]."""
+    print(f"   {'category':14s} {'drafter':10s} {'n':>2s} {'auto/plain':>22s} {'auto/best fixed':>22s} best fixed")
+    for r in table:
+        cells = " ".join(f"{m:6.2f} [{lo:5.2f}, {hi:5.2f}]" for m, lo, hi in (r["vs_plain"], r["vs_best_fixed"]))
+        print(f"   {r['category']:14s} {r['drafter']:10s} {r['prompts']:2d} {cells}  {r['best_fixed']}"
+              + ("" if r["never_slower"] else "  SLOWER"))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv, __doc__.splitlines()[0])
-    prompts = load_prompts(args.prompts, args.num_prompts)
+    prompts = load_prompts(args.prompts, args.num_prompts, per_category=args.by_category)
+    categories = [c for c, _ in prompts] if args.by_category else []
+    prompts = [p for _, p in prompts] if args.by_category else prompts
     if args.device == "cpu" and args.dtype in (None, "float32") and args.kernel == "auto":
-        ensure_tuned(args.model, args.threads)
+        ensure_tuned(args.model, args.threads, quant=args.quant)
     target = specdec.load_target(args.model, device=args.device, dtype=args.dtype, kernel=args.kernel,
-                                 threads=args.threads)
+                                 threads=args.threads, quant=args.quant)
     try:
         cache = resolve_cache(args.cache, target)
         widths = tuple(int(w) for w in args.latency.split(",") if w.strip())
@@ -72,9 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     if widths:
         print_latency(target, widths, cache)
     configs = configurations(target, args, cache)
-    table = rows(race(target, configs, [target.encode_prompt(p) for p in prompts]))
+    got = race(target, configs, [target.encode_prompt(p) for p in prompts])
+    table = rows(got)
     card(target, args, cache, table, len(prompts))
-    records.emit("decode", {"bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
+    extra = {"by_category": by_category(got, categories)} if categories else {}
+    if extra:
+        category_card(extra["by_category"])
+    records.emit("decode", {**extra, "bench": "decode", "model": target.label, "device": str(target.device), "kernel": target.kernel,
                       "cache": cache,
                       "dtype": str(target.dtype), "machine": machine_name(target.device), "prompts": args.prompts,
                       "num_prompts": len(prompts), "new_tokens": args.new_tokens, "threads": torch.get_num_threads(),

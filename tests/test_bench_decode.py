@@ -43,3 +43,23 @@ def test_drafter_specs_carry_options_and_a_bad_spec_fails_before_loading():
         bench_decode.parse(["--drafters", "eagle[oops]", "--model", "tiny-llama"])
     with pytest.raises(SystemExit, match=r"--drafters: a drafter is NAME or NAME\[k=v,...\], got 'eagle\[x=1'"):
         bench_decode.parse(["--drafters", "eagle[x=1", "--model", "tiny-llama"])
+
+
+def test_by_category_compares_auto_with_plain_and_the_fastest_fixed_shape_per_category(tmp_path):
+    def rates(*per_prompt):
+        return {"per_prompt": list(per_prompt)}
+
+    got = {"plain": rates(10, 10, 10, 10), "ngram chain(4)": rates(12, 14, 20, 8), "ngram dynamic": rates(15, 13, 9, 9),
+           "ngram auto": rates(15, 14, 9.5, 9)}
+    table = bench_decode.by_category(got, ["code", "code", "chat", "chat"])
+    code, chat = table
+    assert (code["category"], code["best_fixed"], code["prompts"]) == ("code", "dynamic", 2)  # 28 > 26 tok/s
+    assert code["vs_plain"][0] == pytest.approx(1.45) and code["vs_best_fixed"][0] == pytest.approx((1 + 14 / 13) / 2)
+    assert code["never_slower"]
+    assert chat["best_fixed"] == "chain(4)" and chat["vs_plain"][0] == pytest.approx(0.925)
+    assert not chat["never_slower"]  # auto below plain in this category
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"category": "{c}", "turns": ["{c}{i}"]}}\n' for c in ("a", "b") for i in range(3)))
+    assert bench_decode.load_prompts(str(prompts), 2, per_category=True) == [
+        ("a", "a0"), ("a", "a1"), ("b", "b0"), ("b", "b1")]
+    assert bench_decode.load_prompts(str(prompts), 2) == ["a0", "a1"]
