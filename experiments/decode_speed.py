@@ -22,7 +22,7 @@ from specdec.drafters.registry import parse_specs
 from specdec.loading import check_device
 from specdec.runtime import kernels
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SETS = {"chat_heldout": ROOT / "experiments" / "prompts" / "chat_heldout.jsonl"}
 
 

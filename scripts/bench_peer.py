@@ -3,8 +3,9 @@
     pip install -e '.[peer]'      # llama-cpp-python: builds llama.cpp from source (about 20 minutes)
     python scripts/bench_peer.py [--prompts 6] [--tokens 64] [--drafter eagle] [--shape auto]
 
-Per prompt: llama.cpp greedy, specdec's plain loop, then specdec with `--drafter` at `--shape`. Prints tokens/s per
-engine, ratios to llama.cpp (mean, 95% interval over prompts), one JSON line; without llama-cpp-python, exits 0.
+Per prompt, after an untimed warm-up, in an order rotated each prompt: llama.cpp greedy, specdec's plain loop,
+specdec with `--drafter` at `--shape`. Prints tokens/s per engine, ratios to llama.cpp (mean, 95% interval over
+prompts), one JSON line; without llama-cpp-python, exits 0.
 """
 
 from __future__ import annotations
@@ -37,24 +38,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="auto")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    peer = llama_cpp.Llama(str(embedded_gguf_path()), n_threads=1, n_ctx=2048, verbose=False)
+    peer = llama_cpp.Llama(str(embedded_gguf_path()), n_threads=1, n_threads_batch=1, n_ctx=2048, verbose=False)
     target = specdec.load_target("smollm2-135m", threads=1)
     drafter = specdec.drafters.build(args.drafter, target=target)
     rates: dict[str, list[float]] = {"llama.cpp": [], "plain": [], f"{args.drafter} {args.shape}": []}
-    for text in load_prompts("chat_heldout", args.prompts):
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        for engine in rates:  # interleaved: each prompt runs every engine back to back
+    def run(engine: str, ids: list[int]) -> int:
+        if engine != "llama.cpp":
+            return len(specdec.generate(target, None if engine == "plain" else drafter, ids, shape=args.shape,
+                                        max_new_tokens=args.tokens, stop_on_eos=False).token_ids)
+        peer.reset()  # else generate() skips the prefix it still holds from the last call: no prefill paid
+        made = 0
+        for _ in peer.generate(ids, top_k=1, temp=0.0, reset=True):
+            made += 1
+            if made == args.tokens:
+                return made
+        return made
+
+    engines = list(rates)
+    for i, text in enumerate(load_prompts("chat_heldout", args.prompts)):
+        ids = target.encode_prompt(text)  # the chat template's token ids, fed to both engines
+        if i == 0:  # untimed warm-up: llama.cpp's first call pages its mapped file in, auto measures its curve
+            for engine in engines:
+                run(engine, ids)
+        for engine in engines[i % 3:] + engines[:i % 3]:  # interleaved, the order rotated by one each prompt
             t0 = time.perf_counter()
-            if engine == "llama.cpp":
-                peer.reset()
-                made = 0
-                for token in peer.generate(ids, top_k=1, temp=0.0, reset=True):
-                    made += 1
-                    if made == args.tokens:
-                        break
-            else:
-                made = len(specdec.generate(target, None if engine == "plain" else drafter, ids, shape=args.shape,
-                                            max_new_tokens=args.tokens, stop_on_eos=False).token_ids)
+            made = run(engine, ids)
             rates[engine].append(made / (time.perf_counter() - t0))
     ratios = {}
     for engine, values in rates.items():
