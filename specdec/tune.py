@@ -30,11 +30,17 @@ from specdec.runtime import kernels
 from specdec.runtime.forwards import CACHES, resolve_cache
 from specdec.drafters import eagle
 from specdec.loop.decode import generate
+from specdec.core.curve import LatencyCurve
 from specdec.measure.latency import curve_key, measure_latency
 
 CURVE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 CURVE_CONTEXTS = (256,)
 DECODE_TOKENS = 16
+STALE = 1.15
+"""A stored record is tuned again (`ensure_tuned`, `--reuse`) when its curve timed again (`probe_record`) is off by more
+than this factor either way: a record hours old once read 1.7x off and flipped the main job's verdict, while a fresh
+record and its probe agree within a few percent on a quiet core."""
+PROBE_REPEATS = 5  # Passes of the probe over the curve's widths (median kept), as the curve had: ~a second here.
 
 
 def decode_seconds(target: specdec.Target, counts: Sequence[int], repeats: int = 3) -> dict[int, float]:
@@ -187,18 +193,38 @@ def stored_record(name: str, threads: int | None = None, device: str = "cpu",
     return None
 
 
+def probe_record(name: str, record: dict, device: str = "cpu", quant: str | None = None) -> float:
+    """How far `record`'s first batch-1 curve is from this machine now: its row at its smallest context timed again as
+    it was (`PROBE_REPEATS` passes over its widths, its threads and cache kind), the geometric mean over widths of now
+    over stored (nan for a record without such a curve)."""
+    curves = [LatencyCurve.from_json(c, key) for key, c in (record.get("curves") or {}).items()]
+    curve = next((c for c in curves if c.batch == 1 and not c.holes), None)
+    if curve is None:
+        return float("nan")
+    target = specdec.load_target(name, device=device, quant=quant, threads=record["threads"])
+    now = measure_latency(target, curve.widths, curve.contexts[:1], PROBE_REPEATS, cache=resolve_cache("auto", target, 1))
+    return statistics.geometric_mean(now.at(w) / curve.at(w, curve.contexts[0]) for w in curve.widths)
+
+
 def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
                  device: str = "cpu", quant: str | None = None) -> dict:
     """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`) on this machine
-    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says which on stdout, so
-    the choices a run used are visible; returns the record (with `notes` when it was tuned now)."""
+    when a quick probe agrees with its curve within `STALE`, else `tune_target` now (also when `threads` asks for
+    another count than it holds). Says which on stdout, so the choices a run used are visible; returns the record
+    (with `notes` when it was tuned now)."""
     stored = stored_record(name, threads, device, quant)
-    if stored is not None:
-        print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]})", flush=True)
-        return stored[0]
     flags = f"{f' --quant {quant}' if quant else ''}{f' --threads {threads}' if threads else ''}"
-    print(f"specdec.tune: tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})",
-          flush=True)
+    said = f"tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})"
+    if stored is not None:
+        ratio = probe_record(name, stored[0], device, quant)
+        off = max(ratio, 1 / ratio) if ratio > 0 else float("inf")  # nan: no curve to check it by
+        probe = f"its curve timed again now is {ratio:.2f}x the stored one"
+        if off <= STALE:
+            print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]}): {probe}, within {STALE}x",
+                  flush=True)
+            return stored[0]
+        said = f"the record of {stored[0]['updated']} ({stored[1]}) is stale: {probe}, over {STALE}x; tuning again"
+    print(f"specdec.tune: {said}", flush=True)
     record = tune_target(name, quant, threads, drafters, device)
     print("\n".join(card(record)), flush=True)
     return record
