@@ -167,10 +167,10 @@ def quick_check(overrides: list[str]) -> None:
             compose("config", overrides=overrides)
 
 
-def check_cells(blocks: list[list[str]]) -> int:
+def check_cells(blocks: list[list[str]]) -> list:
     """Compose every cell of every block as `experiments.run` will (Hydra, strict: a misspelled preset
     or key raises Hydra's own error), and check its drafter is registered and its prompts load, before
-    anything runs. Returns the number of cells."""
+    anything runs. Returns the cells' `ExperimentConfig`s."""
     import itertools
 
     from hydra import compose, initialize_config_dir
@@ -181,7 +181,7 @@ def check_cells(blocks: list[list[str]]) -> int:
     from specdec import drafters
 
     register_configs()
-    parser, loaded, cells = OverridesParser.create(), set(), 0
+    parser, loaded, cells = OverridesParser.create(), set(), []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for block in blocks:
             choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
@@ -196,7 +196,7 @@ def check_cells(blocks: list[list[str]]) -> int:
                 if repr(exp.dataset) not in loaded:
                     load_questions(exp.dataset)
                     loaded.add(repr(exp.dataset))
-                cells += 1
+                cells.append(exp)
     return cells
 
 

@@ -57,26 +57,17 @@ def decode_seconds(target: specdec.Target, counts: Sequence[int], repeats: int =
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Remove the target's old record before measuring anew; say so when it could not be read."""
-    path = machine.record_path(label, device, dtype)
-    note = None
-    try:
-        machine.load_record(label, device, dtype)
-    except machine.TuneError as err:
-        note = f"replacing a record that could not be used: {err}"
-    path.unlink(missing_ok=True)
-    return note
-
-
 def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
                 device: str = "cpu", batches: Sequence[int] = (1,), compiled: bool = False) -> dict:
     """Measure and store one target's choices; returns the record written (plus `notes`)."""
     notes: list[str] = []
     probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
     label, dtype, dev = probe.label, probe.dtype, probe.device
-    if note := _fresh(label, dev, dtype):
-        notes.append(note)
+    try:  # the old record goes before measuring anew; say so when it could not be read
+        machine.load_record(label, dev, dtype)
+    except machine.TuneError as err:
+        notes.append(f"replacing a record that could not be used: {err}")
+    machine.record_path(label, dev, dtype).unlink(missing_ok=True)
     cores = os.cpu_count() or 1
     if dev.type == "cpu" and quant in (None, "none"):
         counts = [threads] if threads else list(range(1, cores + 1))
@@ -87,10 +78,9 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     else:
         count = machine.resolve_threads(threads, machine.load_record(name, dev, dtype))
     torch.set_num_threads(count)
-    target = probe
     names = kernels.candidates(dev, dtype)
     if len(names) > 1:
-        choice = kernels.measure_choice(target, names)  # leaves the model on the faster kernel
+        choice = kernels.measure_choice(probe, names)  # leaves the model on the faster kernel
         machine.update_record(label, dev, dtype, kernel={**choice, "among": names})
     target = specdec.load_target(name, device=device, quant=quant, threads=count)  # as users will get it
     if "eagle" in drafters and dev.type == "cpu" and dtype == torch.float32:
@@ -217,9 +207,8 @@ def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] 
     said = f"tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})"
     if stored is not None:
         ratio = probe_record(name, stored[0], device, quant)
-        off = max(ratio, 1 / ratio) if ratio > 0 else float("inf")  # nan: no curve to check it by
         probe = f"its curve timed again now is {ratio:.2f}x the stored one"
-        if off <= STALE:
+        if 1 / STALE <= ratio <= STALE:  # nan (no curve to check it by) is neither
             print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]}): {probe}, within {STALE}x",
                   flush=True)
             return stored[0]
@@ -309,6 +298,11 @@ def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_voc
     return {dtype: statistics.median(ts) for dtype, ts in times.items()}
 
 
+def _kernel(record: dict) -> str:
+    """The linear kernel a record chose ("only" where one could run)."""
+    return (record.get("kernel") or {}).get("kernel", "only")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.tune", description=__doc__.split("\n")[0])
     parser.add_argument("target", help="a load_target name or path, e.g. smollm2-135m")
@@ -324,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", default="", help="only time eager against compiled forwards of "
                         "the target and each --quant (torch kernel, nothing stored) and write that page here")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
-                        "(and --quant target) when it has one for these threads (print where it is), else tune it now")
+                        "(and --quant target) for these threads when its curve timed again agrees within STALE, else "
+                        "tune it now (print which)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     drafters = [d for d in args.drafter.split(",") if d and d != "none"]
@@ -348,12 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.reuse:
             record = ensure_tuned(args.target, args.threads, drafters, args.device)
             quantized = [ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs]
-            print(json.dumps({"tune": args.target, "reused": "notes" not in record, "threads": record["threads"],
-                              "kernel": (record.get("kernel") or {}).get("kernel", "only"),
+            said = {r["target"]: {"reused": "notes" not in r, "kernel": _kernel(r)} for r in [record, *quantized]}
+            print(json.dumps({"tune": args.target, **said.pop(record["target"]), "threads": record["threads"],
                               "record": str(machine.record_path(args.target, args.device, torch.float32)),
-                              **({"quant": {r["target"]: {"reused": "notes" not in r, "kernel": (r.get("kernel") or {})
-                                                          .get("kernel", "only")} for r in quantized}}
-                                 if specs else {})}))
+                              **({"quant": said} if specs else {})}))
             return 0
         records = [tune_target(args.target, None, args.threads, drafters, args.device, batches, args.compile)]
         for spec in specs:
@@ -366,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(card(record)))
     summary = {"tune": args.target, "machine": records[0]["machine"]["name"], "machine_key": records[0]["machine_key"],
                "threads": records[0]["threads"], "seconds": round(time.perf_counter() - started, 1),
-               "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
+               "targets": {r["target"]: {"kernel": _kernel(r),
                                          "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
                                          "curves": list(r.get("curves", {})), "record": r["path"],
                                          **({"compiled": r["cache"]} if "cache" in r else {}),

@@ -320,7 +320,7 @@ def test_main_sizes(capsys):
     full = capsys.readouterr().out
     assert "results.dir=results/full" in full and "quant=fp32_again,bf16,torchao_int4,rtn4,gptqref4" in full
     head_quant = [b for b in grid_blocks([], GRID_DIR / "full.yaml")[0] if "+drafter.options.head_quant=True" in b]
-    assert len(head_quant) == 1 and "quant=torchao_int4" in head_quant[0] and check_cells(head_quant) == 1
+    assert len(head_quant) == 1 and "quant=torchao_int4" in head_quant[0] and len(check_cells(head_quant)) == 1
     assert main_job(["--dry-run", "size=nope"]) == 2
     assert "size=nope: no grid nope.yaml (sizes: batch, full, main)" in capsys.readouterr().err
     assert main_job(["--dry-run", "size=batch"]) == 0
