@@ -36,16 +36,14 @@ LOADS = {"quiet": None,
 @contextlib.contextmanager
 def busy(code: str | None, core: int) -> Iterator[subprocess.Popen | None]:
     """`code` running in a subprocess pinned to `core` for the length of the block (None: nothing)."""
-    if code is None:
-        yield None
-        return
-    proc = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n{code}"])
+    proc = code and subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n{code}"])
     try:
-        time.sleep(1.0)  # past its imports: the run's warm-up starts beside the loop itself
+        time.sleep(1.0 if proc else 0.0)  # past its imports: the run's warm-up starts beside the loop itself
         yield proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def core_busy(core: int) -> tuple[int, int]:
@@ -68,20 +66,17 @@ def within_slope(frame: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> 
 
 def measure(overrides: list[str], core: int) -> dict:
     """The cell once per load of `LOADS` (each loop on `core`): {"cell": its overrides, load: {rows, wall_s}}."""
-    from experiments.cell import run_cell
-    from experiments.main import check_cells, grid_blocks
-    from experiments.questions import load_questions
-    from experiments.run import REFERENCE_QUANT, build_cached_drafter, load_cached_target
+    from experiments import cell, main as job, questions, run
 
-    block = grid_blocks(["quant=torchao_int4", "runner.teacher_forcing=false", *overrides])[0][0]
-    exp = check_cells([block])[0]
-    target, reference = load_cached_target(exp), load_cached_target(exp, REFERENCE_QUANT)
-    drafters = build_cached_drafter(exp, target), build_cached_drafter(exp, reference, REFERENCE_QUANT)
+    block = job.grid_blocks(["quant=torchao_int4", "runner.teacher_forcing=false", *overrides])[0][0]
+    exp = job.check_cells([block])[0]
+    target, reference = run.load_cached_target(exp), run.load_cached_target(exp, run.REFERENCE_QUANT)
+    drafters = run.build_cached_drafter(exp, target), run.build_cached_drafter(exp, reference, run.REFERENCE_QUANT)
     out = {"cell": " ".join(o for o in block if not o.startswith("results."))}
     for name, code in LOADS.items():
         with busy(code, core):
             started, before = time.perf_counter(), core_busy(core)
-            rows = run_cell(target, drafters[0], load_questions(exp.dataset), shape=str(exp.shape.spec),
+            rows = cell.run_cell(target, drafters[0], questions.load_questions(exp.dataset), shape=str(exp.shape.spec),
                             sampling=exp.sampling, max_new_tokens=exp.max_new_tokens, reference=reference,
                             reference_drafter=drafters[1], warmup_tokens=exp.runner.warmup_tokens)
             after = core_busy(core)  # how busy the load's core was, whatever else ran there

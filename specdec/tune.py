@@ -192,7 +192,8 @@ def probe_record(name: str, record: dict, device: str = "cpu", quant: str | None
     if curve is None:
         return float("nan")
     target = specdec.load_target(name, device=device, quant=quant, threads=record["threads"])
-    now = measure_latency(target, curve.widths, curve.contexts[:1], PROBE_REPEATS, cache=resolve_cache("auto", target, 1))
+    kind = resolve_cache("auto", target, 1)
+    now = measure_latency(target, curve.widths, curve.contexts[:1], PROBE_REPEATS, cache=kind)
     return statistics.geometric_mean(now.at(w) / curve.at(w, curve.contexts[0]) for w in curve.widths)
 
 
