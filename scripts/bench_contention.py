@@ -1,12 +1,11 @@
 """How much does load on the other core move the int4 fight (issue 51 item 8)? The main grid's int4 cell (its first
 block: eagle chain(4) on torchao_int4, the paired 2x2 of experiments/cell.py, no teacher forcing) runs quiet, then
 beside each busy loop of `LOADS` pinned to the other core; its interaction is regressed on its fp32 plain tokens/s
-within prompts (a prompt's length moves its tokens/s; load should move the rest), bootstrap CI over prompts.
+within prompts (a prompt's length moves its tokens/s; load should move the rest), bootstrap CI over prompts. Prints
+a card and one JSON line; --markdown also writes the card as a generated page.
 
     flock /tmp/specdec-timing.lock python scripts/bench_contention.py --cores 1,0 --markdown PAGE.md
     python scripts/bench_contention.py --cores 0,0 model=tiny dataset=smoke max_new_tokens=8   # Hydra overrides
-
-Prints a card and one JSON line; --markdown also writes the card as a generated page.
 """
 
 from __future__ import annotations
@@ -107,8 +106,7 @@ def summarize(runs: dict, n_boot: int) -> dict:
 def card(summary: dict) -> list[str]:
     """The human lines: a row per run, the slope, and how much load moved the interaction."""
     runs, (s, lo, hi), d = summary["runs"], summary["slope_per_tok_s"], summary["per_10pct_slower_fp32"]
-    speeds, points = ([r[k] if k == "fp32_plain_tok_s" else r[k][0] for r in runs.values()]
-                      for k in ("fp32_plain_tok_s", "interaction"))
+    speeds, points = [r["fp32_plain_tok_s"] for r in runs.values()], [r["interaction"][0] for r in runs.values()]
     return [*(f"{name:8s} fp32 plain {r['fp32_plain_tok_s']:6.2f} tok/s  interaction {r['interaction'][0]:.3f} "
               f"[{r['interaction'][1]:.3f}, {r['interaction'][2]:.3f}] ({r['verdict']}, {r['wall_s']:.0f} s, load core "
               f"{r['load_core_busy']:.0%} busy)"
