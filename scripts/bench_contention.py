@@ -30,6 +30,9 @@ LOADS = {"quiet": None,
          "memory": "import torch\ntorch.set_num_threads(1)\na, b = torch.ones(2 ** 27), torch.empty(2 ** 27)\n"
                    "while True:\n    b.copy_(a)"}  # 512 MiB copied again and again: the shared L3 and DRAM
 """Each run's load on the other core: Python code for a subprocess (None: nothing runs there)."""
+SIZE = ["quant=torchao_int4", "runner.teacher_forcing=false", "dataset.per_category=2"]
+"""The cell's overrides of the main grid: its int4 kernel, and 14 of its 21 prompts (2 per category) x its 64 tokens, ~3
+minutes a run quiet on the Intel f6 m167 (the main job's cell spent 196 s in its four runs over 21), ~10 in all."""
 
 
 @contextlib.contextmanager
@@ -67,7 +70,7 @@ def measure(overrides: list[str], core: int) -> dict:
     """The cell once per load of `LOADS` (each loop on `core`): {"cell": its overrides, load: {rows, wall_s}}."""
     from experiments import cell, main as job, questions, run
 
-    block = job.grid_blocks(["quant=torchao_int4", "runner.teacher_forcing=false", *overrides])[0][0]
+    block = job.grid_blocks([*SIZE, *overrides])[0][0]
     exp = job.check_cells([block])[0]
     target, reference = run.load_cached_target(exp), run.load_cached_target(exp, run.REFERENCE_QUANT)
     drafters = run.build_cached_drafter(exp, target), run.build_cached_drafter(exp, reference, run.REFERENCE_QUANT)
