@@ -167,10 +167,10 @@ def quick_check(overrides: list[str]) -> None:
             compose("config", overrides=overrides)
 
 
-def check_cells(blocks: list[list[str]]) -> int:
+def check_cells(blocks: list[list[str]]) -> list:
     """Compose every cell of every block as `experiments.run` will (Hydra, strict: a misspelled preset
     or key raises Hydra's own error), and check its drafter is registered and its prompts load, before
-    anything runs. Returns the number of cells."""
+    anything runs. Returns the cells' `ExperimentConfig`s."""
     import itertools
 
     from hydra import compose, initialize_config_dir
@@ -181,7 +181,7 @@ def check_cells(blocks: list[list[str]]) -> int:
     from specdec import drafters
 
     register_configs()
-    parser, loaded, cells = OverridesParser.create(), set(), 0
+    parser, loaded, cells = OverridesParser.create(), set(), []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for block in blocks:
             choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
@@ -196,7 +196,7 @@ def check_cells(blocks: list[list[str]]) -> int:
                 if repr(exp.dataset) not in loaded:
                     load_questions(exp.dataset)
                     loaded.add(repr(exp.dataset))
-                cells += 1
+                cells.append(exp)
     return cells
 
 
@@ -215,42 +215,39 @@ def profile_command(blocks: list[list[str]], grid_file: Path, results: str) -> l
                       f"results.dir={Path(results) / 'profile'}"]])[0]
 
 
-def predict_block(command: list[str], results: str, tune: list[str], control: dict | None, profiled: bool) -> None:
-    """Before the block `command` runs, print the mechanism control's prediction (in the grid's
-    `mechanism_control` drafter's block) and, with RESULTS/profile, each drafted kernel cell's from the
-    tune records' curves (`experiments.predict`); a note on stderr where one cannot be made."""
-    import itertools
-
+def predict_block(cells: list, results: str, tune: list[str], control: dict | None, profiled: bool) -> None:
+    """Before a block runs, print the mechanism control's prediction (in the grid's `mechanism_control` drafter's
+    block) and, with RESULTS/profile, each drafted kernel cell's of `cells` (the block's configs, `check_cells`) from
+    the tune records' curves (`experiments.predict`); a note on stderr where one cannot be made."""
     from experiments import predict
-    from specdec import quant as quantization
+    from experiments.run import drafter_label, is_reference, kernel_label
     from specdec.core.shapes import parse_shape
     from specdec.tune import stored_record
 
-    values = {o.split("=", 1)[0]: o.split("=", 1)[1].split(",") for o in command if "=" in o}
     threads = int(tune[tune.index("--threads") + 1]) if "--threads" in tune else None
-    if control and values.get("drafter") == [control["drafter"]]:
+    if control and {c.drafter.name for c in cells} == {control["drafter"]}:
         try:
             print("mechanism control, predicted before it runs: " + str(predict.predict_control(
-                results, control["drafter"], control["source"], _preset_spec(values["quant"][0]))), flush=True)
+                results, control["drafter"], control["source"], kernel_label(cells[0]))), flush=True)
         except (LookupError, ValueError, StoreError) as err:
             print(f"mechanism control: no prediction ({err})", file=sys.stderr)
-    for drafter, shape, preset in itertools.product(values["drafter"], values["shape"], values.get("quant", [])):
-        spec = _preset_spec(preset)
-        if not profiled or preset == "none" or spec is None:
-            continue
-        label = OmegaConf.load(CONF_DIR / "quant" / f"{preset}.yaml").get("label") or quantization.parse_spec(spec).text
-        shape = str(parse_shape(OmegaConf.load(CONF_DIR / "shape" / f"{shape}.yaml").spec))
+    for cfg in cells if profiled else []:
+        if is_reference(cfg.quant.spec) and not cfg.quant.label:
+            continue  # the fp32 cell: its own reference, no interaction
+        drafter, shape = cfg.drafter.name, str(parse_shape(cfg.shape.spec))
+        name = f"{drafter_label(drafter, cfg.drafter.options)} {shape} on {kernel_label(cfg)}"
         try:
-            found = {role: stored_record(tune[3], threads, "cpu", s) for role, s in (("kernel", spec), ("fp32", None))}
+            found = {role: stored_record(tune[3], threads, "cpu", s) for role, s in (("kernel", cfg.quant.spec),
+                                                                                     ("fp32", None))}
             if None in found.values():
                 raise LookupError(f"no tune record of {tune[3]} ({', '.join(r for r, f in found.items() if not f)})")
-            p = predict.predict_cell(results, f"{drafter} {shape} on {label}", drafter, shape,
-                                     {r: predict.tune_curve(f[0]) for r, f in found.items()},
+            p = predict.predict_cell(results, name, drafter, shape, {r: predict.tune_curve(f[0])
+                                                                     for r, f in found.items()},
                                      {r: Path(f[1]).name for r, f in found.items()})
             print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; "
                   f"the tune record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)
         except (LookupError, ValueError, StoreError, OSError) as err:
-            print(f"{drafter} {shape} on {label}: no prediction before it runs ({err})", file=sys.stderr)
+            print(f"{name}: no prediction before it runs ({err})", file=sys.stderr)
 
 
 def record_counts(kind: str, paths: list[Path], this_run: dict) -> dict[str, int]:
@@ -280,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         blocks, notes = grid_blocks([o for o in overrides if o not in kv_off], grid_file)
         results = next(o.split("=", 1)[1] for o in reversed(blocks[0]) if o.startswith("results.dir="))
         kv = kv_command(grid_file, results, kv_off)
+        cells = [] if args.dry_run else [check_cells([b]) for b in blocks]  # each composes; drafter, prompts load
         if not args.dry_run:
-            check_cells(blocks)  # every cell composes, names a registered drafter and loadable prompts
             ResultsStore(results)  # an incompatible results directory fails here too, before any work
     except Exception as err:  # noqa: BLE001 -- Hydra, OmegaConf, prompt and store errors: one line, nothing run
         print(f"experiments.main: error: {err}\nnothing was run or written", file=sys.stderr)
@@ -298,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     for command in runs:
         block = command in commands(blocks)
         if block:
-            predict_block(command, results, runs[0], control, profile is not None)
+            predict_block(cells[commands(blocks).index(command)], results, runs[0], control, profile is not None)
         status = subprocess.run(command).returncode
         if status != 0 and command is profile:
             print(f"the held-out profile failed (exit {status}): no prediction before the cells", file=sys.stderr)

@@ -84,7 +84,7 @@ def _slug(text: str) -> str:
 def cell_id(key: dict[str, Any]) -> str:
     """Readable prefix + hash of the key, e.g. `tiny-llama__ngram__chain4__none__T0__1a2b3c4d5e`."""
     digest_ = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    names = [Path(key["model"]["name"]).name, key["drafter"]["name"], key["shape"], key["quant"]]
+    names = [Path(key["model"]["name"]).name, drafter_label(**key["drafter"]), key["shape"], key["quant"]]
     parts = [*map(_slug, names), f"T{key['sampling']['temperature']:g}",
              *([f"b{key['batch']}"] if key.get("batch", 1) != 1 else []), digest_]
     return "__".join(parts)
@@ -140,6 +140,13 @@ def _target_key(cfg: ExperimentConfig, spec: str | None = None) -> tuple:
 def is_reference(spec: str) -> bool:
     """True when `spec` quantizes nothing (the target is the unquantized reference)."""
     return quantization.parse_spec(spec).text == REFERENCE_QUANT
+
+
+def drafter_label(name: str, options: dict) -> str:
+    """The cell's drafter name: a boolean option switched on names a variant of the drafter (`eagle[head_quant]`:
+    its own row in every table); other options are in the cell key only."""
+    flags = [k for k, v in sorted(options.items()) if v is True]
+    return f"{name}[{','.join(flags)}]" if flags else name
 
 
 def kernel_label(cfg: ExperimentConfig) -> str:
@@ -274,7 +281,7 @@ def run_experiment(cfg: DictConfig) -> str:
     turns = len(questions) if exp.batch > 1 else sum(len(q.turns) for q in questions)  # a batch runs first turns
     units = -(-len(questions) // exp.batch) if exp.batch > 1 else turns
     curves = CellCurves(exp, {"target": target, **({"reference": reference} if reference is not None else {})}, units)
-    with tqdm(total=turns, desc=f"{exp.drafter.name} {key['shape']} {key['quant']}", unit="turn",
+    with tqdm(total=turns, desc=f"{drafter_label(**key['drafter'])} {key['shape']} {key['quant']}", unit="turn",
               leave=False, disable=not exp.runner.progress, position=1) as bar:
         rows = run_cell(target, drafter, questions, shape=key["shape"], sampling=exp.sampling,
                         max_new_tokens=exp.max_new_tokens, reference=reference,
@@ -283,7 +290,7 @@ def run_experiment(cfg: DictConfig) -> str:
                         on_unit=lambda turns: (bar.update(turns), curves.after_unit()),
                         batch=exp.batch)
     labels = {
-        "cell_id": cid, "model": exp.model.name, "drafter": exp.drafter.name, "shape": key["shape"],
+        "cell_id": cid, "model": exp.model.name, "drafter": drafter_label(**key["drafter"]), "shape": key["shape"],
         **quant_labels(exp.quant.spec, target, exp.quant.label), "dataset": exp.dataset.name or exp.dataset.source,
         "dataset_source": exp.dataset.source, "prompts": key["dataset"]["questions"],
         **key["sampling"], "batch": exp.batch,

@@ -30,11 +30,17 @@ from specdec.runtime import kernels
 from specdec.runtime.forwards import CACHES, resolve_cache
 from specdec.drafters import eagle
 from specdec.loop.decode import generate
+from specdec.core.curve import LatencyCurve
 from specdec.measure.latency import curve_key, measure_latency
 
 CURVE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 CURVE_CONTEXTS = (256,)
 DECODE_TOKENS = 16
+STALE = 1.15
+"""A stored record is tuned again (`ensure_tuned`, `--reuse`) when its curve timed again (`probe_record`) is off by more
+than this factor either way: a record hours old once read 1.7x off and flipped the main job's verdict, while a fresh
+record and its probe agree within a few percent on a quiet core."""
+PROBE_REPEATS = 5  # Passes of the probe over the curve's widths (median kept), as the curve had: ~a second here.
 
 
 def decode_seconds(target: specdec.Target, counts: Sequence[int], repeats: int = 3) -> dict[int, float]:
@@ -51,26 +57,17 @@ def decode_seconds(target: specdec.Target, counts: Sequence[int], repeats: int =
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _fresh(label: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Remove the target's old record before measuring anew; say so when it could not be read."""
-    path = machine.record_path(label, device, dtype)
-    note = None
-    try:
-        machine.load_record(label, device, dtype)
-    except machine.TuneError as err:
-        note = f"replacing a record that could not be used: {err}"
-    path.unlink(missing_ok=True)
-    return note
-
-
 def tune_target(name: str, quant: str | None, threads: int | None, drafters: Sequence[str],
                 device: str = "cpu", batches: Sequence[int] = (1,), compiled: bool = False) -> dict:
     """Measure and store one target's choices; returns the record written (plus `notes`)."""
     notes: list[str] = []
     probe = specdec.load_target(name, device=device, quant=quant, kernel="torch", threads=threads or 1)
     label, dtype, dev = probe.label, probe.dtype, probe.device
-    if note := _fresh(label, dev, dtype):
-        notes.append(note)
+    try:  # the old record goes before measuring anew; say so when it could not be read
+        machine.load_record(label, dev, dtype)
+    except machine.TuneError as err:
+        notes.append(f"replacing a record that could not be used: {err}")
+    machine.record_path(label, dev, dtype).unlink(missing_ok=True)
     cores = os.cpu_count() or 1
     if dev.type == "cpu" and quant in (None, "none"):
         counts = [threads] if threads else list(range(1, cores + 1))
@@ -81,10 +78,9 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
     else:
         count = machine.resolve_threads(threads, machine.load_record(name, dev, dtype))
     torch.set_num_threads(count)
-    target = probe
     names = kernels.candidates(dev, dtype)
     if len(names) > 1:
-        choice = kernels.measure_choice(target, names)  # leaves the model on the faster kernel
+        choice = kernels.measure_choice(probe, names)  # leaves the model on the faster kernel
         machine.update_record(label, dev, dtype, kernel={**choice, "among": names})
     target = specdec.load_target(name, device=device, quant=quant, threads=count)  # as users will get it
     if "eagle" in drafters and dev.type == "cpu" and dtype == torch.float32:
@@ -187,18 +183,38 @@ def stored_record(name: str, threads: int | None = None, device: str = "cpu",
     return None
 
 
+def probe_record(name: str, record: dict, device: str = "cpu", quant: str | None = None) -> float:
+    """How far `record`'s first batch-1 curve is from this machine now: its row at its smallest context timed again as
+    it was (`PROBE_REPEATS` passes over its widths, its threads and cache kind), the geometric mean over widths of now
+    over stored (nan for a record without such a curve)."""
+    curves = [LatencyCurve.from_json(c, key) for key, c in (record.get("curves") or {}).items()]
+    curve = next((c for c in curves if c.batch == 1 and not c.holes), None)
+    if curve is None:
+        return float("nan")
+    target = specdec.load_target(name, device=device, quant=quant, threads=record["threads"])
+    kind = resolve_cache("auto", target, 1)
+    now = measure_latency(target, curve.widths, curve.contexts[:1], PROBE_REPEATS, cache=kind)
+    return statistics.geometric_mean(now.at(w) / curve.at(w, curve.contexts[0]) for w in curve.widths)
+
+
 def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] = ("eagle",),
                  device: str = "cpu", quant: str | None = None) -> dict:
     """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`) on this machine
-    (tuned again when `threads` asks for another count than it holds), else `tune_target` now. Says which on stdout, so
-    the choices a run used are visible; returns the record (with `notes` when it was tuned now)."""
+    when a quick probe agrees with its curve within `STALE`, else `tune_target` now (also when `threads` asks for
+    another count than it holds). Says which on stdout, so the choices a run used are visible; returns the record
+    (with `notes` when it was tuned now)."""
     stored = stored_record(name, threads, device, quant)
-    if stored is not None:
-        print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]})", flush=True)
-        return stored[0]
     flags = f"{f' --quant {quant}' if quant else ''}{f' --threads {threads}' if threads else ''}"
-    print(f"specdec.tune: tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})",
-          flush=True)
+    said = f"tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})"
+    if stored is not None:
+        ratio = probe_record(name, stored[0], device, quant)
+        probe = f"its curve timed again now is {ratio:.2f}x the stored one"
+        if 1 / STALE <= ratio <= STALE:  # nan (no curve to check it by) is neither
+            print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]}): {probe}, within {STALE}x",
+                  flush=True)
+            return stored[0]
+        said = f"the record of {stored[0]['updated']} ({stored[1]}) is stale: {probe}, over {STALE}x; tuning again"
+    print(f"specdec.tune: {said}", flush=True)
     record = tune_target(name, quant, threads, drafters, device)
     print("\n".join(card(record)), flush=True)
     return record
@@ -283,6 +299,11 @@ def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_voc
     return {dtype: statistics.median(ts) for dtype, ts in times.items()}
 
 
+def _kernel(record: dict) -> str:
+    """The linear kernel a record chose ("only" where one could run)."""
+    return (record.get("kernel") or {}).get("kernel", "only")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.tune", description=__doc__.split("\n")[0])
     parser.add_argument("target", help="a load_target name or path, e.g. smollm2-135m")
@@ -298,7 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", default="", help="only time eager against compiled forwards of "
                         "the target and each --quant (torch kernel, nothing stored) and write that page here")
     parser.add_argument("--reuse", action="store_true", help="keep this machine's stored record of each target "
-                        "(and --quant target) when it has one for these threads (print where it is), else tune it now")
+                        "(and --quant target) for these threads when its curve timed again agrees within STALE, else "
+                        "tune it now (print which)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     drafters = [d for d in args.drafter.split(",") if d and d != "none"]
@@ -322,12 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.reuse:
             record = ensure_tuned(args.target, args.threads, drafters, args.device)
             quantized = [ensure_tuned(args.target, record["threads"], drafters, args.device, spec) for spec in specs]
-            print(json.dumps({"tune": args.target, "reused": "notes" not in record, "threads": record["threads"],
-                              "kernel": (record.get("kernel") or {}).get("kernel", "only"),
+            said = {r["target"]: {"reused": "notes" not in r, "kernel": _kernel(r)} for r in [record, *quantized]}
+            print(json.dumps({"tune": args.target, **said.pop(record["target"]), "threads": record["threads"],
                               "record": str(machine.record_path(args.target, args.device, torch.float32)),
-                              **({"quant": {r["target"]: {"reused": "notes" not in r, "kernel": (r.get("kernel") or {})
-                                                          .get("kernel", "only")} for r in quantized}}
-                                 if specs else {})}))
+                              **({"quant": said} if specs else {})}))
             return 0
         records = [tune_target(args.target, None, args.threads, drafters, args.device, batches, args.compile)]
         for spec in specs:
@@ -340,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(card(record)))
     summary = {"tune": args.target, "machine": records[0]["machine"]["name"], "machine_key": records[0]["machine_key"],
                "threads": records[0]["threads"], "seconds": round(time.perf_counter() - started, 1),
-               "targets": {r["target"]: {"kernel": (r.get("kernel") or {}).get("kernel", "only"),
+               "targets": {r["target"]: {"kernel": _kernel(r),
                                          "head_dtype": {g: c["dtype"] for g, c in (r.get("head_dtype") or {}).items()},
                                          "curves": list(r.get("curves", {})), "record": r["path"],
                                          **({"compiled": r["cache"]} if "cache" in r else {}),

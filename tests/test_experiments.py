@@ -301,12 +301,26 @@ def test_the_aa_control_is_a_paired_cell_of_its_own(tmp_path, tiny_grid, extra_c
     assert aa.same_tokens_as_reference.all() and (aa.mal.to_numpy() == none.mal.to_numpy()).all()
 
 
+def test_a_drafter_switched_into_a_variant_is_a_cell_and_a_row_of_its_own(tmp_path, extra_conf):
+    """`+drafter.options.head_quant=true`: the cell `eagle[head_quant]`, beside plain `eagle` on the same kernel."""
+    results = tmp_path / "hq"
+    done = run_grid(results, "drafter=eagle", "+drafter.options.head=random", "+drafter.options.head_quant=true,false",
+                    "shape=chain2", "quant=q4g32", "max_new_tokens=6", "dataset.question_ids=[smoke-1,smoke-4]",
+                    extra_conf=extra_conf)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = load_rows(results)
+    assert set(rows.drafter) == {"eagle", "eagle[head_quant]"} and rows.cell_id.nunique() == 2
+    assert rows[rows.drafter == "eagle[head_quant]"].cell_id.str.contains("__eagleheadquant__").all()
+
+
 def test_main_sizes(capsys):
-    from experiments.main import main as main_job
+    from experiments.main import GRID_DIR, check_cells, main as main_job
 
     assert main_job(["--dry-run", "size=full"]) == 0
     full = capsys.readouterr().out
     assert "results.dir=results/full" in full and "quant=fp32_again,bf16,torchao_int4,rtn4,gptqref4" in full
+    head_quant = [b for b in grid_blocks([], GRID_DIR / "full.yaml")[0] if "+drafter.options.head_quant=True" in b]
+    assert len(head_quant) == 1 and "quant=torchao_int4" in head_quant[0] and len(check_cells(head_quant)) == 1
     assert main_job(["--dry-run", "size=nope"]) == 2
     assert "size=nope: no grid nope.yaml (sizes: batch, full, main)" in capsys.readouterr().err
     assert main_job(["--dry-run", "size=batch"]) == 0

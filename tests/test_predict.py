@@ -80,13 +80,13 @@ def test_the_main_job_runs_the_held_out_profile_before_the_kernel_blocks():
 
 def test_the_main_job_prints_each_kernel_cells_prediction_before_its_block(tmp_path, monkeypatch, capsys):
     import specdec.tune
-    from experiments.main import predict_block
+    from experiments.main import check_cells, predict_block
 
     write_cell(ResultsStore(tmp_path / PROFILE_DIR), "eagle", "none", MALS)
     records = {None: {"curves": {"c": curve("m", *KERNELS["none"])}}, INT4: {"curves": {"c": curve("m@4", 0.05, 0.03)}}}
     monkeypatch.setattr(specdec.tune, "stored_record", lambda name, threads, device, spec: (records[spec], f"/{spec}"))
-    block = ["python", "-m", "experiments.run", "-m", "drafter=eagle", "shape=chain4", "quant=torchao_int4,none"]
-    predict_block(block, str(tmp_path), ["python", "-m", "specdec.tune", "m", "--threads", "1"], None, True)
+    cells = check_cells([["drafter=eagle", "shape=chain4", "quant=torchao_int4,none"]])
+    predict_block(cells, str(tmp_path), ["python", "-m", "specdec.tune", "m", "--threads", "1"], None, True)
     out = capsys.readouterr().out
     assert out.startswith(f"predicted before it runs: eagle chain(4) on {INT4}: interaction 0.")
     assert out.count("\n") == 1

@@ -186,6 +186,18 @@ def test_the_decomposition_multiplies_to_the_interaction_and_finds_the_width(sto
     assert "## Why: the interaction decomposed" in (store / "REPORT.md").read_text()
 
 
+def test_a_drafter_variant_is_its_own_row_and_decomposition(store, capsys):
+    """`eagle[head_quant]` on int4 beside `eagle` (experiments.run.drafter_label): its own verdict, decomposition and
+    JSON entry; a head that drafts in half the time on the kernel gives a drafting factor nearer 1."""
+    write_cell(ResultsStore(store), "eagle[head_quant]", "torchao_int4_g32", MALS, draft_s=0.005)
+    assert report_cli([str(store), "--bootstrap", "300"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plain, variant = (summary["decomposition"][f"{d} chain(4) on torchao_int4_g32"] for d in ("eagle", "eagle[head_quant]"))
+    assert summary["verdict"]["eagle[head_quant] chain(4) on torchao_int4_g32"] == "fight"
+    assert plain["drafting"] < variant["drafting"] < 1.0
+    assert "| eagle[head_quant] | `chain(4)` | torchao_int4_g32 |" in (store / "REPORT.md").read_text()
+
+
 def test_a_smaller_chain_is_predicted_from_a_deeper_chains_profile(tmp_path, capsys):
     """int4 chain(4) with an acceptance profile replayed in chain(2) at MAL 1 + 13 / 10 = 2.3 and a drafting
     probe {1: 4 ms, 4: 10 ms} (chain(2) drafts 0.6 of chain(4)'s time), and an int4 chain(2) cell run at that
