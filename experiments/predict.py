@@ -61,19 +61,6 @@ def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict
     return None if cell is None else _beside(record, found[cell.cell_id])
 
 
-def tune_curve(record: dict) -> LatencyCurve:
-    """The batch-1 curve `specdec.tune` stored in a tune record (its own grid first); LookupError without one."""
-    from specdec import tune
-
-    grid = f"_w{'-'.join(map(str, tune.CURVE_WIDTHS))}_c{'-'.join(map(str, tune.CURVE_CONTEXTS))}_r5"
-    curves = sorted(((not key.endswith(grid), key), LatencyCurve.from_json(c, key))
-                    for key, c in (record.get("curves") or {}).items())
-    found = [c for _, c in curves if c.batch == 1 and not c.holes]
-    if not found:
-        raise LookupError(f"the tune record of {record.get('target')} holds no batch-1 latency curve")
-    return found[0]
-
-
 def interaction_from(rows: pd.DataFrame, kernel: LatencyCurve, fp32: LatencyCurve) -> float:
     """Speculation on the kernel over speculation on fp32 (`costmodel.predict_speculation` both), from the
     fp32 drafted and plain runs `rows` of other prompts: the kernel's plain run is fp32's with each forward

@@ -183,13 +183,24 @@ def stored_record(name: str, threads: int | None = None, device: str = "cpu",
     return None
 
 
+def record_curve(record: dict) -> LatencyCurve:
+    """The batch-1 curve `tune_target` stored in a tune record (its own grid first); LookupError without one."""
+    grid = f"_w{'-'.join(map(str, CURVE_WIDTHS))}_c{'-'.join(map(str, CURVE_CONTEXTS))}_r5"
+    curves = sorted(((not key.endswith(grid), key), LatencyCurve.from_json(c, key))
+                    for key, c in (record.get("curves") or {}).items())
+    found = [c for _, c in curves if c.batch == 1 and not c.holes]
+    if not found:
+        raise LookupError(f"the tune record of {record.get('target')} holds no batch-1 latency curve")
+    return found[0]
+
+
 def probe_record(name: str, record: dict, device: str = "cpu", quant: str | None = None) -> float:
-    """How far `record`'s first batch-1 curve is from this machine now: its row at its smallest context timed again as
-    it was (`PROBE_REPEATS` passes over its widths, its threads and cache kind), the geometric mean over widths of now
-    over stored (nan for a record without such a curve)."""
-    curves = [LatencyCurve.from_json(c, key) for key, c in (record.get("curves") or {}).items()]
-    curve = next((c for c in curves if c.batch == 1 and not c.holes), None)
-    if curve is None:
+    """How far `record_curve(record)` is from this machine now: its row at its smallest context timed again as it was
+    (`PROBE_REPEATS` passes over its widths, its threads and cache kind), the geometric mean over widths of now over
+    stored (nan for a record without such a curve)."""
+    try:
+        curve = record_curve(record)
+    except LookupError:
         return float("nan")
     target = specdec.load_target(name, device=device, quant=quant, threads=record["threads"])
     kind = resolve_cache("auto", target, 1)
