@@ -3,6 +3,7 @@ and a record that cannot be trusted is an error naming it, never a silent change
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -146,7 +147,8 @@ def test_reuse_tunes_a_stale_record_again_and_keeps_a_fresh_one(empty_cache, cap
     capsys.readouterr()
     assert tune.main(argv) == 0
     out = capsys.readouterr().out
-    assert "is stale: its curve timed again now is 0.3" in out and "over 1.6x; tuning again" in out
+    stale = re.search(r"is stale: its curve timed again now is ([0-9.]+)x the stored one, over 1.6x; tuning again", out)
+    assert stale and float(stale.group(1)) < 1 / 1.6  # about 1/3; tiny-llama's forward jitters on a shared core
     assert json.loads(out.strip().splitlines()[-1])["reused"] is False
     fresh = json.loads(path.read_text())["curves"][key]["seconds"]
     assert fresh[0][0] < tampered[0][0] / 2  # measured again, not the tampered times
