@@ -87,16 +87,17 @@ def shared_prefill(target):
 
 
 def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
-    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows)],
+    """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows, depth)],
     seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s} (the last: the drafter's
-    time per draft forward; a chain drafts one node per forward)."""
+    time per draft forward; a chain drafts one node per forward; depth: the step's shortest draft, 0 for plain)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
 
     config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
     tokens, steps, hits, tries, drafting, forwards = [[] for _ in rows], [], 0, 0, 0.0, 0
     for event in decode(target, drafter, rows, config):
-        steps.append((event.times.total, sum(len(c) for c in event.committed), len(event.rows)))
+        steps.append((event.times.total, sum(len(c) for c in event.committed), len(event.rows),
+                      min(d.num_nodes for d in event.drafts)))
         drafting, forwards = drafting + event.times.propose, forwards + max(d.tokens.shape[-1] for d in event.drafts)
         for i, committed, draft, path in zip(event.rows, event.committed, event.drafts, event.paths):
             tokens[i] += committed

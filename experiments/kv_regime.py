@@ -3,17 +3,21 @@
     python -m experiments.kv RESULTS --regime [--curve FILE] [--cells 1x1024,4x2048,16x1024]
 
 Phases: **surface** (seconds f of `Target.forward` of B rows after c cached entries for plain, draft, verify and
-commit, plus the prefill rate), **acceptance** per policy x retention (RESULTS/kv_curve.json), **map**: per batch x
+commit, a window's per-step compaction, the prefill rate, and per batch the decode loop's own cost per step, o(B,
+plain) and o(B, spec): a real plain and self-draft `decode` over synthetic constant prefills, less the forwards
+priced at the same point), **acceptance** per policy x retention (RESULTS/kv_curve.json), **map**: per batch x
 context x policy x retention a `SHAPE` step yields E = 1 + a + .. + a^4 tokens per row (a: per-token acceptance)
-over R = rC retained entries, so speedup = E f(B, C, plain) / (4 f(B, R, draft) + f(B, R, commit) + f(B, C, verify)),
-f linear in B and c (`--curve FILE`: verify = f(B, C, plain) x the curve's width-5 ratio), then **cells**: the best
-predicted point per `--cells` B x C and the most favourable cell that fits, predicted then timed with the batch full
-(95% bootstrap over steps). `--surface FILE` reuses a stored surface. Last line: JSON {cells, map, median_abs_error}.
+over R = rC retained entries, so speedup = E (f(B, C, plain) + o(B, plain)) / (4 f(B, R, draft) + f(B, R, commit)
+[+ f(B, R, compact) for window] + f(B, C, verify) + o(B, spec)), f linear in B and c (`--curve FILE`: verify =
+f(B, C, plain) x the curve's width-5 ratio), then **cells**: the best predicted point per `--cells` B x C and the
+most favourable cell that fits, predicted then timed over the steady steps (the batch full, every draft whole; 95%
+bootstrap over steps). `--surface FILE` reuses a stored surface. Last line: JSON {cells, map, median_abs_error}.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -27,21 +31,27 @@ from experiments import kv
 BATCHES, CONTEXTS = (1, 4, 16), (64, 512, 2048, 8192)
 MAP_BATCHES, MAP_CONTEXTS = (1, 2, 4, 8, 16), (1024, 2048, 4096, 8192)
 CELLS = ((1, 1024), (4, 2048), (16, 1024))
-WIDTH, DRAFTS, REPEATS = 5, 4, 2
+WIDTH, DRAFTS, REPEATS, LOOP_STEPS = 5, 4, 2, 4
 MEMORY = 24 * 2**30
 MAP_FILE = "kv_regime"
 
 
-def _filled(target, batch: int, context: int, holes: bool):
-    """A `KVCache` of `context` constant entries per row (one hole per row when `holes` and batch > 1)."""
+def _entries(target, batch: int, context: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Constant (keys, values) [batch, kv_heads, context, head_dim] per layer."""
     from specdec.drafters.kv_policy import model_facts
-    from specdec.runtime.cache import KVCache
 
     cfg = target.model.config.get_text_config()
     shape = (batch, cfg.num_key_value_heads, context, model_facts(target).head_dim)
+    return [(torch.full(shape, 0.01, dtype=target.dtype), torch.full(shape, 0.01, dtype=target.dtype))
+            for _ in range(cfg.num_hidden_layers)]
+
+
+def _filled(target, batch: int, context: int, holes: bool):
+    """A `KVCache` of `context` constant entries per row (one hole per row when `holes` and batch > 1)."""
+    from specdec.runtime.cache import KVCache
+
     cache = KVCache()
-    cache.append([(torch.full(shape, 0.01, dtype=target.dtype), torch.full(shape, 0.01, dtype=target.dtype))
-                  for _ in range(cfg.num_hidden_layers)])
+    cache.append(_entries(target, batch, context))
     if holes and batch > 1:
         cache.valid = torch.ones(batch, context, dtype=torch.bool)
         cache.valid[:, 0] = False
@@ -51,11 +61,16 @@ def _filled(target, batch: int, context: int, holes: bool):
 def _time_kind(target, kind: str, batch: int, context: int) -> float:
     """Seconds of one forward of `kind` after `context` entries per row: plain (1 token), verify (a chain
     of `WIDTH`), draft (per forward of a draft: the root, then `DRAFTS` - 1 nodes under their block as
-    `self_draft` runs them, the cache growing); commit: the drafter's commit of a step, no forward."""
-    cache = _filled(target, batch, context, kind != "plain")
+    `self_draft` runs them, the cache growing); commit: the drafter's commit of a step, no forward; compact: a
+    window of `context` entries dropping a step's `WIDTH` new ones (`Window.after_commit`)."""
+    from specdec.drafters.kv_policy import Window
+
+    cache = _filled(target, batch, context + (WIDTH if kind == "compact" else 0), kind != "plain")
     new = [(k[..., :WIDTH, :].clone(), v[..., :WIDTH, :].clone()) for k, v in cache.tensors()]
     tokens, start = torch.ones(batch, 1, dtype=torch.long), time.perf_counter()
-    if kind == "commit":  # the drafter's commit: a step's target entries appended, its block kept
+    if kind == "compact":
+        Window(sink=4, recent=max(1, context - 4)).after_commit(cache)
+    elif kind == "commit":  # the drafter's commit: a step's target entries appended, its block kept
         cache.append(new)
         cache.append_valid(None, WIDTH)
         cache.keep_rows(context, [[0, 1]] * batch)
@@ -69,11 +84,55 @@ def _time_kind(target, kind: str, batch: int, context: int) -> float:
     return (time.perf_counter() - start) / (DRAFTS if kind == "draft" else 1)
 
 
+def synthetic_prefill(target):
+    """A shallow copy of `target` whose prefill (a forward into an empty cache) stores constant entries instead of
+    running the model: the surface's loops time decode steps, never a prefill."""
+    from specdec.runtime.model import ForwardOut
+
+    synthetic = copy.copy(target)
+
+    def forward(tokens, cache, *args, valid=None, **kwargs):  # tokens [B, n]
+        if cache.length:
+            return target.forward(tokens, cache, *args, valid=valid, **kwargs)
+        batch, n = tokens.shape
+        cache.append(_entries(target, batch, n))
+        cache.append_valid(valid, n)
+        hidden = torch.zeros(1, 1, target.hidden_size, dtype=target.dtype).expand(batch, n, -1)  # [B, n, H]
+        return ForwardOut(logits=torch.zeros(batch, 1, target.model.config.vocab_size), hidden=hidden)
+
+    synthetic.forward = forward
+    return synthetic
+
+
+def loop_step(target, batch: int, context: int, spec: bool) -> float:
+    """Median seconds of a steady step (after the first; the batch full, every draft whole) of a real plain or
+    `self_draft` (kv=full) greedy decode of `batch` synthetic rows after `context` constant entries."""
+    from specdec.drafters import build
+
+    drafter = build("self_draft", target=target, kv="full", cache="dynamic") if spec else None
+    rows = [[2 + b % 50] * context for b in range(batch)]  # rows differ in their root, so in acceptance
+    steps = kv.timed_run(synthetic_prefill(target), drafter, rows, (LOOP_STEPS + 1) * (WIDTH if spec else 1))
+    return statistics.median(s[0] for s in steps["steps"][1:] if s[2] == batch and s[3] >= (DRAFTS if spec else 0))
+
+
+def step_s(surf: dict, batch: int, context: float, kept: float, policy: str | None = None,
+           curve=None) -> tuple[float, float]:
+    """(plain step, self-draft step) seconds at (batch, context) with `kept` entries in the draft's cache."""
+    loop = surf.get("overhead", {})
+    over = {k: float(np.interp(batch, surf["batches"], loop[k])) if k in loop else 0.0 for k in ("plain", "spec")}
+    plain = forward_s(surf, "plain", batch, context)
+    verify = plain * curve.ratio(WIDTH, context) if curve else forward_s(surf, "verify", batch, context)
+    compact = forward_s(surf, "compact", batch, kept) if policy == "window" and "compact" in surf else 0.0
+    draft = DRAFTS * forward_s(surf, "draft", batch, kept) + forward_s(surf, "commit", batch, kept) + compact
+    return plain + over["plain"], draft + verify + over["spec"]
+
+
 def surface(target, batches, contexts, bar=lambda items: items) -> dict:
-    """{"plain"|"draft"|"verify"|"commit": [[seconds per context] per batch], batches, contexts, prefill: [a, q]}: the
-    median of `REPEATS` passes over the grid (one untimed first), each a fresh cache per point; a prefill
-    of n tokens at context n costs n (a + q n) seconds, fitted from two prompts."""
-    kinds, times = ("plain", "draft", "verify", "commit"), {}
+    """{"plain"|"draft"|"verify"|"commit"|"compact": [[seconds per context] per batch], batches, contexts, prefill:
+    [a, q], overhead: {plain, spec: [seconds per batch]}}: the median of `REPEATS` passes over the grid (one untimed
+    first), each a fresh cache per point; a prefill of n tokens at context n costs n (a + q n) seconds, fitted from two
+    prompts; the loop's cost per step (`loop_step`) less `step_s` without it, at the second context."""
+    kinds, times = ("plain", "draft", "verify", "commit", "compact"), {}
     for _ in bar(range(REPEATS + 1)):
         for b in batches:
             for c in contexts:
@@ -85,8 +144,13 @@ def surface(target, batches, contexts, bar=lambda items: items) -> dict:
         target.forward(torch.ones(1, n, dtype=torch.long), _filled(target, 1, 0, False))
         per_token.append((time.perf_counter() - start) / n)
     q = (per_token[1] - per_token[0]) / max(large - small, 1)
-    return {**{k: [[statistics.median(times[k, b, c][1:]) for c in contexts] for b in batches] for k in kinds},
+    surf = {**{k: [[statistics.median(times[k, b, c][1:]) for c in contexts] for b in batches] for k in kinds},
             "batches": list(batches), "contexts": list(contexts), "prefill": [per_token[0] - q * small, max(q, 0.0)]}
+    at = contexts[min(1, len(contexts) - 1)]
+    loops = {b: (loop_step(target, b, at, False), loop_step(target, b, at, True)) for b in batches}
+    priced = {b: step_s(surf, b, at, at) for b in batches}
+    surf["overhead"] = {k: [loops[b][i] - priced[b][i] for b in batches] for i, k in enumerate(("plain", "spec"))}
+    return surf
 
 
 def forward_s(surf: dict, kind: str, batch: int, context: float) -> float:
@@ -95,13 +159,11 @@ def forward_s(surf: dict, kind: str, batch: int, context: float) -> float:
     return float(np.interp(batch, surf["batches"], rows))
 
 
-def predict(surf: dict, alpha: float, batch: int, context: int, retention: float, curve=None) -> float:
+def predict(surf: dict, alpha: float, batch: int, context: int, retention: float, curve=None,
+            policy: str | None = None) -> float:
     """Predicted self-draft speedup over plain decoding (module docstring)."""
-    plain = forward_s(surf, "plain", batch, context)
-    verify = plain * curve.ratio(WIDTH, context) if curve else forward_s(surf, "verify", batch, context)
-    kept = max(8, retention * context)
-    draft = DRAFTS * forward_s(surf, "draft", batch, kept) + forward_s(surf, "commit", batch, kept)
-    return sum(alpha ** i for i in range(DRAFTS + 1)) * plain / (draft + verify)
+    plain, spec = step_s(surf, batch, context, max(8, retention * context), policy, curve)
+    return sum(alpha ** i for i in range(DRAFTS + 1)) * plain / spec
 
 
 def regime_map(target, surf: dict, accept: dict, batches, contexts, curve=None) -> list[dict]:
@@ -109,7 +171,7 @@ def regime_map(target, surf: dict, accept: dict, batches, contexts, curve=None) 
     (weights, the target's cache, the shared prefill's copy of it, the draft's copy at the prefill)."""
     (a, q), weights = surf["prefill"], sum(p.nbytes for p in target.model.parameters())
     return [{"batch": b, "context": c, "policy": p, "retention": r, "acceptance": alpha,
-             "predicted": predict(surf, alpha, b, c, r, curve), "prefill_s": b * c * (a + q * c),
+             "predicted": predict(surf, alpha, b, c, r, curve, p), "prefill_s": b * c * (a + q * c),
              "memory": weights + 3 * b * c * kv.physics_facts(target)}
             for b in batches for c in contexts for (p, r), alpha in sorted(accept.items())]
 
@@ -157,14 +219,17 @@ def cell_prompts(items: list[dict], batch: int, context: int) -> list[list[int]]
 
 
 def time_cell(target, items, cell: dict, new_tokens: int, n_boot: int = 2000) -> dict:
-    """Timed plain / self-draft / plain decodes of one cell: {measured, ci, measured_acceptance, spec}."""
+    """Timed plain / self-draft / plain decodes of one cell: {measured, ci, measured_acceptance, spec, all_steps}:
+    measured over the steady steps (the batch full, drafts as deep as the run's deepest), all_steps over every step."""
     from specdec.drafters import build
 
     rows, shared = cell_prompts(items, cell["batch"], cell["context"]), kv.shared_prefill(target)
     spec = kv.policy_spec(cell["policy"], cell["retention"], cell["context"])
     runs = {name: kv.timed_run(shared, build("self_draft", target=target, kv=spec, cache="dynamic")
                                if name == "draft" else None, rows, new_tokens) for name in ("plain", "draft", "plain2")}
-    steps = {k: np.array([s for s in run["steps"] if s[2] == len(rows)]) for k, run in runs.items()}  # batch full
+    deepest = {k: max(s[3] for s in run["steps"]) for k, run in runs.items()}
+    steps = {k: np.array([s[:2] for s in run["steps"] if s[2] == len(rows) and s[3] == deepest[k]])
+             for k, run in runs.items()}
     rng = np.random.default_rng(kv.SEED)
 
     def per_token(name: str, boot: bool) -> float:
@@ -175,7 +240,9 @@ def time_cell(target, items, cell: dict, new_tokens: int, n_boot: int = 2000) ->
         return (per_token("plain", boot) + per_token("plain2", boot)) / 2 / per_token("draft", boot)
 
     ci = np.percentile([ratio(True) for _ in range(n_boot)], [2.5, 97.5])
+    every = (runs["plain"]["seconds_per_token"] + runs["plain2"]["seconds_per_token"]) / 2
     return {"measured": float(ratio(False)), "ci": [float(x) for x in ci], "spec": spec,
+            "all_steps": every / runs["draft"]["seconds_per_token"],
             "measured_acceptance": runs["draft"]["hits"] / max(runs["draft"]["tries"], 1)}
 
 
@@ -220,6 +287,10 @@ def run_regime(target, items: list[dict], accept: dict, results: Path, *, batche
     results.mkdir(parents=True, exist_ok=True)
     png = results / f"{MAP_FILE}.png"
     md = draw(rows, png, f"{target.label}: predicted {kv.SHAPE} self-draft speedup")
+    if "overhead" in surf:
+        md += ["", "Loop cost per step beyond the priced forwards, batch " + ", ".join(
+            f"{b}: plain {1e3 * p:.1f} ms, self-draft {1e3 * d:.1f} ms"
+            for b, p, d in zip(surf["batches"], surf["overhead"]["plain"], surf["overhead"]["spec"])) + "."]
     if curve is not None:
         other = regime_map(target, surf, accept, map_batches, map_contexts, curve)
         md += ["", f"Under the width curve of {curve.machine} ({curve.device}, batch {curve.batch}):", ""]
@@ -241,7 +312,7 @@ def run_regime(target, items: list[dict], accept: dict, results: Path, *, batche
             + (" [most favourable that fits]" if cell.get("favourable") else ""))
         timed = time_cell(target, items, cell, new_tokens)
         log(f"  measured {timed['measured']:.2f}x [{timed['ci'][0]:.2f}, {timed['ci'][1]:.2f}] "
-            f"(acceptance {timed['measured_acceptance']:.2f}, {timed['spec']})")
+            f"(acceptance {timed['measured_acceptance']:.2f}, {timed['spec']}; every step {timed['all_steps']:.2f}x)")
         out.append({k: cell[k] for k in ("batch", "context", "policy", "retention", "predicted")}
                    | {k: timed[k] for k in ("measured", "ci")})
     errors = [abs(c["predicted"] / c["measured"] - 1) for c in out]

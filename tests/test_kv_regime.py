@@ -31,6 +31,9 @@ def test_the_regime_map_predicts_each_cell_before_timing_it(tmp_path, monkeypatc
     assert any(e.startswith("physics at batch 2 x 32") for e in events)
     assert (tmp_path / "r" / "kv_regime.png").stat().st_size > 0 and "| window | 50% | 2 |" in events[0]
     assert out["median_abs_error"] >= 0
+    surf = json.loads((tmp_path / "r" / "kv_regime.json").read_text())["surface"]
+    assert {k: len(v) for k, v in surf["overhead"].items()} == {"plain": 2, "spec": 2}
+    assert any(e.startswith("Loop cost per step") for e in events[0].splitlines())
 
 
 def test_shared_prefill_serves_a_batch_its_entries_once(monkeypatch):
@@ -55,3 +58,8 @@ def test_a_flat_width_curve_prices_verification_as_a_plain_step():
     tokens = 1 + 0.5 + 0.25 + 0.125 + 0.0625  # chain(4) at per-token acceptance 0.5
     assert kv_regime.predict(surf, 0.5, 1, 64, 0.125) == pytest.approx(tokens * 2.0 / (4 * 0.1 + 0.05 + 6.0))
     assert kv_regime.predict(surf, 0.5, 1, 64, 0.125, flat) == pytest.approx(tokens * 2.0 / (4 * 0.1 + 0.05 + 2.0))
+    surf |= {"compact": [[0.01, 0.02]], "overhead": {"plain": [0.5], "spec": [1.0]}}  # the loop's own cost, a window's
+    assert kv_regime.predict(surf, 0.5, 1, 64, 0.125, policy="window") == pytest.approx(
+        tokens * 2.5 / (4 * 0.1 + 0.05 + 0.01 + 6.0 + 1.0))
+    assert kv_regime.predict(surf, 0.5, 1, 64, 0.125, policy="snapkv") == pytest.approx(
+        tokens * 2.5 / (4 * 0.1 + 0.05 + 6.0 + 1.0))
