@@ -122,13 +122,13 @@ def configurations(target, args, cache: str) -> dict:
         with kernels.plain_linears(target.model):  # the same weights in transformers' own nn.Linear
             return hf(ids)
 
-    configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
-               "plain": ours(None, "chain(1)")}
-    if getattr(args, "by_category", False):
-        configs = {"plain": configs["plain"]}
-    elif target.kernel != "torch":
-        configs["hf_generate[torch kernel]"] = hf_stock
-    if cache != "dynamic" and "hf_generate" in configs:
+    configs = {"plain": ours(None, "chain(1)")}
+    if not args.by_category:  # --by-category races our loop only
+        configs = {"hf_generate": hf, "hf_prompt_lookup": lambda ids: hf(ids, prompt_lookup_num_tokens=args.hf_lookup),
+                   **configs}
+        if target.kernel != "torch":
+            configs["hf_generate[torch kernel]"] = hf_stock
+    if cache != "dynamic" and not args.by_category:
         configs["plain[cache=dynamic]"] = ours(None, "chain(1)", "dynamic")
     for name, options in args.drafter_specs:
         drafter = build(name, target=target, **options)

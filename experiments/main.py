@@ -292,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     control = OmegaConf.to_container(OmegaConf.load(grid_file)).get("mechanism_control")
+    block_commands = commands(blocks)
     for command in runs:
-        block = command in commands(blocks)
+        block = command in block_commands
         if block:
-            predict_block(cells[commands(blocks).index(command)], results, runs[0], control, profile is not None)
+            predict_block(cells[block_commands.index(command)], results, runs[0], control, profile is not None)
         status = subprocess.run(command).returncode
         if status != 0 and command is profile:
             print(f"the held-out profile failed (exit {status}): no prediction before the cells", file=sys.stderr)
