@@ -222,7 +222,7 @@ def predict_block(cells: list, results: str, tune: list[str], control: dict | No
     from experiments import predict
     from experiments.run import drafter_label, is_reference, kernel_label
     from specdec.core.shapes import parse_shape
-    from specdec.tune import record_curve, stored_record
+    from specdec.tune import stored_record
 
     threads = int(tune[tune.index("--threads") + 1]) if "--threads" in tune else None
     if control and {c.drafter.name for c in cells} == {control["drafter"]}:
@@ -241,8 +241,7 @@ def predict_block(cells: list, results: str, tune: list[str], control: dict | No
                                                                                      ("fp32", None))}
             if None in found.values():
                 raise LookupError(f"no tune record of {tune[3]} ({', '.join(r for r, f in found.items() if not f)})")
-            p = predict.predict_cell(results, name, drafter, shape, {r: record_curve(f[0])
-                                                                     for r, f in found.items()},
+            p = predict.predict_cell(results, name, drafter, shape, {r: f[0] for r, f in found.items()},
                                      {r: Path(f[1]).name for r, f in found.items()})
             print(f"predicted before it runs: {p['cell']}: interaction {p['predicted']:.2f} (from {p['from']}; "
                   f"the tune record's fp32 forward is {p['fp32_curve_over_runs']:.2f}x the profile's)", flush=True)

@@ -61,25 +61,43 @@ def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict
     return None if cell is None else _beside(record, found[cell.cell_id])
 
 
-def interaction_from(rows: pd.DataFrame, kernel: LatencyCurve, fp32: LatencyCurve) -> float:
+def interaction_from(rows: pd.DataFrame, kernel: LatencyCurve, fp32: LatencyCurve, drafting: float = 1.0) -> float:
     """Speculation on the kernel over speculation on fp32 (`costmodel.predict_speculation` both), from the
     fp32 drafted and plain runs `rows` of other prompts: the kernel's plain run is fp32's with each forward
-    scaled by L_k(1, c) / L_0(1, c) and the prefill by the ratio at the curves' widest width."""
+    scaled by L_k(1, c) / L_0(1, c) and the prefill by the ratio at the curves' widest width, its drafting
+    per step by `drafting` (the tune records' draft step on the kernel over fp32's: `drafting_scale`)."""
     draft, plain = heldout.draft_profile(rows), heldout.plain_run(rows)
+    per_step = float(rows.draft_time_s.sum()) / int(rows[heldout._column(rows, "", "steps")].sum())
+    on_kernel_draft = costmodel.DraftProfile(draft.forwards_per_token, draft.other_per_step_s
+                                             + per_step * (drafting - 1), draft.shapes_per_token)
     c, widest = plain.context, min(kernel.widths[-1], fp32.widths[-1])
     forward = plain.forward_s * kernel.at(1, c) / fp32.at(1, c)
     prefill = plain.prefill_s * kernel.at(widest, c) / fp32.at(widest, c)
     steps = int(rows[heldout._column(rows, "baseline_", "steps")].sum())
     seconds = plain.seconds + prefill - plain.prefill_s + steps * (forward - plain.forward_s)
     on_kernel = costmodel.PlainRun(plain.new_tokens, seconds, prefill, forward, c)
-    return (costmodel.predict_speculation(draft, on_kernel, kernel)
+    return (costmodel.predict_speculation(on_kernel_draft, on_kernel, kernel)
             / costmodel.predict_speculation(draft, plain, fp32))
 
 
-def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str, curves: dict[str, LatencyCurve],
+def drafting_scale(drafter: str, kernel: dict, fp32: dict) -> tuple[float, str]:
+    """(scale, source): an EAGLE head's draft step on the kernel over fp32's, each the seconds of the dtype its tune
+    record chose (`specdec.tune.measure_head_dtypes`); (1, why) for another drafter or a record without one."""
+    if drafter != "eagle":
+        return 1.0, f"{drafter}'s drafting taken as equal on both kernels"
+    steps = [next((c["seconds_per_step"][c["dtype"]] for c in (r.get("head_dtype") or {}).values()), None)
+             for r in (kernel, fp32)]
+    if None in steps:
+        return 1.0, "drafting taken as equal on both kernels (a tune record without the head's draft step)"
+    return steps[0] / steps[1], f"draft step {1e3 * steps[0]:.1f} / {1e3 * steps[1]:.1f} ms (tune)"
+
+
+def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str, records: dict[str, dict],
                  sources: dict[str, str]) -> dict:
-    """Predict cell `name` (drafter x shape on curves["kernel"]) from RESULTS/`PROFILE_DIR`'s runs of that
-    drafter x shape and curves["fp32"]; appended to RESULTS/`PREDICTION_FILE` and returned."""
+    """Predict cell `name` (drafter x shape on the kernel of tune record records["kernel"]) from RESULTS/`PROFILE_DIR`'s
+    runs of that drafter x shape and records["fp32"]; appended to RESULTS/`PREDICTION_FILE` and returned."""
+    from specdec.tune import record_curve
+
     from experiments.store import load_rows
 
     rows = load_rows(Path(results) / PROFILE_DIR)
@@ -87,9 +105,12 @@ def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str
     if rows.empty:
         raise LookupError(f"no {drafter} {shape} runs in {Path(results) / PROFILE_DIR}")
     plain = heldout.plain_run(rows)  # `fp32_curve_over_runs`: how far the tune record is from this machine now
-    record = {"cell": name, "predicted": round(interaction_from(rows, curves["kernel"], curves["fp32"]), 4),
-              "from": f"tune curves ({sources['kernel']}; {sources['fp32']}) and {drafter} {shape} on fp32 over "
-                      f"{rows.question_id.nunique()} held-out prompts ({', '.join(sorted(set(rows.dataset)))})",
+    curves = {role: record_curve(r) for role, r in records.items()}
+    scale, said = drafting_scale(name.split(" ")[0], records["kernel"], records["fp32"])
+    record = {"cell": name, "predicted": round(interaction_from(rows, curves["kernel"], curves["fp32"], scale), 4),
+              "from": f"tune curves ({sources['kernel']}; {sources['fp32']}), {said}, and {drafter} {shape} on fp32 "
+                      f"over {rows.question_id.nunique()} held-out prompts ({', '.join(sorted(set(rows.dataset)))})",
+              "drafting_scale": round(scale, 3),
               "fp32_curve_over_runs": round(curves["fp32"].at(1, plain.context) / plain.forward_s, 3)}
     with open(Path(results) / PREDICTION_FILE, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")

@@ -83,14 +83,15 @@ def tune_target(name: str, quant: str | None, threads: int | None, drafters: Seq
         choice = kernels.measure_choice(probe, names)  # leaves the model on the faster kernel
         machine.update_record(label, dev, dtype, kernel={**choice, "among": names})
     target = specdec.load_target(name, device=device, quant=quant, threads=count)  # as users will get it
-    if "eagle" in drafters and dev.type == "cpu" and dtype == torch.float32:
+    if "eagle" in drafters and dev.type == "cpu" and dtype in eagle.HEAD_DTYPES:
         try:
             head = eagle.EagleHead.load(eagle.shipped_head_path(target))
         except FileNotFoundError as err:
             notes.append(f"head dtype not tuned: {err}")
         else:
             vocab = eagle.DEFAULT_DRAFT_VOCAB if head.draft_vocab.numel() >= eagle.DEFAULT_DRAFT_VOCAB else None
-            per_step = measure_head_dtypes(target, head, vocab)
+            dtypes = eagle.HEAD_DTYPES if dtype == torch.float32 and quant in (None, "none") else (dtype,)
+            per_step = measure_head_dtypes(target, head, vocab, dtypes)
             best = min(per_step, key=per_step.get)
             machine.update_record(label, dev, dtype, head_dtype={eagle.head_geometry(target, head, vocab): {
                 "dtype": str(best).removeprefix("torch."),
@@ -292,15 +293,17 @@ def compiled_markdown(records: Sequence[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_vocab: int | None, repeats: int = 3,
+def measure_head_dtypes(target: specdec.Target, head: eagle.EagleHead, draft_vocab: int | None,
+                        dtypes: Sequence[torch.dtype] = eagle.HEAD_DTYPES, repeats: int = 3,
                         new_tokens: int = 12) -> dict[torch.dtype, float]:
     """Median drafting seconds per step of a greedy chain(3) generation from a random 48-token prompt,
-    per head dtype (interleaved, one warm-up round): timed inside decoding, where the target's forward
-    between two drafts has evicted the head's weights from the caches, as it does in use."""
+    per head dtype of `dtypes` (interleaved, one warm-up round): timed inside decoding, where the target's forward
+    between two drafts has evicted the head's weights from the caches, as it does in use. A quantized target's
+    record keeps its one dtype's: what `experiments.predict` scales the drafting of a kernel cell by."""
     prompt = torch.randint(0, target.vocab_size, (48,), generator=torch.Generator().manual_seed(0)).tolist()
     drafters = {dtype: eagle.EagleDrafter(head, target=target, draft_vocab=draft_vocab, head_dtype=dtype)
-                for dtype in eagle.HEAD_DTYPES}
-    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in eagle.HEAD_DTYPES}
+                for dtype in dtypes}
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in dtypes}
     for rep in range(repeats + 1):
         for dtype, drafter in drafters.items():
             steps = generate(target, drafter, prompt, shape="chain(3)", max_new_tokens=new_tokens, stop_on_eos=False,

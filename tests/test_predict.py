@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -13,7 +14,6 @@ from experiments.predict import PREDICTION_FILE, PROFILE_DIR, predict_cell
 from experiments.report import build_report
 from experiments.store import ResultsStore
 from experiments.stored import load_cells
-from specdec.core.curve import LatencyCurve
 from tests.test_report import KERNELS, MALS, curve, write_cell
 
 INT4 = "torchao_int4_g32"
@@ -23,11 +23,24 @@ def test_a_kernel_cell_is_predicted_from_held_out_prompts_and_curves_before_it_e
     results = tmp_path / "results"
     s = ResultsStore(results)  # as the main job opens it before anything runs
     write_cell(ResultsStore(results / PROFILE_DIR), "eagle", "none", [2.0, 2.25, 2.5, 2.25])  # other prompts, fp32
-    curves = {"kernel": LatencyCurve.from_json(curve(f"m@{INT4}", *KERNELS[INT4])),
-              "fp32": LatencyCurve.from_json(curve("m", *KERNELS["none"]))}
+    records = {"kernel": {"curves": {"c": curve(f"m@{INT4}", *KERNELS[INT4])}},
+               "fp32": {"curves": {"c": curve("m", *KERNELS["none"])}}}
     name = f"eagle chain(4) on {INT4}"
-    before = predict_cell(results, name, "eagle", "chain(4)", curves, {"kernel": "k.json", "fp32": "f.json"})
+    before = predict_cell(results, name, "eagle", "chain(4)", records, {"kernel": "k.json", "fp32": "f.json"})
     assert (results / PREDICTION_FILE).exists() and before["predicted"] < 0.9 and "k.json" in before["from"]
+    assert before["drafting_scale"] == 1.0 and "taken as equal" in before["from"]  # no head step in the records
+    # With the head's draft step in both records, the kernel's drafting is scaled by their ratio: a cheaper draft
+    # step on the kernel predicts less fight, a dearer one more, and ngram is never scaled.
+    step = lambda s: {"g": {"dtype": "bfloat16", "seconds_per_step": {"bfloat16": s}}}  # noqa: E731
+    scaled = {f: predict_cell(results, name, "eagle", "chain(4)", {"kernel": {**records["kernel"], "head_dtype": step(
+        f * 0.01)}, "fp32": {**records["fp32"], "head_dtype": step(0.01)}}, {"kernel": "k", "fp32": "f"})
+        for f in (0.5, 1.0, 2.0)}
+    assert scaled[0.5]["predicted"] > scaled[1.0]["predicted"] == before["predicted"] > scaled[2.0]["predicted"]
+    assert scaled[0.5]["drafting_scale"] == 0.5 and "draft step 5.0 / 10.0 ms" in scaled[0.5]["from"]
+    assert predict_cell(results, f"ngram chain(4) on {INT4}", "eagle", "chain(4)", {"kernel": {
+        **records["kernel"], "head_dtype": step(0.005)}, "fp32": records["fp32"]}, {"kernel": "k", "fp32": "f"})[
+        "drafting_scale"] == 1.0
+    (results / PREDICTION_FILE).write_text(json.dumps(before) + "\n")  # the report reads the last line per cell
     assert before["fp32_curve_over_runs"] == pytest.approx(1.0, abs=0.05)  # the profile's runs are the curve's
     for quant in ("none", INT4):
         write_cell(s, "eagle", quant, MALS)
