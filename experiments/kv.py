@@ -11,7 +11,9 @@ runs' mean time per token over the self-draft's, paired per prompt (95% bootstra
 Verdicts (`verdicts`): **acceptance-free down to r** when at r and every larger retention the acceptance CI's lower
 end is >= 1 - MARGIN; **pays in time at r** when the speedup's CI lies above 1. Retention r of P tokens
 (`policy_spec`): `window` keeps 4 sink + rP - 4 recent, `snapkv` a budget of rP, `quantN` a window of rP
-packed at N bits. Knows nothing about the grid's cells or the rest of the report.
+packed at N bits with per-token keys, `quantNc` the same with per-channel keys (KIVI; whole groups of G tokens
+kept, G = 32 where head_dim allows: up to G - 1 extra entries per boundary, counted in the bytes held). Knows nothing
+about the grid's cells or the rest of the report.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import importlib
 import copy
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,13 +47,14 @@ def policy_spec(policy: str, retention: float, prompt_tokens: int) -> str:
     if not 0 < retention < 1:
         raise ValueError(f"retention {retention:g}: use 0 < r < 1 (at 1 window and snapkv are the full cache)")
     keep = max(8, round(retention * prompt_tokens))
-    if policy.startswith("quant") and policy[len("quant"):] in ("2", "4", "8"):
-        return f"window(sink=4,recent={keep - 4})+quant(bits={policy[len('quant'):]},keys=token)"
+    if quant := re.fullmatch(r"quant([248])(c?)", policy):
+        return f"window(sink=4,recent={keep - 4})+quant(bits={quant[1]},keys={'channel' if quant[2] else 'token'})"
     if policy == "window":
         return f"window(sink=4,recent={keep - 4})"
     if policy == "snapkv":
         return f"snapkv(budget={keep},window={min(32, keep)})"
-    raise ValueError(f"unknown policy {policy!r}; choose from window, snapkv, quantN (N = 2, 4, 8)")
+    raise ValueError(f"unknown policy {policy!r}; choose from window, snapkv, quantN (N = 2, 4, 8; per-token keys), "
+                     "quantNc (per-channel keys)")
 
 
 def prompts(target, source: str, count: int) -> list[dict]:
@@ -88,7 +92,7 @@ def shared_prefill(target):
 
 def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
     """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows, depth)],
-    seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, draft_forward_s} (the last: the drafter's
+    seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, kv_entries, draft_forward_s} (the last: the drafter's
     time per draft forward; a chain drafts one node per forward; depth: the step's shortest draft, 0 for plain)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
@@ -105,6 +109,7 @@ def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
     held = held_bytes(drafter.cache) if drafter is not None else None
     return {"tokens": [t[:new_tokens] for t in tokens], "steps": steps, "hits": hits, "tries": tries,
             "seconds_per_token": sum(s[0] for s in steps) / sum(s[1] for s in steps), "kv_bytes": held,
+            "kv_entries": drafter.cache.length if drafter is not None else None,
             "kv_bytes_per_token": held / max(int(drafter.cache.next_positions.max()), 1) if held else None,
             "draft_forward_s": drafting / max(forwards, 1) if drafter is not None else None}
 
@@ -130,7 +135,7 @@ def measure(target, items: list[dict], policies, retentions, new_tokens: int, lo
             rows.append({"prompt": p["id"], "kind": p["kind"], "prompt_tokens": len(p["tokens"]), "policy": policy,
                          "retention": retention, "kv": kv, "seconds_per_token": run["seconds_per_token"],
                          "acceptance": run["hits"] / run["tries"] if run["tries"] else None,
-                         **{k: run[k] for k in ("kv_bytes_per_token", "kv_bytes", "draft_forward_s")}})
+                         **{k: run[k] for k in ("kv_bytes_per_token", "kv_bytes", "kv_entries", "draft_forward_s")}})
             log(f"  {p['id']} {policy} {'' if retention is None else f'{retention:.0%}'}: "
                 f"{1000 * run['seconds_per_token']:.1f} ms/token" +
                 ("" if drafter is None else f", acceptance {rows[-1]['acceptance']:.3f}"))
@@ -147,7 +152,8 @@ def _ci(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[floa
 
 
 def summarize(rows: list[dict], n_boot: int = 2000) -> dict:
-    """{rows: [{policy, retention, shape, kv, acceptance, acceptance_ci, speedup, speedup_ci, memory}],
+    """{rows: [{policy, retention, shape, kv, acceptance, acceptance_ci, speedup, speedup_ci, kv_bytes_per_token,
+    kv_bytes_per_entry (bytes held over entries held)}],
     verdicts: {policy: {acceptance_free, pays_in_time}}, control: {ratio, ci, verdict}}."""
     import pandas as pd
 
@@ -163,7 +169,9 @@ def summarize(rows: list[dict], n_boot: int = 2000) -> dict:
         speedup, speedup_ci = _ci((base[cell.index] / cell.seconds_per_token).to_numpy(float), rng, n_boot)
         out.append({"policy": policy, "retention": float(retention), "shape": SHAPE, "kv": cell.kv.iloc[0],
                     "acceptance": acceptance, "acceptance_ci": acceptance_ci, "speedup": speedup,
-                    "speedup_ci": speedup_ci, "kv_bytes_per_token": float(cell.kv_bytes_per_token.mean())})
+                    "speedup_ci": speedup_ci, "kv_bytes_per_token": float(cell.kv_bytes_per_token.mean()),
+                    "kv_bytes_per_entry": float((cell.kv_bytes / cell.kv_entries).mean()) if "kv_entries" in cell
+                    else float("nan")})
     for policy in dict.fromkeys(r["policy"] for r in out):
         points = sorted((r for r in out if r["policy"] == policy), key=lambda r: -r["retention"])
         free = None
@@ -206,9 +214,11 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
           "bracketing the prompt's runs) over the self-draft's, prefill excluded; 95% bootstrap CIs over "
           f"prompts. Acceptance-free: CI lower end >= {1 - MARGIN:.2f} at that retention and above. Pays: "
           "speedup CI above 1.", "",
-          "| policy | retention | kv | KV bytes / position | acceptance | speedup |", "|---|---|---|---|---|---|"]
+          "| policy | retention | kv | KV bytes / position | bytes / entry held | acceptance | speedup |",
+          "|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         md.append(f"| {r['policy']} | {_pct(r['retention'])} | `{r['kv']}` | {r['kv_bytes_per_token']:.0f} | "
+                  f"{r['kv_bytes_per_entry']:.0f} | "
                   f"{r['acceptance']:.3f} [{r['acceptance_ci'][0]:.3f}, {r['acceptance_ci'][1]:.3f}] | "
                   f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}] |")
     md += ["", f"A/A control (plain over plain, timed apart): {control['ratio']:.3f} [{control['ci'][0]:.3f}, "

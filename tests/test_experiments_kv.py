@@ -19,6 +19,10 @@ def test_policy_spec_keeps_the_asked_share_of_the_prompt():
     assert kv.policy_spec("window", 0.05, 2000) == "window(sink=4,recent=96)"
     assert kv.policy_spec("snapkv", 0.25, 2000) == "snapkv(budget=500,window=32)"
     assert kv.policy_spec("quant4", 0.25, 2000) == "window(sink=4,recent=496)+quant(bits=4,keys=token)"
+    assert kv.policy_spec("quant2c", 0.1, 2000) == "window(sink=4,recent=196)+quant(bits=2,keys=channel)"
+    for wrong in ("quant3", "quant4cc", "quantc"):
+        with pytest.raises(ValueError, match="quantNc"):
+            kv.policy_spec(wrong, 0.5, 2000)
     with pytest.raises(ValueError, match="at 1 window and snapkv are the full cache"):
         kv.policy_spec("window", 1.0, 2000)
     with pytest.raises(ValueError, match="unknown policy 'lru'"):
@@ -60,19 +64,24 @@ def world():
 
 def test_measure_times_every_policy_between_two_plain_runs_and_the_report_reads_it(world, tmp_path):
     items = [{"id": f"t{i}", "kind": "k", "tokens": [(7 * i + j * j) % 60 + 2 for j in range(80)]} for i in range(2)]
-    rows = kv.measure(world, items, ["window", "quant4"], [0.1, 0.5], new_tokens=12, log=lambda _: None)
-    assert [r["policy"] for r in rows[:6]] == ["plain", "window", "window", "quant4", "quant4", "plain2"]
+    rows = kv.measure(world, items, ["window", "quant4", "quant4c"], [0.1, 0.5], new_tokens=12, log=lambda _: None)
+    assert [r["policy"] for r in rows[:8]] == ["plain", "window", "window", "quant4", "quant4", "quant4c", "quant4c",
+                                               "plain2"]
     spec = [r for r in rows if r["retention"] is not None]
     assert all(0 <= r["acceptance"] <= 1 and r["seconds_per_token"] > 0 for r in spec)
     assert any(r["acceptance"] < 1 for r in spec), "the lossy caches never missed a token on this model"
-    bytes_at = {(r["policy"], r["retention"]): r["kv_bytes_per_token"] for r in spec if r["prompt"] == "t0"}
+    at = {(r["policy"], r["retention"]): r for r in spec if r["prompt"] == "t0"}
+    bytes_at = {cell: r["kv_bytes_per_token"] for cell, r in at.items()}
     assert bytes_at["quant4", 0.5] < bytes_at["window", 0.5] / 3  # 4-bit codes and fp16 scales vs fp64 entries
     assert bytes_at["window", 0.1] < bytes_at["window", 0.5] / 3  # the window physically holds fewer entries
+    # channel keys keep whole groups of G = head_dim here (< 32): more entries than the window, bytes as held
+    assert at["quant4c", 0.1]["kv_entries"] > at["quant4", 0.1]["kv_entries"] == at["window", 0.1]["kv_entries"]
+    assert at["quant4c", 0.1]["kv_bytes"] > at["quant4", 0.1]["kv_bytes"]
     settings = {"source": "test", "prompts": 2, "min_tokens": 80, "max_tokens": 80, "new_tokens": 12, "cpu": "cpu",
                 "threads": 1, "seconds": 1.0, "physics": kv.physics(world)}
     (tmp_path / kv.CURVE_FILE).write_text(json.dumps({"settings": settings, "rows": rows}))
     md, verdict, summary = kv.report_parts(tmp_path, n_boot=100)
-    assert set(summary["verdicts"]) == {"window", "quant4"} and len(summary["rows"]) == 4
+    assert set(summary["verdicts"]) == {"window", "quant4", "quant4c"} and len(summary["rows"]) == 6
     assert set(summary["rows"][0]) == {"policy", "retention", "shape", "acceptance", "acceptance_ci", "speedup",
                                        "speedup_ci"}
     assert verdict[0].startswith("- KV compression") and "A/A timing control" in verdict[0]

@@ -3,6 +3,8 @@
 - packing round-trips codes, and a packed cache holds fewer bytes than the entries it replaces;
 - T = 0: every packed layout, alone and under an evicting policy, reproduces the cacheless reference
   through `specdec.generate`, and the draft cache stays the policy of a fresh prefill;
+- channel keys under eviction keep whole groups: every retained entry is held exactly as the uncut cache holds it,
+  partial groups' extra entries included and counted in the bytes held;
 - the identity check has power: a verifier run over a lossy cache diverges from the reference.
 """
 
@@ -11,7 +13,7 @@ import torch
 
 import specdec
 from specdec.drafters import build
-from specdec.drafters.kv_policy import fake_quantize
+from specdec.drafters.kv_policy import ModelFacts, fake_quantize, parse_kv_policy
 from specdec.loop.reference import reference_generate
 from specdec.runtime.cache import KVCache
 from specdec.runtime.packed_cache import PackedFormat, PackedKVCache, _pack, _unpack, held_bytes
@@ -19,7 +21,9 @@ from test_cache import assert_self_draft_cache_is_the_policy_of_a_prefill
 
 PROMPT = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 2, 3, 5, 7, 11, 13]
 PACKED = [f"quant(bits={b},group=4,keys={k})" for b in (2, 4, 8) for k in ("token", "channel")] + [
-    "window(sink=1,recent=6)+quant(bits=4,group=4,keys=token)", "snapkv(budget=8,window=2)+quant(bits=2,keys=token)"]
+    "window(sink=1,recent=6)+quant(bits=4,group=4,keys=token)", "snapkv(budget=8,window=2)+quant(bits=2,keys=token)",
+    "snapkv(budget=6,window=2)+quant(bits=4,group=4,keys=channel)"] + [
+    f"window(sink=1,recent=6)+quant(bits={b},group=4,keys=channel)" for b in (2, 4, 8)]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +60,31 @@ def test_channel_keys_wait_for_a_whole_group():
         cache.truncate(7)
 
 
+def test_channel_keys_evict_whole_groups_and_hold_what_they_report():
+    """G 4, 19 entries (groups 0..3 packed, 16..18 pending): window(1, 6) retains 0 and 13..18, so groups 0, 3 and
+    the pending one stay (12 is an extra entry of group 3); a rule dropping partial groups would lose 13..15."""
+    x = torch.randn(1, 2, 19, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    policy = parse_kv_policy("window(sink=1,recent=6)+quant(bits=4,group=4,keys=channel)")
+    policy.check(ModelFacts(head_dim=8, context_length=64))
+    cache, uncut = policy.new_cache(), PackedKVCache(policy.packed)
+    cache.append([(x, x)])
+    uncut.append([(x, x)])
+    policy.after_commit(cache)
+    kept = [0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18]
+    assert (cache.length, cache.next_position, cache._layers()[0].count, cache.pending) == (11, 19, 8, 3)
+    for got, want in zip(cache.tensors()[0], uncut.tensors()[0]):
+        torch.testing.assert_close(got, want[..., kept, :], rtol=0, atol=0)
+    fresh = PackedKVCache(policy.packed)  # the kept entries alone pack into the same groups
+    fresh.append([(x[..., kept, :], x[..., kept, :])])
+    # per layer: key and value codes 2 x 8 x 2 x 8 / 2 B, key zero+scale 2 groups x 2 x 8 x 4 B,
+    # value zero+scale 8 x 2 x 2 x 4 B, pending 3 x 2 x 8 x 8 B x (k, v)
+    assert held_bytes(cache) == held_bytes(fresh) == 2 * 64 + 128 + 128 + 768
+    policy.after_commit(cache)  # idempotent: the window of what it holds is what it holds
+    assert cache.length == 11 and cache.next_position == 19
+    with pytest.raises(ValueError, match="whole groups of 4"):
+        cache._layers()[0].select_packed(torch.tensor([0, 1, 2, 3, 5, 6, 7]))
+
+
 @pytest.mark.parametrize("kv", PACKED)
 def test_packed_self_draft_reproduces_greedy(world, kv):
     ref = reference_generate(world, PROMPT, max_new_tokens=20, stop_on_eos=False)
@@ -64,6 +93,7 @@ def test_packed_self_draft_reproduces_greedy(world, kv):
         out = specdec.generate(world, drafter, PROMPT, shape=shape, max_new_tokens=20, stop_on_eos=False)
         assert out.token_ids == ref, f"kv={kv} {shape} diverged from greedy"
         assert isinstance(drafter.cache, PackedKVCache)
+        assert drafter.cache.evicted > 0 or not drafter.policy.evicts, f"kv={kv} evicted nothing: no power"
     committed = PROMPT + out.token_ids
     drafter.reset()
     propose = drafter.propose
@@ -83,8 +113,8 @@ def test_packed_self_draft_reproduces_greedy(world, kv):
 def test_packed_policies_refuse_what_they_cannot_hold(world):
     with pytest.raises(ValueError, match="keys must be one of"):
         build("self_draft", target=world, kv="quant(bits=4,keys=row)")
-    with pytest.raises(ValueError, match="keys=channel packs groups"):
-        build("self_draft", target=world, kv="window(sink=1,recent=4)+quant(bits=4,keys=channel)")
+    with pytest.raises(ValueError, match="a cache is packed once"):
+        build("self_draft", target=world, kv="quant(bits=4,keys=token)+quant(bits=4,keys=channel)")
     drafter = build("self_draft", target=world, kv="quant(bits=4,keys=token)")
     assert not drafter.batchable
 

@@ -8,6 +8,7 @@ Owns the policies of the `self_draft` drafter's cache and their spec strings:
                                   (the last W included); everything generated is kept
     quant(bits=2|4|8,group=G)     every entry fake-quantized per group of G along head_dim, stored dequantized
     quant(bits=B,keys=token|channel)  stored packed (`specdec.runtime.packed_cache`), keys per token or per channel
+                                  (evicting whole groups of G tokens: up to G - 1 extra entries per boundary)
     window(...)+quant(...)        policies compose left to right with '+'
 
 Every hook (`transform`, `after_prefill`, `after_commit`) is a function of the committed entries alone, so the cache
@@ -203,9 +204,8 @@ class Compose(KVPolicy):
             p.check(facts)
         self.spec = "+".join(p.spec for p in self.parts)
         formats = [p.packed for p in self.parts if p.packed is not None]
-        if len(formats) > 1 or (formats and formats[0].keys == "channel" and self.evicts):
-            raise ValueError(f"{self.spec}: a cache is packed once, and keys=channel packs groups of tokens an "
-                             "evicting policy cannot split; use one quant(...,keys=token) term")
+        if len(formats) > 1:
+            raise ValueError(f"{self.spec}: a cache is packed once; use one quant(...,keys=...) term")
         self.packed = formats[0] if formats else None
 
     def transform(self, layers: KVLayers) -> KVLayers:

@@ -4,8 +4,12 @@ Owns `PackedKVCache` (a `KVCache` whose committed prefix is held packed and dequ
 full-precision tail), the two key layouts, and `held_bytes` (the bytes a cache's tensors actually hold).
 Values are quantized per token in groups of G along head_dim; keys=token: likewise; keys=channel (KIVI): per
 channel in groups of G consecutive tokens, committed entries waiting in full precision until G fill a group.
-Only `append` packs, so the cache is a function of the committed entries alone. One row only (a batch raises).
-Knows nothing about drafts or policies.
+Only `append` packs, so the cache is a function of the committed entries alone. Eviction (`retain`) drops single
+entries under keys=token; under keys=channel it keeps or drops whole groups (the G positions jG..jG+G-1, packed
+together or pending): a group stays when any of its entries is retained, so a window holds up to G - 1 extra
+entries per boundary, counted by `held_bytes` from the tensors held. Groups stay aligned to absolute positions,
+so a policy whose retained set depends on the committed entries alone (a window, snapkv) keeps that property.
+One row only (a batch raises). Knows nothing about drafts or policies.
 """
 
 from __future__ import annotations
@@ -112,11 +116,14 @@ class PackedLayer(DynamicLayer):
         return out[0], out[1]
 
     def select_packed(self, index: torch.Tensor) -> None:
-        """Keep the packed entries `index` (ascending); per-token layouts only."""
-        if self.fmt.keys == "channel":
-            raise ValueError("keys=channel packs groups of tokens together: it cannot drop single entries "
-                             "(use keys=token with an evicting policy)")
-        self.parts = {key: t.index_select(2, index.to(t.device)) for key, t in self.parts.items()}
+        """Keep the packed entries `index` (ascending; whole groups under keys=channel, else ValueError)."""
+        group, per_channel = self.fmt.group, self.fmt.keys == "channel"
+        starts = index[::group]  # channel keys: one zero and one scale per group of G packed entries
+        whole = torch.equal(index, (starts[:, None] + torch.arange(group)).flatten()) and not (starts % group).any()
+        if per_channel and not whole:
+            raise ValueError(f"keys=channel keeps whole groups of {group} packed entries, got {index.tolist()}")
+        self.parts = {key: t.index_select(2, (starts // group if per_channel and key in ("kz", "ks") else index)
+                                          .to(t.device)) for key, t in self.parts.items()}
         self.count = index.numel()
 
 
@@ -156,6 +163,16 @@ class PackedKVCache(KVCache):
         for layer in self._layers():
             layer.pack(n)
         self.pending = tail - n
+
+    def retain(self, index: torch.Tensor) -> None:
+        """`KVCache.retain` of committed entries; under keys=channel of every entry whose group holds one of
+        `index` (stored index i is in group i // G: whole groups are packed, the pending ones follow).
+        Example (G 4, 10 stored): index [0, 7, 8, 9] keeps [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]; [0, 8, 9] keeps
+        [0, 1, 2, 3, 8, 9]."""
+        if self.fmt.keys == "channel":
+            stored = torch.arange(self.length)
+            index = stored[torch.isin(stored // self.fmt.group, torch.as_tensor(index) // self.fmt.group)]
+        super().retain(index)
 
     def _truncate_stored(self, length: int) -> None:
         packed = self._packed()
