@@ -45,11 +45,18 @@ def predict_control(results: str | os.PathLike, drafter: str, source: str, kerne
     return record
 
 
+def _within(guess: float, point: float, lo: float, hi: float) -> bool:
+    return bool(lo <= guess <= hi or abs(point - guess) <= 0.05)
+
+
 def _beside(record: dict, v: Interaction) -> dict:
-    """A stored prediction with the measured interaction, its CI and whether it falls within them (or 0.05)."""
-    guess = record["predicted"]
+    """A stored prediction with the measured interaction, its CI and whether it falls within them (or 0.05); beside
+    it, the measured interaction at equal acceptance (`timing`: the cell's own acceptance factor taken out, which a
+    profile of other prompts cannot foresee) and whether the prediction falls within that."""
+    guess, timing = record["predicted"], v.factors.get("timing")
     return record | {"measured": round(v.point, 4), "ci": [round(v.lo, 4), round(v.hi, 4)],
-                     "within": bool(v.lo <= guess <= v.hi or abs(v.point - guess) <= 0.05)}
+                     "within": _within(guess, v.point, v.lo, v.hi)} | ({} if timing is None else {
+        "at_equal_acceptance": [round(x, 4) for x in timing], "within_at_equal_acceptance": _within(guess, *timing)})
 
 
 def mechanism_control(results: str | os.PathLike, cells: list[Cell], found: dict[str, Interaction]) -> dict | None:
@@ -137,5 +144,10 @@ def print_measured(results: str | os.PathLike) -> None:
 
 def text(p: dict) -> str:
     """`predicted 0.80 (from ...), measured 0.78 [0.70, 0.85]: within its CI or 0.05` of a `_beside` record."""
-    return (f"predicted {p['predicted']:.2f} ({p['from']}), measured {p['measured']:.2f} [{p['ci'][0]:.2f}, "
+    said = (f"predicted {p['predicted']:.2f} ({p['from']}), measured {p['measured']:.2f} [{p['ci'][0]:.2f}, "
             f"{p['ci'][1]:.2f}]: {'within' if p['within'] else 'NOT within'} its CI or 0.05")
+    if "at_equal_acceptance" not in p:
+        return said
+    point, lo, hi = p["at_equal_acceptance"]
+    return (f"{said}; at equal acceptance {point:.2f} [{lo:.2f}, {hi:.2f}]: "
+            f"{'within' if p['within_at_equal_acceptance'] else 'NOT within'}")

@@ -109,11 +109,12 @@ def factor_logs(rows: pd.DataFrame) -> pd.DataFrame:
     out["mal"] = np.log(mk / m0)
     out["decode"] = out.mal + out.width + out.drafting
     out["prefill"] = out.interaction - out.decode
+    out["timing"] = out.interaction - out.mal  # width x drafting x prefill: the interaction at equal acceptance
     out["r_kernel"], out["r_fp32"] = np.log(rk), np.log(r0)
     return out
 
 
-FACTORS = ("mal", "width", "drafting", "prefill", "decode", "r_kernel", "r_fp32")
+FACTORS = ("mal", "width", "drafting", "prefill", "decode", "timing", "r_kernel", "r_fp32")
 """The decomposition's columns of `factor_logs` (their first four multiply to the interaction)."""
 
 

@@ -54,6 +54,12 @@ def test_a_kernel_cell_is_predicted_from_held_out_prompts_and_curves_before_it_e
         (p,) = summary["prediction"]
         assert p["cell"] == name and p["predicted"] == before["predicted"] and p["from"] == before["from"]
         assert p["ci"][0] <= p["measured"] <= p["ci"][1] and isinstance(p["within"], bool)
+        # beside it, the interaction at equal acceptance: the measured one over the cell's own acceptance factor
+        mal = summary["decomposition"][name]["mal"]
+        assert p["at_equal_acceptance"][0] == pytest.approx(p["measured"] / mal, rel=1e-3)
+        assert p["within_at_equal_acceptance"] == (p["at_equal_acceptance"][1] <= p["predicted"]
+                                                   <= p["at_equal_acceptance"][2]
+                                                   or abs(p["at_equal_acceptance"][0] - p["predicted"]) <= 0.05)
         measured.append(p["measured"])
         assert f"- Predicted before it ran, {name}: predicted {before['predicted']:.2f} (tune" in markdown
     assert measured[0] != measured[1]
