@@ -132,8 +132,11 @@ def test_the_record_counts_every_stored_run_of_the_grid_once(tmp_path):
     from specdec.measure.records import make_record
 
     def record(kind: str, date: str, fight: bool, control: str, met: bool) -> str:
+        predicted = [{"cell": "eagle", "within": met}, {"cell": "A/A twin", "within": False}]  # the twin is not counted
         return json.dumps(make_record(kind, {"verdict": {"eagle": "fight" if fight else "inconclusive"},
-                                             "control": control, "cost_model": {"beats_nulls": met}}) | {"date": date})
+                                             "control": control, "cost_model": {"beats_nulls": met},
+                                             "prediction": predicted, "mechanism_control": {"within": fight}})
+                          | {"date": date})
 
     own, published = tmp_path / "own.jsonl", tmp_path / "published.jsonl"
     own.write_text(record("main", "d1", True, "compound", True) + "\n" + record("main", "d2", False, "fight", False) + "\n")
@@ -141,4 +144,5 @@ def test_the_record_counts_every_stored_run_of_the_grid_once(tmp_path):
                          + record("main-full", "d3", True, "compound", True) + "\n")
     this_run = {"verdict": {"eagle": "fight"}, "control": "compound", "cost_model": {"beats_nulls": False}}
     assert record_counts("main", [own, published, tmp_path / "absent.jsonl"], this_run) == {
-        "runs": 3, "fight": 2, "control": 2, "cost": 1}
+        "runs": 3, "fight": 2, "control": 2, "cost": 1, "predicting": 2, "predicted": 1, "controlled": 2,
+        "mechanism": 1}
