@@ -2,6 +2,7 @@
 
     python -m experiments.kv RESULTS [--source long2k] [--prompts 8] [--new-tokens 16]
                                      [--policies window,snapkv,quant4] [--retentions 5,10,25,50]
+                                     [--shapes 'chain(1);chain(4)']     # default chain(4)
     python -m experiments.kv RESULTS --regime [--curve FILE]    # where it would pay: experiments.kv_regime
 
 Owns the main job's KV step (settings from the grid file's `kv:` entry) and its reading. Per prompt, interleaved: a
@@ -90,14 +91,14 @@ def shared_prefill(target):
     return shared
 
 
-def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
+def timed_run(target, drafter, rows: list[list[int]], new_tokens: int, shape: str = SHAPE) -> dict:
     """One greedy decode of the prompts `rows` at once: {tokens (per row), steps [(seconds, tokens, rows, depth)],
     seconds_per_token, hits, tries, kv_bytes_per_token, kv_bytes, kv_entries, draft_forward_s} (the last: the drafter's
     time per draft forward; a chain drafts one node per forward; depth: the step's shortest draft, 0 for plain)."""
     from specdec.loop.decode import DecodeConfig, decode
     from specdec.runtime.packed_cache import held_bytes
 
-    config = DecodeConfig(shape=SHAPE, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
+    config = DecodeConfig(shape=shape, max_new_tokens=new_tokens, stop_on_eos=False, cache="dynamic", chat=False)
     tokens, steps, hits, tries, drafting, forwards = [[] for _ in rows], [], 0, 0, 0.0, 0
     for event in decode(target, drafter, rows, config):
         steps.append((event.times.total, sum(len(c) for c in event.committed), len(event.rows),
@@ -114,29 +115,31 @@ def timed_run(target, drafter, rows: list[list[int]], new_tokens: int) -> dict:
             "draft_forward_s": drafting / max(forwards, 1) if drafter is not None else None}
 
 
-def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print) -> list[dict]:
-    """Rows {prompt, kind, prompt_tokens, policy, retention, kv, acceptance, seconds_per_token,
-    kv_bytes_per_token}: per prompt plain ("plain"), every policy x retention, plain again ("plain2")."""
+def measure(target, items: list[dict], policies, retentions, new_tokens: int, log=print,
+            shapes: tuple[str, ...] = (SHAPE,)) -> list[dict]:
+    """Rows {prompt, kind, prompt_tokens, policy, retention, shape, kv, acceptance, seconds_per_token,
+    kv_bytes_per_token}: per prompt plain ("plain"), every policy x retention x shape, plain again ("plain2")."""
     from specdec.drafters import build
 
     shared, rows = shared_prefill(target), []
     for p in items:
-        plan = [(q, r) for q in policies for r in retentions]
-        for policy, retention in [("plain", None), *plan, ("plain2", None)]:
+        plan = [(q, r, shape) for q in policies for r in retentions for shape in shapes]
+        for policy, retention, shape in [("plain", None, None), *plan, ("plain2", None, None)]:
             drafter, kv = None, None
             if retention is not None:
                 kv = policy_spec(policy, retention, len(p["tokens"]))
                 drafter = build("self_draft", target=target, kv=kv, cache="dynamic")
-            run = timed_run(shared, drafter, [p["tokens"]], new_tokens)
+            run = timed_run(shared, drafter, [p["tokens"]], new_tokens, shape or SHAPE)
             if policy == "plain":
                 path = run["tokens"]
             elif run["tokens"] != path:
                 raise AssertionError(f"{p['id']} kv={kv}: greedy output differs from plain decoding")
             rows.append({"prompt": p["id"], "kind": p["kind"], "prompt_tokens": len(p["tokens"]), "policy": policy,
-                         "retention": retention, "kv": kv, "seconds_per_token": run["seconds_per_token"],
+                         "retention": retention, "shape": shape, "kv": kv,
+                         "seconds_per_token": run["seconds_per_token"],
                          "acceptance": run["hits"] / run["tries"] if run["tries"] else None,
                          **{k: run[k] for k in ("kv_bytes_per_token", "kv_bytes", "kv_entries", "draft_forward_s")}})
-            log(f"  {p['id']} {policy} {'' if retention is None else f'{retention:.0%}'}: "
+            log(f"  {p['id']} {policy} {'' if retention is None else f'{retention:.0%} {shape}'}: "
                 f"{1000 * run['seconds_per_token']:.1f} ms/token" +
                 ("" if drafter is None else f", acceptance {rows[-1]['acceptance']:.3f}"))
     return rows
@@ -154,20 +157,25 @@ def _ci(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> tuple[floa
 def summarize(rows: list[dict], n_boot: int = 2000) -> dict:
     """{rows: [{policy, retention, shape, kv, acceptance, acceptance_ci, speedup, speedup_ci, kv_bytes_per_token,
     kv_bytes_per_entry (bytes held over entries held)}],
-    verdicts: {policy: {acceptance_free, pays_in_time}}, control: {ratio, ci, verdict}}."""
+    verdicts: {policy: {acceptance_free, pays_in_time}} (`policy shape` with several shapes), control: {ratio, ci,
+    verdict}}."""
     import pandas as pd
 
     rng = np.random.default_rng(SEED)
     df = pd.DataFrame(rows)
+    df["shape"] = df.get("shape", pd.Series(SHAPE, index=df.index)).fillna(SHAPE)  # files from before --shapes
+    several = df[df.retention.notna()]["shape"].nunique() > 1
     plain = df[df.policy == "plain"].set_index("prompt").seconds_per_token
     plain2 = df[df.policy == "plain2"].set_index("prompt").seconds_per_token
     base = (plain + plain2) / 2
     out, verdicts = [], {}
-    for (policy, retention), cell in df[df.retention.notna()].groupby(["policy", "retention"], sort=False):
+    for (policy, retention, shape), cell in df[df.retention.notna()].groupby(["policy", "retention", "shape"],
+                                                                            sort=False):
         cell = cell.set_index("prompt")
+        policy = f"{policy} {shape}" if several else policy
         acceptance, acceptance_ci = _ci(cell.acceptance.to_numpy(float), rng, n_boot)
         speedup, speedup_ci = _ci((base[cell.index] / cell.seconds_per_token).to_numpy(float), rng, n_boot)
-        out.append({"policy": policy, "retention": float(retention), "shape": SHAPE, "kv": cell.kv.iloc[0],
+        out.append({"policy": policy, "retention": float(retention), "shape": shape, "kv": cell.kv.iloc[0],
                     "acceptance": acceptance, "acceptance_ci": acceptance_ci, "speedup": speedup,
                     "speedup_ci": speedup_ci, "kv_bytes_per_token": float(cell.kv_bytes_per_token.mean()),
                     "kv_bytes_per_entry": float((cell.kv_bytes / cell.kv_entries).mean()) if "kv_entries" in cell
@@ -310,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--retentions", default=",".join(f"{100 * r:g}" for r in RETENTIONS), help="percent")
+    ap.add_argument("--shapes", default=SHAPE, help="draft shapes, ';'-separated, e.g. 'chain(1);chain(4)'")
     args = ap.parse_args(argv)
     import specdec
     from experiments.leaderboard import atomic_text
@@ -324,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv: {len(items)} prompts of {[len(p['tokens']) for p in items]} tokens", flush=True)
         rows = measure(target, items, [p for p in args.policies.split(",") if p],
                        [float(r) / 100 for r in args.retentions.split(",")], args.new_tokens,
-                       log=lambda line: print(line, flush=True))
+                       log=lambda line: print(line, flush=True), shapes=tuple(args.shapes.split(";")))
     except ValueError as err:
         print(f"experiments.kv: error: {err}", file=sys.stderr)
         return 2

@@ -93,6 +93,18 @@ def test_measure_times_every_policy_between_two_plain_runs_and_the_report_reads_
     assert kv.report_parts(tmp_path / "none") == ([], [], None)
 
 
+def test_the_sweep_times_each_shape_and_keeps_their_verdicts_apart(world, tmp_path):
+    items = [{"id": f"t{i}", "kind": "k", "tokens": [(5 * i + j * j) % 60 + 2 for j in range(80)]} for i in range(2)]
+    rows = kv.measure(world, items, ["window"], [0.1], new_tokens=8, log=lambda _: None,
+                      shapes=("chain(1)", "chain(4)"))  # each run is checked token-identical to plain inside
+    assert [(r["policy"], r["shape"]) for r in rows[:4]] == [("plain", None), ("window", "chain(1)"),
+                                                             ("window", "chain(4)"), ("plain2", None)]
+    summary = kv.summarize(rows, n_boot=50)
+    assert set(summary["verdicts"]) == {"window chain(1)", "window chain(4)"}
+    assert [r["shape"] for r in summary["rows"]] == ["chain(1)", "chain(4)"]
+    assert set(kv.summarize([r for r in rows if r["shape"] != "chain(1)"], n_boot=50)["verdicts"]) == {"window"}
+
+
 def test_main_job_runs_the_grids_kv_entry_and_kv_off_skips_it(tmp_path):
     from experiments.main import kv_command
 
