@@ -8,7 +8,10 @@ once, not once per generation. Knows nothing about drafts or acceptance: it is g
 n new tokens are padded to the smallest bucket W >= n (pad rows attend to entry 0 only, no row attends to them, and
 the next forward overwrites their entries); positions and the tree mask are rebuilt in place with no host sync.
 `capture` is `cuda_graph` (the default on CUDA), `compile` (`torch.compile`) or `eager` (elsewhere: the very same
-function, so CI on a CPU tests everything but the capture itself).
+function, so CI on a CPU tests everything but the capture itself). A compiled forward attends to the entries
+written so far only, and its width (2 and up), attended entries and capacity are symbolic: two programs per model
+(width 1, width 2+) serve every bucket, prompt and `StaticForward` of a process. A new process traces them again
+(~15-25 s each for a 135M model on one core): inductor's on-disk cache spares only its C++ compile.
 """
 
 from __future__ import annotations
@@ -57,8 +60,22 @@ class _Bucket:
     positions: torch.Tensor  # [1, W] long
     mask: torch.Tensor  # [1, 1, W, C] additive
     slots: torch.Tensor  # [W] long: cache slots the W rows write
-    run: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
-    """Replays the forward on the buffers above: (logits [1, W, V], hidden [1, W, H], aux or None)."""
+    run: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
+    """run(columns attended): the forward on the buffers above: (logits [1, W, V], hidden [1, W, H], aux or None)."""
+
+    def inputs(self, columns: int | None = None) -> tuple[torch.Tensor, ...]:
+        return self.ids, self.positions, self.mask[..., :columns], self.slots
+
+
+class _Attended:
+    """A slot writer whose `update` returns the cache's first `columns` entries only (what the mask covers)."""
+
+    def __init__(self, writer, columns) -> None:
+        self.writer, self.columns = writer, columns
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.writer.update(keys, values, layer_idx)
+        return k[:, :, :self.columns], v[:, :, :self.columns]
 
 
 class StaticForward:
@@ -74,6 +91,9 @@ class StaticForward:
                              f"the {kernel_in_use(target.model)!r} kernel: load it with kernel='torch'")
         if capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
+            # every StaticForward's programs share one code object, whose entries dynamo caps at 8 by default; past
+            # the cap (4 targets x 2 programs in one process) it would run the forward eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         if capture == "cuda_graph" and target.device.type != "cuda":
             raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
         self.buckets = check_buckets(buckets, 1)
@@ -85,12 +105,16 @@ class StaticForward:
         self.cache = StaticKVCache(capacity)
         target.forward(torch.zeros(1, 1, dtype=torch.long), self.cache)  # allocates the buffers
         self.cache.reset()
+        for t in (*self.cache.keys, *self.cache.values) if capture == "compile" else ():
+            torch._dynamo.maybe_mark_dynamic(t, 2)  # the capacity: one program serves any
         device = target.device
         self.dtype = target.base.get_input_embeddings().weight.dtype
         self.columns = torch.arange(capacity, device=device)  # [C]
         self.signature = weights_signature(target)
         self._bucket: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
+        self._program = torch.compile(self._forward, dynamic=False, options=dict(COMPILE_OPTIONS)) \
+            if capture == "compile" else None
 
     @property
     def target(self) -> Target:
@@ -129,10 +153,12 @@ class StaticForward:
         if past + width > self.capacity:
             raise ValueError(f"static cache overflow: {past} entries + a {width}-wide bucket > capacity {self.capacity}")
         b = self._bucket.get(width) or self._new_bucket(width)
-        self._fill(b, tokens, parents, past, cache.next_position)
+        # compiled: attends to the entries written so far only (>= 2: a size of 1 would be a program of its own)
+        columns = min(self.capacity, max(past + width, 2)) if self.capture == "compile" else self.capacity
+        self._fill(b, tokens, parents, past, cache.next_position, columns)
         if b.run is None:
             b.run = self._capture(b)
-        logits, hidden, aux = b.run()  # graph outputs: overwritten by the next replay, so copied here
+        logits, hidden, aux = b.run(columns)  # graph outputs: overwritten by the next replay, so copied here
         cache.advance(n)
         logits = logits[:, :n] if logits_rows is None else logits[:, :n][:, logits_rows]
         return ForwardOut(logits=logits.clone(), hidden=hidden[:, :n].clone(),
@@ -147,51 +173,62 @@ class StaticForward:
         self._bucket[width] = b
         return b
 
-    def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int) -> None:
-        """Write this step's inputs into bucket b's buffers, on the device (see the module example)."""
+    def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int,
+              columns: int) -> None:
+        """Write this step's inputs into bucket b's buffers, on the device; the mask's first `columns` only."""
         n, m, device = tokens.shape[1], parents.numel(), b.ids.device
         block_start, positions, visible = tree_block(parents.to(device, non_blocking=True), n, past, next_position)
         b.ids[:, :n] = tokens.to(device, non_blocking=True)
         b.positions[0, :n] = positions
         b.positions[0, n:] = next_position
         torch.add(self.columns[: b.slots.numel()], past, out=b.slots)
-        mask = b.mask[0, 0]  # [W, C]
+        mask = b.mask[0, 0, :, :columns]  # [W, columns]
         mask.fill_(torch.finfo(self.dtype).min)
         mask[:n, :block_start] = 0  # the prefix before the block
         mask[:n, block_start:block_start + m].masked_fill_(visible, 0)  # ancestors within the block
         mask[n:, 0] = 0  # pad rows: entry 0 only (slot `past` at an empty cache: their own root's)
 
-    def _forward(self, b: _Bucket):
-        """The program a bucket runs: reads only b's buffers and the cache's (never a host value)."""
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor):
+        """The program a bucket runs: reads only its inputs and the cache's buffers (never a host value); attends
+        to the cache's first mask.shape[-1] entries."""
         target = self.target
-        out = target.base(input_ids=b.ids, attention_mask=b.mask, position_ids=b.positions,
-                          cache=self.cache.slot_writer(b.slots), use_cache=True,
+        out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          cache=_Attended(self.cache.slot_writer(slots), mask.shape[-1]),
                           output_hidden_states=bool(self.aux_layers))
         hidden = out.last_hidden_state  # [1, W, H]
         aux = torch.cat([out.hidden_states[k] for k in self.aux_layers], -1) if self.aux_layers else None
         return target.logits(hidden), hidden, aux
 
-    def _capture(self, b: _Bucket):
+    def _compiled(self, b: _Bucket, columns: int):
+        """Bucket b's forward through this object's one `torch.compile`d program, whose width (from 2) and attended
+        columns are symbolic: two programs (width 1, and 2 and up) serve every bucket and cache length."""
+        inputs = b.inputs(columns)
+        for t, dims in zip(inputs, ((1,), (1,), (2, 3), (0,))):
+            torch._dynamo.maybe_mark_dynamic(t, dims)
+        programs = _COMPILED.setdefault(self.target.model, set())
+        if (b.ids.shape[1] > 1, self.aux_layers) not in programs:
+            programs.add((b.ids.shape[1] > 1, self.aux_layers))
+            print(f"specdec: compiling {self.target.label}'s forward at width {'1' if b.ids.shape[1] == 1 else '2+'} "
+                  f"(torch.compile; inductor's cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr,
+                  flush=True)
+        return self._program(*inputs)
+
+    def _capture(self, b: _Bucket) -> Callable:
         if self.capture == "eager":
-            return lambda: self._forward(b)
+            return lambda columns: self._forward(*b.inputs())
         if self.capture == "compile":
-            print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
-                  f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
-            # every bucket's program shares one code object, whose entries dynamo caps at 8 by default; past the
-            # cap (4 targets x 2 buckets in one process) it would run the forward eagerly without a word
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-            return torch.compile(functools.partial(self._forward, b), dynamic=False, options=dict(COMPILE_OPTIONS))
+            return functools.partial(self._compiled, b)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-ups: library handles and workspaces are created outside the capture
-                self._forward(b)
+                self._forward(*b.inputs())
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outs = self._forward(b)
+            outs = self._forward(*b.inputs())
 
-        def replay():
+        def replay(columns):
             graph.replay()
             return outs
 
@@ -212,6 +249,7 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, aux layers) compiled}
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
 
 
