@@ -108,10 +108,11 @@ def test_graphs_sampling_draws_what_the_dynamic_cache_draws(tiny_llama64, name):
 
 
 def test_compiled_greedy_equals_the_eager_plain_loop_and_compiles_once(tiny_llama64, capfd, tmp_path, monkeypatch):
-    """Plain decoding (width 1, padded to 8), then verifying chains of 4, then a long prompt (another capacity) with
-    other buckets and a latency curve after two contexts (two more caches): one program (width 2+) serves all."""
+    """Plain decoding (width 1, padded to 8), then verifying chains of 4, then EAGLE (aux layers) on a long prompt
+    (another capacity) with other buckets, and a latency curve after two contexts (two more caches): one program
+    (width 2+) serves all."""
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for name, prompt, buckets in (("none", PROMPT, (8,)), ("ngram", PROMPT, (8,)), ("ngram", PROMPT * 30, (2, 8))):
+    for name, prompt, buckets in (("none", PROMPT, (8,)), ("ngram", PROMPT, (8,)), ("eagle", PROMPT * 30, (2, 8))):
         out = specdec.generate(tiny_llama64, build_for_tests(name, target=tiny_llama64), prompt, shape="chain(4)",
                                max_new_tokens=14, stop_on_eos=False, cache="compiled", buckets=buckets)
         assert out.token_ids == reference_generate(tiny_llama64, prompt, max_new_tokens=14, stop_on_eos=False)

@@ -105,8 +105,11 @@ class StaticForward:
         self.cache = StaticKVCache(capacity)
         target.forward(torch.zeros(1, 1, dtype=torch.long), self.cache)  # allocates the buffers
         self.cache.reset()
-        for t in (*self.cache.keys, *self.cache.values) if capture == "compile" else ():
-            torch._dynamo.maybe_mark_dynamic(t, 2)  # the capacity: one program serves any
+        if capture == "compile":  # transformers hooks its hidden states in at a first such forward, under a lock
+            # dynamo does not trace (the program would break into a graph per layer): this forward does it eagerly
+            target.base(input_ids=torch.zeros(1, 1, dtype=torch.long, device=target.device), output_hidden_states=True)
+            for t in (*self.cache.keys, *self.cache.values):
+                torch._dynamo.maybe_mark_dynamic(t, 2)  # the capacity: one program serves any
         device = target.device
         self.dtype = target.base.get_input_embeddings().weight.dtype
         self.columns = torch.arange(capacity, device=device)  # [C]
@@ -188,30 +191,33 @@ class StaticForward:
         mask[:n, block_start:block_start + m].masked_fill_(visible, 0)  # ancestors within the block
         mask[n:, 0] = 0  # pad rows: entry 0 only (slot `past` at an empty cache: their own root's)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor):
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
+                 every_layer: bool = False):
         """The program a bucket runs: reads only its inputs and the cache's buffers (never a host value); attends
-        to the cache's first mask.shape[-1] entries."""
+        to the cache's first mask.shape[-1] entries. (logits, hidden, aux: `aux_layers`' states, or every layer's)"""
         target = self.target
         out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                           cache=_Attended(self.cache.slot_writer(slots), mask.shape[-1]),
-                          output_hidden_states=bool(self.aux_layers))
+                          output_hidden_states=every_layer or bool(self.aux_layers))
         hidden = out.last_hidden_state  # [1, W, H]
         aux = torch.cat([out.hidden_states[k] for k in self.aux_layers], -1) if self.aux_layers else None
-        return target.logits(hidden), hidden, aux
+        return target.logits(hidden), hidden, out.hidden_states if every_layer else aux
 
     def _compiled(self, b: _Bucket, columns: int):
-        """Bucket b's forward through this object's one `torch.compile`d program, whose width (from 2) and attended
-        columns are symbolic: two programs (width 1, and 2 and up) serve every bucket and cache length."""
+        """Bucket b's forward through `torch.compile`, whose width (from 2), attended columns and capacity are symbolic
+        and which returns every layer's states: two programs per model (width 1, and 2 and up) serve every bucket,
+        cache length, aux layers and `StaticForward`."""
         inputs = b.inputs(columns)
         for t, dims in zip(inputs, ((1,), (1,), (2, 3), (0,))):
             torch._dynamo.maybe_mark_dynamic(t, dims)
-        programs = _COMPILED.setdefault(self.target.model, set())
-        if (b.ids.shape[1] > 1, self.aux_layers) not in programs:
-            programs.add((b.ids.shape[1] > 1, self.aux_layers))
+        programs, key = _COMPILED.setdefault(self.target.model, set()), (b.ids.shape[1] > 1, hash(self.signature))
+        if key not in programs:  # a new program: say so, so that a first run never pays silently
+            programs.add(key)
             print(f"specdec: compiling {self.target.label}'s forward at width {'1' if b.ids.shape[1] == 1 else '2+'} "
                   f"(torch.compile; inductor's cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr,
                   flush=True)
-        return self._program(*inputs)
+        logits, hidden, states = self._program(*inputs, every_layer=True)
+        return logits, hidden, torch.cat([states[k] for k in self.aux_layers], -1) if self.aux_layers else None
 
     def _capture(self, b: _Bucket) -> Callable:
         if self.capture == "eager":
@@ -249,7 +255,7 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, aux layers) compiled}
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, weights) compiled}
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
 
 
