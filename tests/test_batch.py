@@ -305,7 +305,7 @@ def test_a_batch_and_its_latency_curve_run_the_same_cache(tiny64, prompts, monke
     assert [resolve_cache("auto", tiny64, rows) for rows in (1, 2)] == ["dynamic", "static"]
     made, static = [], latency.CACHES["static"]
 
-    def counted(target, capacity, buckets):
+    def counted(target, capacity, buckets, owner=None):
         made.append(capacity)
         return static(target, capacity, buckets)
 

@@ -17,7 +17,7 @@ from specdec.runtime.cache import KVCache
 from specdec.drafters import build, build_for_tests
 from specdec.runtime.forwards import resolve_cache
 from specdec.runtime.graphs import StaticForward, static_forward
-from specdec.measure.latency import cached_latency, measure_latency
+from specdec.measure.latency import CurveTimer, cached_latency, measure_latency
 from specdec.loop.reference import reference_generate
 from specdec.runtime.static_cache import StaticKVCache
 
@@ -73,8 +73,8 @@ def test_the_equality_check_catches_pad_rows_leaking_into_real_ones(tiny_llama64
     """Mutation check: if real rows could see the pad rows' entries, the comparison above fails."""
     fill = StaticForward._fill
 
-    def leaky(self, b, tokens, parents, past, next_position):
-        fill(self, b, tokens, parents, past, next_position)
+    def leaky(self, b, tokens, parents, past, *rest):
+        fill(self, b, tokens, parents, past, *rest)
         b.mask[0, 0, : tokens.shape[1], past + tokens.shape[1]: past + b.ids.shape[1]] = 0
 
     monkeypatch.setattr(StaticForward, "_fill", leaky)
@@ -108,12 +108,20 @@ def test_graphs_sampling_draws_what_the_dynamic_cache_draws(tiny_llama64, name):
 
 
 def test_compiled_greedy_equals_the_eager_plain_loop_and_compiles_once(tiny_llama64, capfd, tmp_path, monkeypatch):
-    want = reference_generate(tiny_llama64, PROMPT, max_new_tokens=14, stop_on_eos=False)
-    for name in ("none", "ngram"):  # plain decoding (width 1, padded to 8), then verifying chains of 4
-        out = specdec.generate(tiny_llama64, build_for_tests(name, target=tiny_llama64), PROMPT, shape="chain(4)",
-                               max_new_tokens=14, stop_on_eos=False, cache="compiled", buckets=(8,))
-        assert out.token_ids == want
+    """Plain decoding (width 1, padded to 8), then verifying chains of 4, then EAGLE (aux layers) on a long prompt
+    (another capacity) with other buckets, and a latency curve after two contexts (two more caches): one program
+    (width 2+) serves all."""
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for name, prompt, buckets in (("none", PROMPT, (8,)), ("ngram", PROMPT, (8,)), ("eagle", PROMPT * 30, (2, 8))):
+        out = specdec.generate(tiny_llama64, build_for_tests(name, target=tiny_llama64), prompt, shape="chain(4)",
+                               max_new_tokens=14, stop_on_eos=False, cache="compiled", buckets=buckets)
+        assert out.token_ids == reference_generate(tiny_llama64, prompt, max_new_tokens=14, stop_on_eos=False)
         assert capfd.readouterr().err.count("specdec: compiling") == (name == "none")  # said once, then kept
+    assert graphs._FORWARDS[tiny_llama64.model]["verifier"].capacity == 512
+    timer = CurveTimer(tiny_llama64, widths=(2, 5), contexts=(16, 300), cache="compiled")
+    specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=3, cache="compiled", buckets=(8,))
+    assert [kv.length for _, kv, _ in timer._caches] == [16, 300]  # the curve's own caches: kept apart from the loop's
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_before + 1
     packed = specdec.tiny_target("llama", dtype=torch.float32)
     if specdec.runtime.kernels.apply_kernel(packed.model, "onednn"):  # inductor packs weights itself, or not at all
         with pytest.raises(ValueError, match="runs the 'onednn' kernel: load it with kernel='torch'"):

@@ -22,7 +22,7 @@ def test_compiled_greedy_is_exact_to_its_own_kernel(quant):
                                            buckets=(8,) if cache == "compiled" else None).token_ids
            for name, cache in (("none", "compiled"), ("ngram", "compiled"), ("none", "dynamic"))}
     assert out["ngram", "compiled"] == out["none", "compiled"]  # drafted = plain on the compiled program
-    assert torch._dynamo.config.recompile_limit >= 1024  # more buckets and targets than 8 stay compiled
+    assert torch._dynamo.config.recompile_limit >= 1024  # more targets than 4 (2 programs each) stay compiled
     if quant is None:  # fp32: the compiled program's greedy text is the eager loop's too
         assert out["none", "compiled"] == out["none", "dynamic"]
 

@@ -43,7 +43,7 @@ class CurveTimer:
         self._gen = torch.Generator().manual_seed(seed)
         self._caches = []
         for context in self.contexts:
-            kv, forward = CACHES[kind](target, context + padded, buckets)
+            kv, forward = CACHES[kind](target, context + padded, buckets, owner=f"curve after {context}")
             if context:
                 prefix = torch.randint(0, target.vocab_size, (batch, context), generator=self._gen)
                 target.forward(prefix, kv, logits_rows=slice(-1, None))

@@ -5,6 +5,7 @@ nothing about drafts or acceptance.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -18,24 +19,25 @@ from specdec.runtime.static_cache import StaticKVCache
 Forward = Callable[[torch.Tensor, Cache, torch.Tensor], ForwardOut]
 """forward(tokens [B, n], cache, parents [M]) -> ForwardOut, appending n entries (`Target.forward`)."""
 
-CACHES: dict[str, Callable[[Target, int, tuple[int, ...]], tuple[Cache, Forward]]] = {
-    "dynamic": lambda target, capacity, buckets: (KVCache(), target.forward),
-    "static": lambda target, capacity, buckets: (StaticKVCache(capacity), target.forward),
-    "graphs": lambda target, capacity, buckets: _graphs(target, capacity, buckets),
-    "compiled": lambda target, capacity, buckets: _graphs(target, capacity, buckets, "compile"),
-}
-"""(cache, forward) per `generate(cache=...)`: `dynamic` grows as it goes (HF DynamicCache);
-`static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
-default); `graphs` is `specdec.runtime.graphs.StaticForward`: a preallocated cache kept with the target,
-forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere);
-`compiled` is the same, each bucket compiled by `torch.compile` (inductor). `auto` (the default) is
-`graphs` on CUDA, elsewhere the kind `python -m specdec.tune --compile` stored, else `dynamic`."""
 
-
-def _graphs(target: Target, capacity: int, buckets: tuple[int, ...], capture: str | None = None
-            ) -> tuple[Cache, Forward]:
-    runner = static_forward(target, capacity, buckets, capture)
+def _graphs(target: Target, capacity: int, buckets: tuple[int, ...], owner: str = "verifier",
+            capture: str | None = None) -> tuple[Cache, Forward]:
+    runner = static_forward(target, capacity, buckets, capture, owner)
     return runner.open(), runner.forward
+
+
+CACHES: dict[str, Callable[..., tuple[Cache, Forward]]] = {
+    "dynamic": lambda target, capacity, buckets, owner=None: (KVCache(), target.forward),
+    "static": lambda target, capacity, buckets, owner=None: (StaticKVCache(capacity), target.forward),
+    "graphs": _graphs,
+    "compiled": functools.partial(_graphs, capture="compile"),
+}
+"""(cache, forward) per `generate(cache=...)`, from (target, capacity, buckets, owner): `dynamic` grows as it goes
+(HF DynamicCache); `static` preallocates `capacity` entries per layer (prompt + max_new_tokens + draft nodes by
+default); `graphs` is `specdec.runtime.graphs.StaticForward`: a preallocated cache kept with the target per `owner`
+(the loop's, a curve's), forwards padded to width `buckets`, captured as CUDA graphs on CUDA (run eagerly elsewhere);
+`compiled` is the same through `torch.compile` (inductor). `auto` (the default) is
+`graphs` on CUDA, elsewhere the kind `python -m specdec.tune --compile` stored, else `dynamic`."""
 
 
 def resolve_cache(cache: str, target: Target, rows: int = 1) -> str:

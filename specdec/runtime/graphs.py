@@ -8,7 +8,10 @@ once, not once per generation. Knows nothing about drafts or acceptance: it is g
 n new tokens are padded to the smallest bucket W >= n (pad rows attend to entry 0 only, no row attends to them, and
 the next forward overwrites their entries); positions and the tree mask are rebuilt in place with no host sync.
 `capture` is `cuda_graph` (the default on CUDA), `compile` (`torch.compile`) or `eager` (elsewhere: the very same
-function, so CI on a CPU tests everything but the capture itself).
+function, so CI on a CPU tests everything but the capture itself). A compiled forward attends to the entries
+written so far only, and its width (2 and up), attended entries and capacity are symbolic: two programs per model
+(width 1, width 2+) serve every bucket, prompt and `StaticForward` of a process. A new process traces them again
+(~10 s each for a 135M model on one core); inductor's and AOTAutograd's on-disk caches spare the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the
 smallest one >= n."""
 CAPTURES = ("cuda_graph", "compile", "eager")
-COMPILE_OPTIONS = {"freezing": True}
-"""inductor options of `capture="compile"`: freezing folds the weights into the program as constants."""
+COMPILE_OPTIONS = {"freezing": False}
+"""inductor options of `capture="compile"`. No freezing: it saved no measurable time per forward, and its programs
+bypass AOTAutograd's on-disk cache, so every process paid ~20 s more per program (smollm2-135m, one core)."""
 
 
 def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
@@ -57,8 +61,22 @@ class _Bucket:
     positions: torch.Tensor  # [1, W] long
     mask: torch.Tensor  # [1, 1, W, C] additive
     slots: torch.Tensor  # [W] long: cache slots the W rows write
-    run: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
-    """Replays the forward on the buffers above: (logits [1, W, V], hidden [1, W, H], aux or None)."""
+    run: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = None
+    """run(columns attended): the forward on the buffers above: (logits [1, W, V], hidden [1, W, H], aux or None)."""
+
+    def inputs(self, columns: int | None = None) -> tuple[torch.Tensor, ...]:
+        return self.ids, self.positions, self.mask[..., :columns], self.slots
+
+
+class _Attended:
+    """A slot writer whose `update` returns the cache's first `columns` entries only (what the mask covers)."""
+
+    def __init__(self, writer, columns) -> None:
+        self.writer, self.columns = writer, columns
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.writer.update(keys, values, layer_idx)
+        return k[:, :, :self.columns], v[:, :, :self.columns]
 
 
 class StaticForward:
@@ -70,10 +88,13 @@ class StaticForward:
         if capture not in CAPTURES:
             raise ValueError(f"unknown capture {capture!r}; expected one of {', '.join(CAPTURES)}")
         if capture == "compile" and kernel_in_use(target.model) != "torch":
-            raise ValueError(f"capture='compile' packs the weights itself (inductor freezing); {target.label!r} runs "
+            raise ValueError(f"capture='compile' compiles the torch kernel's plain linears; {target.label!r} runs "
                              f"the {kernel_in_use(target.model)!r} kernel: load it with kernel='torch'")
         if capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
+            # every StaticForward's programs share one code object, whose entries dynamo caps at 8 by default; past
+            # the cap (4 targets x 2 programs in one process) it would run the forward eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         if capture == "cuda_graph" and target.device.type != "cuda":
             raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
         self.buckets = check_buckets(buckets, 1)
@@ -85,12 +106,19 @@ class StaticForward:
         self.cache = StaticKVCache(capacity)
         target.forward(torch.zeros(1, 1, dtype=torch.long), self.cache)  # allocates the buffers
         self.cache.reset()
+        if capture == "compile":  # transformers hooks its hidden states in at a first such forward, under a lock
+            # dynamo does not trace (the program would break into a graph per layer): this forward does it eagerly
+            target.base(input_ids=torch.zeros(1, 1, dtype=torch.long, device=target.device), output_hidden_states=True)
+            for t in (*self.cache.keys, *self.cache.values):
+                torch._dynamo.maybe_mark_dynamic(t, 2)  # the capacity: one program serves any
         device = target.device
         self.dtype = target.base.get_input_embeddings().weight.dtype
         self.columns = torch.arange(capacity, device=device)  # [C]
         self.signature = weights_signature(target)
         self._bucket: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
+        self._program = torch.compile(self._forward, dynamic=False, options=dict(COMPILE_OPTIONS)) \
+            if capture == "compile" else None
 
     @property
     def target(self) -> Target:
@@ -129,10 +157,12 @@ class StaticForward:
         if past + width > self.capacity:
             raise ValueError(f"static cache overflow: {past} entries + a {width}-wide bucket > capacity {self.capacity}")
         b = self._bucket.get(width) or self._new_bucket(width)
-        self._fill(b, tokens, parents, past, cache.next_position)
+        # compiled: attends to the entries written so far only (>= 2: a size of 1 would be a program of its own)
+        columns = min(self.capacity, max(past + width, 2)) if self.capture == "compile" else self.capacity
+        self._fill(b, tokens, parents, past, cache.next_position, columns)
         if b.run is None:
             b.run = self._capture(b)
-        logits, hidden, aux = b.run()  # graph outputs: overwritten by the next replay, so copied here
+        logits, hidden, aux = b.run(columns)  # graph outputs: overwritten by the next replay, so copied here
         cache.advance(n)
         logits = logits[:, :n] if logits_rows is None else logits[:, :n][:, logits_rows]
         return ForwardOut(logits=logits.clone(), hidden=hidden[:, :n].clone(),
@@ -147,51 +177,65 @@ class StaticForward:
         self._bucket[width] = b
         return b
 
-    def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int) -> None:
-        """Write this step's inputs into bucket b's buffers, on the device (see the module example)."""
+    def _fill(self, b: _Bucket, tokens: torch.Tensor, parents: torch.Tensor, past: int, next_position: int,
+              columns: int) -> None:
+        """Write this step's inputs into bucket b's buffers, on the device; the mask's first `columns` only."""
         n, m, device = tokens.shape[1], parents.numel(), b.ids.device
         block_start, positions, visible = tree_block(parents.to(device, non_blocking=True), n, past, next_position)
         b.ids[:, :n] = tokens.to(device, non_blocking=True)
         b.positions[0, :n] = positions
         b.positions[0, n:] = next_position
         torch.add(self.columns[: b.slots.numel()], past, out=b.slots)
-        mask = b.mask[0, 0]  # [W, C]
+        mask = b.mask[0, 0, :, :columns]  # [W, columns]
         mask.fill_(torch.finfo(self.dtype).min)
         mask[:n, :block_start] = 0  # the prefix before the block
         mask[:n, block_start:block_start + m].masked_fill_(visible, 0)  # ancestors within the block
         mask[n:, 0] = 0  # pad rows: entry 0 only (slot `past` at an empty cache: their own root's)
 
-    def _forward(self, b: _Bucket):
-        """The program a bucket runs: reads only b's buffers and the cache's (never a host value)."""
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor,
+                 every_layer: bool = False):
+        """The program a bucket runs: reads only its inputs and the cache's buffers (never a host value); attends
+        to the cache's first mask.shape[-1] entries. (logits, hidden, aux: `aux_layers`' states, or every layer's)"""
         target = self.target
-        out = target.base(input_ids=b.ids, attention_mask=b.mask, position_ids=b.positions,
-                          cache=self.cache.slot_writer(b.slots), use_cache=True,
-                          output_hidden_states=bool(self.aux_layers))
+        out = target.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          cache=_Attended(self.cache.slot_writer(slots), mask.shape[-1]),
+                          output_hidden_states=every_layer or bool(self.aux_layers))
         hidden = out.last_hidden_state  # [1, W, H]
         aux = torch.cat([out.hidden_states[k] for k in self.aux_layers], -1) if self.aux_layers else None
-        return target.logits(hidden), hidden, aux
+        return target.logits(hidden), hidden, out.hidden_states if every_layer else aux
 
-    def _capture(self, b: _Bucket):
+    def _compiled(self, b: _Bucket, columns: int):
+        """Bucket b's forward through `torch.compile`, whose width (from 2), attended columns and capacity are symbolic
+        and which returns every layer's states: two programs per model (width 1, and 2 and up) serve every bucket,
+        cache length, aux layers and `StaticForward`."""
+        inputs = b.inputs(columns)
+        for t, dims in zip(inputs, ((1,), (1,), (2, 3), (0,))):
+            torch._dynamo.maybe_mark_dynamic(t, dims)
+        programs, key = _COMPILED.setdefault(self.target.model, set()), (b.ids.shape[1] > 1, hash(self.signature))
+        if key not in programs:  # a new program: say so, so that a first run never pays silently
+            programs.add(key)
+            print(f"specdec: compiling {self.target.label}'s forward at width {'1' if b.ids.shape[1] == 1 else '2+'} "
+                  f"(torch.compile; inductor's cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr,
+                  flush=True)
+        logits, hidden, states = self._program(*inputs, every_layer=True)
+        return logits, hidden, torch.cat([states[k] for k in self.aux_layers], -1) if self.aux_layers else None
+
+    def _capture(self, b: _Bucket) -> Callable:
         if self.capture == "eager":
-            return lambda: self._forward(b)
+            return lambda columns: self._forward(*b.inputs())
         if self.capture == "compile":
-            print(f"specdec: compiling {self.target.label}'s forward at width {b.ids.shape[1]} (torch.compile, "
-                  f"cached in {os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr, flush=True)
-            # every bucket's program shares one code object, whose entries dynamo caps at 8 by default; past the
-            # cap (4 targets x 2 buckets in one process) it would run the forward eagerly without a word
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-            return torch.compile(functools.partial(self._forward, b), dynamic=False, options=dict(COMPILE_OPTIONS))
+            return functools.partial(self._compiled, b)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-ups: library handles and workspaces are created outside the capture
-                self._forward(b)
+                self._forward(*b.inputs())
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outs = self._forward(b)
+            outs = self._forward(*b.inputs())
 
-        def replay():
+        def replay(columns):
             graph.replay()
             return outs
 
@@ -212,6 +256,7 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, weights) compiled}
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
 
 
