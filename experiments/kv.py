@@ -208,14 +208,14 @@ def report_parts(results: str | os.PathLike, n_boot: int = 2000) -> tuple[list[s
         return [], [], None
     data = json.loads(path.read_text(encoding="utf-8"))
     s, summary = data["settings"], summarize(data["rows"], n_boot)
-    control = summary["control"]
-    verdict_lines = [f"- KV compression (self_draft {SHAPE}, {s['prompts']} prompts of >= {s['min_tokens']} tokens): "
+    control, shapes = summary["control"], " / ".join(dict.fromkeys(r["shape"] for r in summary["rows"]))
+    verdict_lines = [f"- KV compression (self_draft {shapes}, {s['prompts']} prompts of >= {s['min_tokens']} tokens): "
                      + "; ".join(f"{p} acceptance-free down to {_pct(v['acceptance_free'])}, pays in time at "
                                  f"{_pct(v['pays_in_time'])}" for p, v in summary["verdicts"].items())
                      + f"; A/A timing control: {control['verdict']}"]
     md = ["", "## The KV question: how much cache does a self-drafter need, and does it pay?", "",
           f"The `self_draft` drafter (the target's own weights) over a compressed view of the target's KV, "
-          f"greedy {SHAPE}, on {s['prompts']} prompts of `{s['source']}` ({s['min_tokens']}..{s['max_tokens']} "
+          f"greedy {shapes}, on {s['prompts']} prompts of `{s['source']}` ({s['min_tokens']}..{s['max_tokens']} "
           f"tokens), {s['new_tokens']} tokens each, every run checked token-identical to plain decoding; "
           f"{s['cpu']}, {s['threads']} thread(s), measured in {s['seconds']:.0f} s. Acceptance: accepted draft "
           "tokens over tokens tried (per-token argmax agreement). Speedup: plain time per token (two runs "
