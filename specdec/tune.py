@@ -279,7 +279,7 @@ def compiled_markdown(records: Sequence[dict], command: str) -> str:
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}, "
              f"{records[0]['threads']} thread(s); command: `{command}`.", "",
              "Median ms of a forward after 64 cached tokens, eager (`dynamic`) and `compiled` "
-             "(torch.compile, inductor, freezing), both on the torch kernel, interleaved per repeat; (x) = ms / the "
+             "(torch.compile, inductor, no freezing), both on the torch kernel, interleaved per repeat; (x) = ms / the "
              "time to read the weights' stored bytes once on the same thread (1.00 = at the memory limit).", "",
              "| target | weights MB | limit ms | eager 1 | compiled 1 | eager 8 | compiled 8 | compiled/eager 1 | "
              "compile s |", "|---|---|---|---|---|---|---|---|---|"]
