@@ -153,10 +153,15 @@ def kernel_profile(rows: pd.DataFrame, k: int | None) -> tuple[costmodel.DraftPr
     on_kernel, on_fp32 = _probe(rows, PROBE), _probe(rows, REFERENCE_PROBE)
     if str(k) not in on_kernel or str(k) not in on_fp32 or "reference_drafted_draft_time_s" not in rows:
         return fp32, False
-    drafting = float(rows.reference_drafted_draft_time_s.sum()) / sum(_widths(rows.reference_drafted_verify_widths).values())
-    scale = on_kernel[str(k)] / on_fp32[str(k)]
-    return costmodel.DraftProfile(fp32.forwards_per_token, fp32.other_per_step_s + drafting * (scale - 1),
-                                  fp32.shapes_per_token), True
+    return scaled_drafting(fp32, rows, "reference_drafted_", on_kernel[str(k)] / on_fp32[str(k)]), True
+
+
+def scaled_drafting(profile: costmodel.DraftProfile, rows: pd.DataFrame, prefix: str,
+                    scale: float) -> costmodel.DraftProfile:
+    """`profile` (of the drafted runs `prefix` over `rows`) with their drafting per step scaled by `scale`."""
+    drafting = float(rows[f"{prefix}draft_time_s"].sum()) / sum(_widths(rows[f"{prefix}verify_widths"]).values())
+    return costmodel.DraftProfile(profile.forwards_per_token, profile.other_per_step_s + drafting * (scale - 1),
+                                  profile.shapes_per_token)
 
 
 def _batch(rows: pd.DataFrame) -> int:

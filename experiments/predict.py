@@ -74,16 +74,13 @@ def interaction_from(rows: pd.DataFrame, kernel: LatencyCurve, fp32: LatencyCurv
     scaled by L_k(1, c) / L_0(1, c) and the prefill by the ratio at the curves' widest width, its drafting
     per step by `drafting` (the tune records' draft step on the kernel over fp32's: `drafting_scale`)."""
     draft, plain = heldout.draft_profile(rows), heldout.plain_run(rows)
-    per_step = float(rows.draft_time_s.sum()) / int(rows[heldout._column(rows, "", "steps")].sum())
-    on_kernel_draft = costmodel.DraftProfile(draft.forwards_per_token, draft.other_per_step_s
-                                             + per_step * (drafting - 1), draft.shapes_per_token)
     c, widest = plain.context, min(kernel.widths[-1], fp32.widths[-1])
     forward = plain.forward_s * kernel.at(1, c) / fp32.at(1, c)
     prefill = plain.prefill_s * kernel.at(widest, c) / fp32.at(widest, c)
     steps = int(rows[heldout._column(rows, "baseline_", "steps")].sum())
     seconds = plain.seconds + prefill - plain.prefill_s + steps * (forward - plain.forward_s)
     on_kernel = costmodel.PlainRun(plain.new_tokens, seconds, prefill, forward, c)
-    return (costmodel.predict_speculation(on_kernel_draft, on_kernel, kernel)
+    return (costmodel.predict_speculation(heldout.scaled_drafting(draft, rows, "", drafting), on_kernel, kernel)
             / costmodel.predict_speculation(draft, plain, fp32))
 
 
