@@ -242,6 +242,42 @@ def test_packed_weight_bytes_are_measured(tiny):
     assert info["weight_bytes"] < info["weight_bytes_before"] / 4
 
 
+@pytest.mark.skipif(not quant.availability("torchao_int4").ok, reason="torchao int4 unavailable here")
+def test_int4_linear_is_torchaos_kernel_call_without_the_subclass():
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import quantize_
+    from specdec.quant.torch_backends import Int4Linear
+
+    linear = torch.nn.Linear(64, 96, bias=False).bfloat16()
+    quantize_(linear, PrototypeInt4WeightOnlyConfig(group_size=32))
+    x = torch.randn(3, 5, 64).bfloat16()
+    assert torch.equal(Int4Linear(linear.weight)(x), linear(x))  # bit for bit: the same aten op on the same tensors
+
+
+@pytest.mark.skipif(not quant.availability("torchao_int4h8").ok, reason="torchao int4 unavailable here")
+@pytest.mark.parametrize("tied", [False, True])
+def test_int4h8_stores_the_embedding_and_head_as_int8_rows(tiny, tied):
+    import copy
+    from specdec.quant.torch_backends import Int8Rows
+
+    source = copy.deepcopy(tiny)
+    if tied:
+        source.model.lm_head.weight = source.model.model.embed_tokens.weight
+    table = source.model.lm_head.weight.detach().bfloat16().float()
+    int4 = quant.quantized_copy(source, "torchao_int4_g32")
+    target = quant.quantized_copy(source, "torchao_int4h8_g32")
+    embed, head = target.model.get_input_embeddings(), target.lm_head
+    assert isinstance(embed, Int8Rows) and isinstance(head, Int8Rows) and (embed is head) == tied
+    step = head.scale.float()[:, None]  # each entry within a step of its original (half, plus bf16 rounding)
+    assert ((head.weight.float() - table).abs() <= step + 1e-6).all()
+    ids = torch.tensor([[3, 7, 7, 60]])
+    assert torch.equal(embed(ids), embed.weight[ids])  # a lookup is the dequantized row
+    x = torch.randn(1, 4, tiny.hidden_size).bfloat16()
+    torch.testing.assert_close(head(x).float(), (x.float() @ head.weight.float().T), rtol=2e-2, atol=2e-2)
+    assert target.info["quant"]["weight_bytes"] < int4.info["quant"]["weight_bytes"]
+    assert (target.dtype, target.vocab_size, target.hidden_size) == (torch.bfloat16, tiny.vocab_size, tiny.hidden_size)
+
+
 def test_wrong_model_dtype_is_an_error():
     fp64 = specdec.tiny_target("llama", vocab_size=64, hidden_size=64, dtype=torch.float64)
     with pytest.raises(quant.QuantSpecError, match="float64"):
