@@ -75,6 +75,8 @@ def describe(machine: dict) -> str:
         text += f"; ISA flags {' '.join(machine['isa'])}"
     if machine.get("cores"):
         text += f"; {machine['cores']} cores"
+    if machine.get("llc_mib"):
+        text += f"; last-level cache {machine['llc_mib']:.0f} MiB"
     return text
 
 

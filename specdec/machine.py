@@ -72,7 +72,18 @@ def machine_facts(device: torch.device | str = "cpu") -> dict:
     flags = set((info.get("flags") or info.get("Features") or "").split())
     return {"name": machine_name(device), "vendor": info.get("vendor_id", platform.machine()),
             "family": info.get("cpu family", "?"), "model": info.get("model", "?"),
-            "isa": [f for f in ISA_FLAGS if f in flags]}
+            "isa": [f for f in ISA_FLAGS if f in flags], **({"llc_mib": llc} if (llc := _llc_mib()) else {})}
+
+
+def _llc_mib() -> float | None:
+    """The last-level cache in MiB (Linux sysfs; None elsewhere): weights smaller than it are read from it, so a
+    memory-read limit measured on them is a cache read."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        with contextlib.suppress(OSError, ValueError):
+            size = (index / "size").read_text().strip()
+            sizes[int((index / "level").read_text())] = int(size[:-1]) * {"K": 1, "M": 1024}[size[-1]] / 1024
+    return sizes[max(sizes)] if sizes else None
 
 
 def machine_key(device: torch.device | str = "cpu") -> str:

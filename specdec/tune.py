@@ -263,10 +263,17 @@ def card(record: dict) -> list[str]:
     if p := record.get("physics"):
         lines.append(f"  memory   {p['weight_bytes'] / 1e6:.1f} MB as stored, read once in {1e3 * p['read_seconds']:.2f} ms "
                      f"({p['read_gb_s']:.1f} GB/s); 1-token forward {1e3 * p['forward_seconds']:.2f} ms = "
-                     f"{p['ratio']:.2f}x the limit ({p['threads']} thread(s))")
+                     f"{p['ratio']:.2f}x the limit ({p['threads']} thread(s))"
+                     + _cached(p["weight_bytes"], record["machine"]))
     lines += [f"  note     {n}" for n in record.get("notes", [])]
     lines.append(f"  record   {record['path']}")
     return lines
+
+
+def _cached(nbytes: int, facts: dict) -> str:
+    """`; fits in the N MiB last-level cache` where it does: that limit is a cache read, not a DRAM read."""
+    llc = facts.get("llc_mib")
+    return f"; fits in the {llc:.0f} MiB last-level cache" if llc and nbytes < llc * 2**20 else ""
 
 
 def compiled_markdown(records: Sequence[dict], command: str) -> str:
@@ -280,7 +287,9 @@ def compiled_markdown(records: Sequence[dict], command: str) -> str:
              f"{records[0]['threads']} thread(s); command: `{command}`.", "",
              "Median ms of a forward after 64 cached tokens, eager (`dynamic`) and `compiled` "
              "(torch.compile, inductor, no freezing), both on the torch kernel, interleaved per repeat; (x) = ms / the "
-             "time to read the weights' stored bytes once on the same thread (1.00 = at the memory limit).", "",
+             "time to read the weights' stored bytes once on the same thread (1.00 = at the memory limit)"
+             + (f"; the last-level cache holds {m['llc_mib']:.0f} MiB, so a target whose weights fit is timed against a "
+                "cache read" if m.get("llc_mib") else "") + ".", "",
              "| target | weights MB | limit ms | eager 1 | compiled 1 | eager 8 | compiled 8 | compiled/eager 1 | "
              "compile s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in (r for r in records if "cache" in r):

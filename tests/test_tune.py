@@ -204,6 +204,9 @@ def test_a_tuned_record_carries_the_physics_and_the_card_shows_it(empty_cache, c
     assert physics["forward_seconds"] == next(iter(record["curves"].values()))["seconds"][0][0]
     assert physics["ratio"] == pytest.approx(physics["forward_seconds"] / physics["read_seconds"])
     assert f"= {physics['ratio']:.2f}x the limit" in out
+    llc = record["machine"].get("llc_mib")  # a tiny model fits in any last-level cache: the card says its limit is one
+    assert llc is None or (llc > 0 and f"fits in the {llc:.0f} MiB last-level cache" in out)
+    assert tune._cached(2**40, {"llc_mib": 32.0}) == "" and "32 MiB" in tune._cached(2**20, {"llc_mib": 32.0})
     summary = json.loads(out.strip().splitlines()[-1])["targets"]["tiny-llama"]
     assert summary["weight_bytes"] == physics["weight_bytes"] and set(summary["width_ms"]) == {
         str(w) for w in tune.CURVE_WIDTHS}
