@@ -131,6 +131,19 @@ def test_compiled_greedy_equals_the_eager_plain_loop_and_compiles_once(tiny_llam
     assert resolve_cache("auto", tiny_llama64) == "compiled"  # what tune found faster
 
 
+def test_each_model_keeps_its_compiled_programs_on_a_code_object_of_its_own(tiny_llama64):
+    """A forward checks only its own model's programs' guards, never another model's first."""
+    other = specdec.tiny_target("llama", dtype=torch.float32, seed=3)
+    for target in (tiny_llama64, other):
+        specdec.generate(target, None, PROMPT, max_new_tokens=3, cache="compiled", buckets=(8,))
+    codes = [graphs._CODES[t.model] for t in (tiny_llama64, other)]
+    assert codes[0] is not codes[1] and codes[0] == graphs.StaticForward._forward.__code__  # equal code, two objects
+    for code, target in zip(codes, (tiny_llama64, other)):
+        entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code)
+        assert 1 <= len(entries) <= 2  # the width-1 and width-2+ programs of this model, none of the other's
+    assert not torch._C._dynamo.eval_frame._debug_get_cache_entry_list(graphs.StaticForward._forward.__code__)
+
+
 def test_auto_cache_is_graphs_on_cuda_only(tiny_llama64):
     assert resolve_cache("auto", tiny_llama64) == "dynamic"
     assert resolve_cache("auto", types.SimpleNamespace(device=torch.device("cuda"))) == "graphs"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -92,8 +93,8 @@ class StaticForward:
                              f"the {kernel_in_use(target.model)!r} kernel: load it with kernel='torch'")
         if capture == "compile":  # inductor's C++ code lands in the on-disk cache: paid once per machine
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(machine.cache_root() / "inductor")
-            # every StaticForward's programs share one code object, whose entries dynamo caps at 8 by default; past
-            # the cap (4 targets x 2 programs in one process) it would run the forward eagerly without a word
+            # a model's StaticForwards share its code object (`_own_code`), whose entries dynamo caps at 8 by default;
+            # past the cap (weights swapped, other owners) it would run the forward eagerly without a word
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         if capture == "cuda_graph" and target.device.type != "cuda":
             raise ValueError(f"capture='cuda_graph' needs a CUDA target, {target.label!r} is on {target.device}")
@@ -117,8 +118,8 @@ class StaticForward:
         self.signature = weights_signature(target)
         self._bucket: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
-        self._program = torch.compile(self._forward, dynamic=False, options=dict(COMPILE_OPTIONS)) \
-            if capture == "compile" else None
+        self._program = torch.compile(types.MethodType(_own_code(target.model), self), dynamic=False,
+                                      options=dict(COMPILE_OPTIONS)) if capture == "compile" else None
 
     @property
     def target(self) -> Target:
@@ -256,6 +257,16 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
+def _own_code(model) -> Callable:
+    """`StaticForward._forward` over a code object of `model`'s own. dynamo keeps compiled programs per code object
+    and, each call, checks their guards in turn until one passes: with one code object for every model, a forward of
+    one model first failed the guards of every other model's programs in the process (a grid holds several)."""
+    code = _CODES.setdefault(model, StaticForward._forward.__code__.replace())  # equal code, another object
+    f = StaticForward._forward
+    return types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+
+
+_CODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its code object of `_forward`
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, weights) compiled}
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
 
