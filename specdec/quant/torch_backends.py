@@ -1,5 +1,5 @@
 """Backends built on torch and torchao kernels: `torchao_int4` (CPU tinygemm, the model cast to bf16), `torchao_int4h8`
-(the same, with the tied embedding / lm_head in int8 rows: the layout of the embedded GGUF, Q4_1 body and Q8_0
+(the same, with the embedding and lm_head in int8 rows: the layout of the embedded GGUF, Q4_1 body and Q8_0
 table), `torchao_int8` (per-row scales), `torchao_w8a8` (int8 weights x dynamic int8 activations), `dynamic_int8` and
 `dynamic_fp16` (torch `quantize_dynamic`, CPU only). Owns `Int4Linear` and `Int8Rows`, two plain modules over packed
 tensors. Knows which layers to touch only through `quantizable_linears`.
@@ -31,7 +31,7 @@ def _int4_cpu_probe() -> str | None:
 class Int4Linear(nn.Module):
     """A bias-free linear over torchao's CPU int4 packing (tinygemm layout, per-group scale and zero), as plain
     tensors: the same kernel call torchao's `Int4OpaqueTensor` makes, without the tensor subclass, whose guards a
-    compiled forward checks in Python, one per layer, every step (see docs/measurements/kernels-*.md)."""
+    compiled forward checks in Python, one per layer, every step."""
 
     def __init__(self, weight) -> None:  # weight: a torchao Int4OpaqueTensor of a [out, in] weight
         super().__init__()

@@ -261,8 +261,8 @@ def _own_code(model) -> Callable:
     """`StaticForward._forward` over a code object of `model`'s own. dynamo keeps compiled programs per code object
     and, each call, checks their guards in turn until one passes: with one code object for every model, a forward of
     one model first failed the guards of every other model's programs in the process (a grid holds several)."""
-    code = _CODES.setdefault(model, StaticForward._forward.__code__.replace())  # equal code, another object
     f = StaticForward._forward
+    code = _CODES.setdefault(model, f.__code__.replace())  # equal code, another object
     return types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
 
 
