@@ -253,15 +253,19 @@ def record_counts(kind: str, paths: list[Path], this_run: dict) -> dict[str, int
     """Over `this_run` and every stored record of `kind` in `paths` (the results store's and the published
     ones of this machine, a published copy counted once): runs, runs with a fight verdict, with the A/A
     control compound, with the cost model's target met; of the runs that carried them, those whose every speed cell's
-    prediction (`predicted` of `predicting`) and whose mechanism control (`mechanism` of `controlled`) fell within."""
+    prediction (`predicted` of `predicting`; at the cell's own acceptance factor taken out, `equal` of `equalled`)
+    and whose mechanism control (`mechanism` of `controlled`) fell within."""
     runs = [*{(r["date"], r["command"]): r["result"] for p in paths if p.exists() for r in records.read(p)
               if r["kind"] == kind}.values(), this_run]
-    scored = [[p["within"] for p in r.get("prediction") or [] if p["cell"] in r.get("verdict", {})] for r in runs]
+    cells = [[p for p in r.get("prediction") or [] if p["cell"] in r.get("verdict", {})] for r in runs]
+    scored = [[p["within"] for p in c] for c in cells]
+    equal = [[p["within_at_equal_acceptance"] for p in c] for c in cells if all("at_equal_acceptance" in p for p in c)]
     controls = [r["mechanism_control"]["within"] for r in runs if r.get("mechanism_control")]
     return {"runs": len(runs), "fight": sum("fight" in r.get("verdict", {}).values() for r in runs),
             "control": sum(r.get("control") == "compound" for r in runs),
             "cost": sum(bool(r.get("cost_model", {}).get("beats_nulls")) for r in runs),
             "predicting": sum(map(bool, scored)), "predicted": sum(bool(w) and all(w) for w in scored),
+            "equalled": sum(map(bool, equal)), "equal": sum(bool(w) and all(w) for w in equal),
             "controlled": len(controls), "mechanism": sum(controls)}
 
 
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"record: {path} (publish it: python scripts/measurements.py --publish {results})", file=sys.stderr)
     print("record of this grid on this machine, this run included: fight in {fight} of {runs}; A/A compound in "
           "{control} of {runs}; cost target met in {cost} of {runs}; every prediction within in {predicted} of "
-          "{predicting}; mechanism control within in {mechanism} of {controlled}".format(**summary["record"]))
+          "{predicting} ({equal} of {equalled} at equal acceptance); mechanism control within in {mechanism} of {controlled}".format(**summary["record"]))
     print(json.dumps(summary), flush=True)
     return 0
 

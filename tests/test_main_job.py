@@ -132,7 +132,8 @@ def test_the_record_counts_every_stored_run_of_the_grid_once(tmp_path):
     from specdec.measure.records import make_record
 
     def record(kind: str, date: str, fight: bool, control: str, met: bool) -> str:
-        predicted = [{"cell": "eagle", "within": met}, {"cell": "A/A twin", "within": False}]  # the twin is not counted
+        predicted = [{"cell": "eagle", "within": met, "at_equal_acceptance": [1, 1, 1],  # the twin is not counted
+                      "within_at_equal_acceptance": fight}, {"cell": "A/A twin", "within": False}]
         return json.dumps(make_record(kind, {"verdict": {"eagle": "fight" if fight else "inconclusive"},
                                              "control": control, "cost_model": {"beats_nulls": met},
                                              "prediction": predicted, "mechanism_control": {"within": fight}})
@@ -144,5 +145,5 @@ def test_the_record_counts_every_stored_run_of_the_grid_once(tmp_path):
                          + record("main-full", "d3", True, "compound", True) + "\n")
     this_run = {"verdict": {"eagle": "fight"}, "control": "compound", "cost_model": {"beats_nulls": False}}
     assert record_counts("main", [own, published, tmp_path / "absent.jsonl"], this_run) == {
-        "runs": 3, "fight": 2, "control": 2, "cost": 1, "predicting": 2, "predicted": 1, "controlled": 2,
-        "mechanism": 1}
+        "runs": 3, "fight": 2, "control": 2, "cost": 1, "predicting": 2, "predicted": 1, "equalled": 2,
+        "equal": 1, "controlled": 2, "mechanism": 1}
