@@ -4,6 +4,7 @@ transformers' `sdpa`, and no per-head copy of the cached keys and values under a
 import pytest
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import specdec
 from specdec.runtime.attention import NAME
@@ -65,3 +66,32 @@ def test_masked_cpu_forward_does_not_repeat_kv(monkeypatch):
 
 def test_other_attentions_are_left_alone():
     assert specdec.tiny_target("llama", attn_implementation="eager").attention == "eager"
+
+
+class _Products(TorchDispatchMode):
+    """The column counts of the matrix products run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.columns: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            self.columns.append(args[1].shape[1])
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_row_paired_with_itself_is_the_first_column_of_the_pair():
+    """`Target.pair_one_row`: a bf16 head scores one row, when pairing is on, as the first column of the row and its
+    copy (a GEMM), else alone; never for an fp32 head; two rows are never padded."""
+    assert not specdec.load_target("tiny-llama", kernel="torch").pair_one_row
+    target = specdec.load_target("tiny-llama", kernel="torch", quant="bf16")
+    w = target.lm_head.weight
+    x = torch.randn(1, 1, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+    for paired, columns, expected in ((True, 2, (w @ x[0].expand(2, -1).T)[:, :1].T), (False, 1, (w @ x[0].T).T)):
+        target.pair_one_row = paired
+        with _Products() as seen:
+            assert torch.equal(target.logits(x), expected[None])
+        assert seen.columns == [columns]  # the product it ran (the two may round alike)
+    two = torch.cat([x, -x], 1)
+    assert torch.equal(target.logits(two), (w @ two[0].T).T[None])

@@ -28,7 +28,7 @@ from specdec.drafters.common import BlockSlots
 from specdec.drafters.lockstep import Ask, grow_rows
 from specdec.loading import parse_dtype
 from specdec.quant.registry import get as quant_backend, parse_spec
-from specdec.runtime.model import Target, batch_attention, tree_attention
+from specdec.runtime.model import Target, batch_attention, pairs_faster, rows_product, tree_attention
 from specdec.core.grow import SubVocab, grow_tree
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -85,6 +85,7 @@ class EagleDrafter:
                 self.vocab_weight = self.vocab_weight.to(head_dtype)
         self.score_weight = self.lm_weight if self.vocab is None else self.vocab_weight  # [N, H]
         self.scorer = kernels.linear_over(self.score_weight, target.kernel)  # None: W @ x^T below
+        self.pair_one_row = self.scorer is None and pairs_faster(self.score_weight)
         self.reset()
 
     def _own_vocabulary(self, head: Eagle3Head, target: Target, draft_vocab: int | None) -> None:
@@ -98,6 +99,7 @@ class EagleDrafter:
             self.sub_vocab = SubVocab(self.vocab, target.vocab_size)
         self.score_weight = self.head.lm_head.weight.detach()  # [N, H] in the head's dtype
         self.scorer = kernels.linear_over(self.score_weight, target.kernel)
+        self.pair_one_row = self.scorer is None and pairs_faster(self.score_weight)
 
     def reset(self) -> None:
         self.cache = KVCache()
@@ -114,7 +116,7 @@ class EagleDrafter:
         weight = self.score_weight  # [N, H]
         features = self.head.logit_features(features)
         flat = features.reshape(-1, features.shape[-1]).to(weight.dtype)  # [B*n, H]
-        rows = self.scorer(flat) if self.scorer is not None else (weight @ flat.T).T  # W @ x^T: see Target.logits
+        rows = self.scorer(flat) if self.scorer is not None else rows_product(weight, flat, self.pair_one_row)
         logits = rows.reshape(*features.shape[:-1], -1)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -120,6 +120,8 @@ class Target:
         self.base = self.model.base_model
         self.lm_head = self.model.get_output_embeddings()
         self.softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        head = self.lm_head
+        self.pair_one_row = type(head) is torch.nn.Linear and head.bias is None and pairs_faster(head.weight)
 
     def __repr__(self) -> str:
         params = sum(p.numel() for p in self.model.parameters())
@@ -299,11 +301,12 @@ class Target:
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The lm_head (and soft-capping) on hidden states [B, n, H] -> logits [B, n, V]; a bias-free head as
-        W @ rows^T (faster at small n on one thread; may round differently in the last bit)."""
+        W @ rows^T (faster at small n on one thread; may round differently in the last bit), one row paired with
+        itself where that measured faster (`pair_one_row`)."""
         head = self.lm_head
         if type(head) is torch.nn.Linear and head.bias is None:
             flat = rows.reshape(-1, rows.shape[-1])  # [B*n, H]
-            logits = (head.weight @ flat.T).T.reshape(*rows.shape[:-1], -1)  # [B, n, V]
+            logits = rows_product(head.weight, flat, self.pair_one_row).reshape(*rows.shape[:-1], -1)  # [B, n, V]
         else:
             logits = head(rows)
         if self.softcap:
@@ -314,3 +317,32 @@ class Target:
         """Run `token_ids` as a chain into `cache`, logits for the last row only."""
         tokens = torch.tensor([list(token_ids)], dtype=torch.long)
         return self.forward(tokens, cache, logits_rows=slice(-1, None))
+
+
+def rows_product(weight: torch.Tensor, flat: torch.Tensor, pair: bool = False) -> torch.Tensor:
+    """Rows [n, H] scored by `weight` [V, H] as W @ rows^T -> [n, V]; one row paired with a copy of itself
+    when `pair` (`pairs_faster`)."""
+    n = flat.shape[0]
+    return (weight @ (flat.expand(2, -1) if pair and n == 1 else flat).T)[:, :n].T
+
+
+def pairs_faster(weight: torch.Tensor, repeats: int = 5) -> bool:
+    """Whether a half-precision CPU `weight` [V, H] scores one row faster as two (the row and a copy: a GEMM, whose
+    first column is the row's logits) than alone (a GEMV, which oneDNN runs slowly on some CPUs), with the same bits
+    on a probe row: timed once here, interleaved, best of `repeats`. fp32 weights and other devices keep one row."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    import time
+
+    one = torch.randn(weight.shape[1], 1, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    with torch.no_grad():
+        if not torch.equal(weight @ one, (weight @ one.expand(-1, 2))[:, :1]):
+            return False  # a choice of speed only: never one that changes the logits
+    best = {1: float("inf"), 2: float("inf")}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            for n in best:
+                start = time.perf_counter()
+                weight @ one.expand(-1, n)
+                best[n] = min(best[n], time.perf_counter() - start)
+    return best[2] < 0.9 * best[1]
