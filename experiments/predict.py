@@ -1,9 +1,9 @@
 """Predicted before measured: the interactions the main job prints before a cell runs, then measures.
 
-Owns the mechanism control's prediction (its source drafter's width factor: `predict_control`) and each drafted kernel
-cell's (`predict_cell`): `costmodel.predict_speculation` on the kernel over fp32, fed the fp32 drafted and plain runs
-of that drafter x shape on held-out prompts (RESULTS/profile), forwards and prefill scaled by the tune records' kernel
-/ fp32 curves. Both are stored before their cell runs; the scored cell is never read for it.
+Owns the mechanism control's prediction (its source drafter's in-run width cost, priced at the control's own
+held-out widths: `predict_control`) and each drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation`
+on the kernel over fp32, fed the fp32 drafted and plain runs of that drafter x shape on held-out prompts
+(RESULTS/profile), forwards and prefill scaled by the tune records' kernel / fp32 curves. Both are stored before their cell runs; the scored cell is never read for it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pandas as pd
 
 from experiments import heldout
 from experiments.leaderboard import N_BOOT, atomic_text
-from experiments.store import StoreError
+from experiments.store import StoreError, load_rows
 from experiments.stored import Cell, ReportError, cell_order, load_cells, verdicts
 from experiments.verdict import Interaction
 from specdec.core.curve import LatencyCurve
@@ -31,16 +31,33 @@ PROFILE_DIR = "profile"
 
 
 def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
-    """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting
-    and prefill taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), read
-    from the stored `source` drafter's cell on `kernel`; written to RESULTS/`CONTROL_FILE`."""
+    """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting and prefill
+    taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), written to RESULTS/`CONTROL_FILE`.
+    It reads the stored `source` drafter's cell on `kernel`: its in-run verify step in plain steps on each kernel
+    (`r_kernel`, `r_fp32`) at its mean verify width w_s, taken as linear in the width, R(w) = 1 + (R(w_s) - 1)(w - 1) /
+    (w_s - 1), and priced at the verify widths of `drafter`'s held-out fp32 runs (RESULTS/`PROFILE_DIR`):
+    R_fp32 / R_kernel over those steps. Without that profile, the source cell's own width factor."""
     cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
     found = verdicts(cells, N_BOOT)
     scored = [c for c in cells if found[c.cell_id].factors]
     if not scored:
         raise ReportError(f"no decomposed {source} cell on {kernel} in {results} to predict the {drafter} control from")
-    width = found[scored[0].cell_id].factors["width"][0]
-    record = {"drafter": drafter, "predicted": round(width, 4), "from": f"width factor of {scored[0].name}"}
+    cell, factors = scored[0], found[scored[0].cell_id].factors
+    width, said = factors["width"][0], f"width factor of {scored[0].name}"
+    own, _ = heldout.steps(cell.rows)
+    w_s = sum(w * n for w, n in own.items()) / sum(own.values())
+    profile = Path(results) / PROFILE_DIR
+    rows = load_rows(profile) if (profile / "cells").is_dir() else pd.DataFrame({"drafter": []})
+    rows = rows[(rows.drafter == drafter) & (rows["shape"] == cell.entry[1])] if len(rows) else rows
+    if len(rows) and w_s > 1:
+        mix, _ = heldout.steps(rows)
+        r_k, r_0 = factors["r_kernel"][0], factors["r_fp32"][0]
+        at = lambda r: sum(n * (1 + (r - 1) * (w - 1) / (w_s - 1)) for w, n in mix.items())  # noqa: E731
+        width = at(r_0) / at(r_k)
+        said = (f"{scored[0].name}'s in-run R({w_s:.1f}) {r_k:.2f} / fp32 {r_0:.2f}, at {drafter} "
+                f"{cell.entry[1]}'s widths on {rows.question_id.nunique()} held-out prompts "
+                f"(mean {sum(w * n for w, n in mix.items()) / sum(mix.values()):.2f})")
+    record = {"drafter": drafter, "predicted": round(width, 4), "from": said}
     atomic_text(Path(results) / CONTROL_FILE, json.dumps(record) + "\n")
     return record
 
@@ -101,8 +118,6 @@ def predict_cell(results: str | os.PathLike, name: str, drafter: str, shape: str
     """Predict cell `name` (drafter x shape on the kernel of tune record records["kernel"]) from RESULTS/`PROFILE_DIR`'s
     runs of that drafter x shape and records["fp32"]; appended to RESULTS/`PREDICTION_FILE` and returned."""
     from specdec.tune import record_curve
-
-    from experiments.store import load_rows
 
     rows = load_rows(Path(results) / PROFILE_DIR)
     rows = rows[(rows.drafter == drafter) & (rows["shape"] == shape)]

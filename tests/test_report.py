@@ -7,6 +7,7 @@ overhead, and bad input."""
 from __future__ import annotations
 
 import json
+import shutil
 import re
 import warnings
 from pathlib import Path
@@ -416,6 +417,25 @@ def test_the_limits_line_says_only_what_the_store_recorded(store):
         c.meta.pop("target_info"), c.meta.pop("model_sizes")
         c.meta["hardware"] = {"torch_threads": 8, "cuda": ["Some GPU"]}
     assert _limits(cells) == "Limits: model m, on GPU (8 torch thread(s))."
+
+
+def test_the_mechanism_control_is_priced_at_its_own_held_out_widths(store, capsys):
+    """With the control drafter's held-out fp32 runs in RESULTS/profile, the source cell's in-run R of each kernel,
+    taken linear in the width, is priced at the control's widths: half its steps at width 1 (no proposal, no width
+    cost) and half at the source's 5 give R = 1 + (R(5) - 1) / 2; a control that never proposes has no width cost."""
+    from experiments.predict import PROFILE_DIR
+
+    assert report_cli([str(store), "--bootstrap", "300"]) == 0
+    source = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["decomposition"][
+        "eagle chain(4) on torchao_int4_g32"]
+    half = lambda r: 1 + (r - 1) / 2  # noqa: E731
+    for widths, expected in (({"1": 8, "5": 8}, half(source["r_fp32"]) / half(source["r_kernel"])), ({"1": 16}, 1.0)):
+        profile = ResultsStore(store / PROFILE_DIR)
+        write_cell(profile, "ngram", "none", MALS, extra={"verify_widths": widths})
+        predicted = predict_control(store, "ngram", "eagle", "torchao_int4_g32")
+        assert predicted["predicted"] == pytest.approx(expected, abs=2e-3) and "8 held-out prompts" in predicted["from"]
+        assert expected == 1.0 or predicted["predicted"] != pytest.approx(source["width"], abs=1e-2)
+        shutil.rmtree(store / PROFILE_DIR)
 
 
 def test_the_mechanism_control_is_predicted_before_its_cell_exists_then_measured(store, capsys):
