@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"record: {path} (publish it: python scripts/measurements.py --publish {results})", file=sys.stderr)
     print("record of this grid on this machine, this run included: fight in {fight} of {runs}; A/A compound in "
           "{control} of {runs}; cost target met in {cost} of {runs}; every prediction within in {predicted} of "
-          "{predicting} ({equal} of {equalled} at equal acceptance); mechanism control within in {mechanism} of {controlled}".format(**summary["record"]))
+          "{predicting} ({equal} of {equalled} at equal acceptance); mechanism control within in {mechanism} of "
+          "{controlled}".format(**summary["record"]))
     print(json.dumps(summary), flush=True)
     return 0
 

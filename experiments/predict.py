@@ -3,7 +3,8 @@
 Owns the mechanism control's prediction (its source drafter's in-run width cost, priced at the control's own
 held-out widths: `predict_control`) and each drafted kernel cell's (`predict_cell`): `costmodel.predict_speculation`
 on the kernel over fp32, fed the fp32 drafted and plain runs of that drafter x shape on held-out prompts
-(RESULTS/profile), forwards and prefill scaled by the tune records' kernel / fp32 curves. Both are stored before their cell runs; the scored cell is never read for it.
+(RESULTS/profile), forwards and prefill scaled by the tune records' kernel / fp32 curves. Both are stored before
+their cell runs; the scored cell is never read for it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ PROFILE_DIR = "profile"
 
 def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
     """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting and prefill
-    taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), written to RESULTS/`CONTROL_FILE`.
-    It reads the stored `source` drafter's cell on `kernel`: its in-run verify step in plain steps on each kernel
+    taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), written to
+    RESULTS/`CONTROL_FILE`. It reads the stored `source` drafter's cell on `kernel`: its in-run verify step in plain steps on each kernel
     (`r_kernel`, `r_fp32`) at its mean verify width w_s, taken as linear in the width, R(w) = 1 + (R(w_s) - 1)(w - 1) /
     (w_s - 1), and priced at the verify widths of `drafter`'s held-out fp32 runs (RESULTS/`PROFILE_DIR`):
     R_fp32 / R_kernel over those steps. Without that profile, the source cell's own width factor."""
@@ -44,19 +45,17 @@ def predict_control(results: str | os.PathLike, drafter: str, source: str, kerne
         raise ReportError(f"no decomposed {source} cell on {kernel} in {results} to predict the {drafter} control from")
     cell, factors = scored[0], found[scored[0].cell_id].factors
     width, said = factors["width"][0], f"width factor of {scored[0].name}"
-    own, _ = heldout.steps(cell.rows)
-    w_s = sum(w * n for w, n in own.items()) / sum(own.values())
-    profile = Path(results) / PROFILE_DIR
-    rows = load_rows(profile) if (profile / "cells").is_dir() else pd.DataFrame({"drafter": []})
-    rows = rows[(rows.drafter == drafter) & (rows["shape"] == cell.entry[1])] if len(rows) else rows
-    if len(rows) and w_s > 1:
+    mean = lambda widths: sum(w * n for w, n in widths.items()) / sum(widths.values())  # noqa: E731
+    w_s, profile = mean(heldout.steps(cell.rows)[0]), Path(results) / PROFILE_DIR
+    rows = load_rows(profile) if (profile / "cells").is_dir() else None
+    rows = None if rows is None else rows[(rows.drafter == drafter) & (rows["shape"] == cell.entry[1])]
+    if rows is not None and len(rows) and w_s > 1:
         mix, _ = heldout.steps(rows)
         r_k, r_0 = factors["r_kernel"][0], factors["r_fp32"][0]
         at = lambda r: sum(n * (1 + (r - 1) * (w - 1) / (w_s - 1)) for w, n in mix.items())  # noqa: E731
         width = at(r_0) / at(r_k)
-        said = (f"{scored[0].name}'s in-run R({w_s:.1f}) {r_k:.2f} / fp32 {r_0:.2f}, at {drafter} "
-                f"{cell.entry[1]}'s widths on {rows.question_id.nunique()} held-out prompts "
-                f"(mean {sum(w * n for w, n in mix.items()) / sum(mix.values()):.2f})")
+        said = (f"{scored[0].name}'s in-run R({w_s:.1f}) {r_k:.2f} / fp32 {r_0:.2f}, at {drafter} {cell.entry[1]}'s "
+                f"widths on {rows.question_id.nunique()} held-out prompts (mean {mean(mix):.2f})")
     record = {"drafter": drafter, "predicted": round(width, 4), "from": said}
     atomic_text(Path(results) / CONTROL_FILE, json.dumps(record) + "\n")
     return record

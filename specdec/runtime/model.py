@@ -7,6 +7,7 @@ nothing about acceptance; the KV cache it writes into belongs to the caller.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,14 +333,11 @@ def pairs_faster(weight: torch.Tensor, repeats: int = 5) -> bool:
     on a probe row: timed once here, interleaved, best of `repeats`. fp32 weights and other devices keep one row."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float16):
         return False
-    import time
-
     one = torch.randn(weight.shape[1], 1, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    best = {1: float("inf"), 2: float("inf")}
     with torch.no_grad():
         if not torch.equal(weight @ one, (weight @ one.expand(-1, 2))[:, :1]):
             return False  # a choice of speed only: never one that changes the logits
-    best = {1: float("inf"), 2: float("inf")}
-    with torch.no_grad():
         for _ in range(repeats + 1):
             for n in best:
                 start = time.perf_counter()
