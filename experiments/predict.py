@@ -34,10 +34,11 @@ PROFILE_DIR = "profile"
 def predict_control(results: str | os.PathLike, drafter: str, source: str, kernel: str) -> dict:
     """The mechanism control's interaction predicted from the width factor alone (acceptance, drafting and prefill
     taken as 1: a drafter that costs nearly nothing and accepts alike on both kernels), written to
-    RESULTS/`CONTROL_FILE`. It reads the stored `source` drafter's cell on `kernel`: its in-run verify step in plain steps on each kernel
-    (`r_kernel`, `r_fp32`) at its mean verify width w_s, taken as linear in the width, R(w) = 1 + (R(w_s) - 1)(w - 1) /
-    (w_s - 1), and priced at the verify widths of `drafter`'s held-out fp32 runs (RESULTS/`PROFILE_DIR`):
-    R_fp32 / R_kernel over those steps. Without that profile, the source cell's own width factor."""
+    RESULTS/`CONTROL_FILE`. It reads the stored `source` drafter's cell on `kernel`: its in-run verify step in plain
+    steps on each kernel (`r_kernel`, `r_fp32`) at its mean verify width w_s, taken as linear in the width,
+    R(w) = 1 + (R(w_s) - 1)(w - 1) / (w_s - 1), and priced at the verify widths of `drafter`'s held-out fp32 runs
+    (RESULTS/`PROFILE_DIR`): R_fp32 / R_kernel over those steps. Without that profile, the source cell's own width
+    factor."""
     cells = [c for c in load_cells(results) if c.entry[0] == source and c.quant == kernel]
     found = verdicts(cells, N_BOOT)
     scored = [c for c in cells if found[c.cell_id].factors]
