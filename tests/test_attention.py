@@ -30,6 +30,27 @@ def test_default_attention_and_same_logits(family):
     torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_traced_cpu_forward_attends_by_float32_products(family, monkeypatch):
+    """Traced by torch.compile (`is_compiling`), a masked CPU forward runs `_products`, not SDPA: the same logits as
+    transformers' `eager` attention up to rounding, tree mask and grouped heads included (`_products` with its heads
+    grouped the wrong way round fails this)."""
+    from specdec.runtime import attention
+
+    target = specdec.load_target(f"tiny-{family}", kernel="torch")
+    eager = _tree_logits(target, "eager")
+    cache = KVCache()
+    target.prefill(list(range(3, 40)), cache)  # unmasked (causal): SDPA's, as before
+    calls = []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(hf_sdpa.torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1))
+    target.model.set_attn_implementation(NAME)
+    traced = target.forward(torch.tensor([[5, 6, 7, 8, 9]]), cache, torch.tensor([-1, 0, 0, 1, 2])).logits
+    assert not calls
+    torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-5)
+
+
 def test_masks_transformers_builds_are_kept():
     """Masks transformers builds itself (per attention name) must be built for ours too: a causal
     chain after cached entries (what a chain verification and a prefill are) and a left-padded batch

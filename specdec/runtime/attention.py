@@ -1,6 +1,8 @@
 """The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU. Owns `sdpa_gqa`
-(`specdec_sdpa`: a masked multi-query CPU forward passes `enable_gqa` to SDPA instead of `repeat_kv`, bit-identical)
-and `use_gqa_attention` (applied by `load_target`). Knows nothing about caches, trees or drafting.
+(`specdec_sdpa`: a masked multi-query CPU forward passes `enable_gqa` to SDPA instead of `repeat_kv`, bit-identical;
+traced by `torch.compile` on a CPU, the attention as float32 products and a softmax, which inductor fuses: SDPA's
+CPU kernel costs ~70 us a layer at one query row) and `use_gqa_attention` (applied by `load_target`). Knows nothing
+about caches, trees or drafting.
 """
 
 from __future__ import annotations
@@ -29,12 +31,27 @@ def sdpa_gqa(
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = (dropout == 0.0 and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
              and not kwargs.get("output_attentions", False))
+    if plain and attention_mask is not None and query.device.type == "cpu" and torch.compiler.is_compiling():
+        return _products(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
     if attention_mask is None or query.shape[2] == 1 or not grouped or not plain or query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
                                          enable_gqa=True)  # [B, heads, n, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+def _products(query, key, value, mask, scale: float) -> tuple[torch.Tensor, None]:
+    """softmax(q k^T * scale + mask) v in float32, query heads grouped over their key head (no `repeat_kv` copy);
+    mask [B, 1, n, S] additive or boolean. ([B, n, heads, D] in the query's dtype, None)"""
+    b, heads, n, d = query.shape
+    kv = key.shape[1]
+    q = query.reshape(b, kv, heads // kv, n, d).float()
+    scores = q @ key.unsqueeze(2).transpose(-1, -2).float() * scale  # [B, kv, group, n, S]
+    mask = mask.unsqueeze(1)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    out = torch.softmax(scores, -1) @ value.unsqueeze(2).float()  # [B, kv, group, n, D]
+    return out.reshape(b, heads, n, d).transpose(1, 2).contiguous().to(query.dtype), None
 
 
 AttentionInterface.register(NAME, sdpa_gqa)
