@@ -136,12 +136,40 @@ def test_each_model_keeps_its_compiled_programs_on_a_code_object_of_its_own(tiny
     other = specdec.tiny_target("llama", dtype=torch.float32, seed=3)
     for target in (tiny_llama64, other):
         specdec.generate(target, None, PROMPT, max_new_tokens=3, cache="compiled", buckets=(8,))
-    codes = [graphs._CODES[t.model] for t in (tiny_llama64, other)]
+    codes = [graphs._CODES[t.model][hash(graphs.weights_signature(t))] for t in (tiny_llama64, other)]
     assert codes[0] is not codes[1] and codes[0] == graphs.StaticForward._forward.__code__  # equal code, two objects
     for code, target in zip(codes, (tiny_llama64, other)):
         entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code)
         assert 1 <= len(entries) <= 2  # the width-1 and width-2+ programs of this model, none of the other's
     assert not torch._C._dynamo.eval_frame._debug_get_cache_entry_list(graphs.StaticForward._forward.__code__)
+
+
+class _Doubled(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.inner(x)
+
+
+def test_a_module_wrapped_after_a_compile_runs_in_a_program_of_its_own():
+    """Compiled programs skip guards on the model's modules: a module wrapped around the same weights changes the
+    weights signature, so the next forward runs a program traced on the new modules (the stale one would not double)."""
+    target = specdec.tiny_target("llama", dtype=torch.float32, seed=4)
+    tokens = torch.tensor([PROMPT])
+
+    def compiled():
+        forward = graphs.static_forward(target, 64, (16,), capture="compile")
+        return forward.forward(tokens, forward.open()).logits
+
+    before = compiled()
+    torch.testing.assert_close(before, target.forward(tokens, KVCache()).logits)
+    mlp = target.model.model.layers[-1].mlp
+    mlp.down_proj = _Doubled(mlp.down_proj)
+    after = compiled()
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, target.forward(tokens, KVCache()).logits)
 
 
 def test_auto_cache_is_graphs_on_cuda_only(tiny_llama64):

@@ -36,9 +36,11 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """Verification widths a `StaticForward` runs at by default: a forward of n tokens runs at the
 smallest one >= n."""
 CAPTURES = ("cuda_graph", "compile", "eager")
-COMPILE_OPTIONS = {"freezing": False}
-"""inductor options of `capture="compile"`. No freezing: it saved no measurable time per forward, and its programs
-bypass AOTAutograd's on-disk cache, so every process paid ~20 s more per program (smollm2-135m, one core)."""
+COMPILE_OPTIONS = {"freezing": False, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+"""`torch.compile` options of `capture="compile"`. No freezing: it saved no measurable time per forward, and its
+programs bypass AOTAutograd's on-disk cache, so every process paid ~20 s more per program (smollm2-135m, one core).
+No guards on the model's modules (~0.5 ms a forward of smollm2-135m): each model and weights signature has a code
+object of its own (`_own_code`), so a program never meets modules other than those it was traced on."""
 
 
 def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
@@ -118,7 +120,7 @@ class StaticForward:
         self.signature = weights_signature(target)
         self._bucket: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture == "cuda_graph" else None
-        self._program = torch.compile(types.MethodType(_own_code(target.model), self), dynamic=False,
+        self._program = torch.compile(types.MethodType(_own_code(target.model, self.signature), self), dynamic=False,
                                       options=dict(COMPILE_OPTIONS)) if capture == "compile" else None
 
     @property
@@ -244,9 +246,12 @@ class StaticForward:
 
 
 def weights_signature(target: Target) -> tuple:
-    """Addresses and shapes of the target's parameters and buffers: a captured graph reads weights
-    at these addresses, so a target whose modules were swapped (kernels, quantization) needs new ones."""
-    return tuple((_address(t), tuple(t.shape), t.dtype) for t in (*target.model.parameters(), *target.model.buffers()))
+    """Addresses and shapes of the target's parameters and buffers, and its modules' classes: a captured graph reads
+    weights at these addresses, and a compiled one runs the modules it was traced on, so a target whose modules were
+    swapped (kernels, quantization, a module wrapped around the same weights) needs new ones."""
+    model = target.model
+    return (*((_address(t), tuple(t.shape), t.dtype) for t in (*model.parameters(), *model.buffers())),
+            tuple(map(type, model.modules())))
 
 
 def _address(t: torch.Tensor) -> int:
@@ -257,16 +262,18 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
-def _own_code(model) -> Callable:
-    """`StaticForward._forward` over a code object of `model`'s own. dynamo keeps compiled programs per code object
-    and, each call, checks their guards in turn until one passes: with one code object for every model, a forward of
-    one model first failed the guards of every other model's programs in the process (a grid holds several)."""
+def _own_code(model, signature: tuple) -> Callable:
+    """`StaticForward._forward` over a code object of `model`'s own, one per weights signature. dynamo keeps compiled
+    programs per code object and, each call, checks their guards in turn until one passes: with one code object for
+    every model, a forward of one model first failed the guards of every other model's programs in the process (a
+    grid holds several). Their guards skip the model's modules (`COMPILE_OPTIONS`): swapped modules (quantized,
+    another kernel) change the signature, and so get a code object, and programs, of their own."""
     f = StaticForward._forward
-    code = _CODES.setdefault(model, f.__code__.replace())  # equal code, another object
+    code = _CODES.setdefault(model, {}).setdefault(hash(signature), f.__code__.replace())  # equal code, another object
     return types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
 
 
-_CODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its code object of `_forward`
+_CODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {weights: its code object of `_forward`}
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(width > 1, weights) compiled}
 _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {owner: StaticForward}
 
