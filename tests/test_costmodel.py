@@ -45,6 +45,19 @@ def test_wider_verify_costs_more_on_a_steep_curve():
     assert costmodel.predict(tree, plain, plain, steep, steep).speedup < costmodel.predict(chain, plain, plain, steep, steep).speedup
 
 
+def test_a_padded_curve_prices_a_width_at_its_bucket():
+    """A compiled or graphed forward runs width 5 at bucket 8: its curve (`padded`, as `CurveTimer` times them) costs
+    5 as 8, where an eager curve interpolates; the flag survives a round trip through JSON."""
+    eager = linear_curve(0.1, 0.01)
+    padded = LatencyCurve.from_json({**eager.to_json(), "padded": True})
+    assert eager.at(5) == pytest.approx(0.15) and padded.at(5) == pytest.approx(eager.at(8)) == pytest.approx(0.18)
+    assert padded.at(8) == eager.at(8) and padded.at(1) == eager.at(1) and padded.at(40) == eager.at(40)
+    chain = parts(40, {5: 16})
+    plain = parts(40, {1: 40})
+    assert costmodel.predict(chain, plain, plain, padded, eager).speedup < costmodel.predict(chain, plain, plain,
+                                                                                               eager, eager).speedup
+
+
 def test_mal_from_acceptance():
     assert costmodel.mal_from_acceptance([10, 10, 10], [8, 5, 2], steps=10) == pytest.approx(2.5)
     with pytest.raises(ValueError, match="no larger than reached"):

@@ -121,6 +121,7 @@ def test_compiled_greedy_equals_the_eager_plain_loop_and_compiles_once(tiny_llam
     timer = CurveTimer(tiny_llama64, widths=(2, 5), contexts=(16, 300), cache="compiled")
     specdec.generate(tiny_llama64, None, PROMPT, max_new_tokens=3, cache="compiled", buckets=(8,))
     assert [kv.length for _, kv, _ in timer._caches] == [16, 300]  # the curve's own caches: kept apart from the loop's
+    assert timer.padded and not CurveTimer(tiny_llama64, widths=(2, 5), cache="dynamic").padded  # buckets: priced so
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_before + 1
     packed = specdec.tiny_target("llama", dtype=torch.float32)
     if specdec.runtime.kernels.apply_kernel(packed.model, "onednn"):  # inductor packs weights itself, or not at all

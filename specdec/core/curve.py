@@ -27,6 +27,7 @@ class LatencyCurve:
     seconds: tuple[tuple[float, ...], ...]  # seconds[c][w]: median time of one forward at contexts[c], widths[w].
     batch: int = 1  # Rows per forward: each of `batch` rows forwards w tokens after c cached (a batch's verification).
     holes: bool = False  # Timed as rows with holes run (an explicit mask over the real entries: `measure_latency`).
+    padded: bool = False  # Timed through width buckets (compiled, graphed): a width between two costs the next one's.
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
@@ -40,9 +41,11 @@ class LatencyCurve:
             raise ValueError(f"latency seconds must be [contexts={len(self.contexts)}][widths={len(self.widths)}]")
 
     def at(self, width: int, context: int | None = None) -> float:
-        """Seconds of one forward of `width` tokens after `context` cached (default: the smallest
-        context measured), linear between measured points and beyond the last two."""
+        """Seconds of one forward of `width` tokens after `context` cached (default: the smallest context measured),
+        linear between measured points (`padded`: the next measured width's) and beyond the last two."""
         row = self._row(context)
+        if self.padded and width <= self.widths[-1]:
+            return row[next(i for i, w in enumerate(self.widths) if w >= width)]
         return _interp(self.widths, row, width)
 
     def ratio(self, width: int, context: int | None = None) -> float:
@@ -68,7 +71,7 @@ class LatencyCurve:
         if missing:
             raise ValueError(f"latency curve {source} lacks {', '.join(missing)}")
         return LatencyCurve(**{f: data[f] for f in fields}, batch=int(data.get("batch", 1)),
-                            holes=bool(data.get("holes", False)))
+                            holes=bool(data.get("holes", False)), padded=bool(data.get("padded", False)))
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

@@ -39,11 +39,12 @@ class CurveTimer:
         self.target, self.widths, self.contexts = target, tuple(widths), tuple(contexts)
         self.batch, self.holes = batch, holes
         kind = resolve_cache(cache, target, batch)
-        padded, buckets = verification_width(kind, max(widths), None)
+        widest, buckets = verification_width(kind, max(widths), None)
+        self.padded = bool(buckets)  # compiled or graphed: each width runs at its bucket
         self._gen = torch.Generator().manual_seed(seed)
         self._caches = []
         for context in self.contexts:
-            kv, forward = CACHES[kind](target, context + padded, buckets, owner=f"curve after {context}")
+            kv, forward = CACHES[kind](target, context + widest, buckets, owner=f"curve after {context}")
             if context:
                 prefix = torch.randint(0, target.vocab_size, (batch, context), generator=self._gen)
                 target.forward(prefix, kv, logits_rows=slice(-1, None))
@@ -84,7 +85,7 @@ class CurveTimer:
         return LatencyCurve(target=target.label, device=str(target.device),
                             dtype=str(target.dtype).replace("torch.", ""), machine=machine.machine_name(target.device),
                             threads=torch.get_num_threads(), widths=self.widths, contexts=self.contexts,
-                            seconds=seconds, batch=self.batch, holes=self.holes)
+                            seconds=seconds, batch=self.batch, holes=self.holes, padded=self.padded)
 
 
 def measure_latency(target: Target, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
