@@ -11,6 +11,8 @@
   not divide a layer, a device the kernels do not support, a missing library.
 """
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -274,6 +276,8 @@ def test_int4h8_stores_the_embedding_and_head_as_int8_rows(tiny, tied):
     assert torch.equal(embed(ids), embed.weight[ids])  # a lookup is the dequantized row
     x = torch.randn(1, 4, tiny.hidden_size).bfloat16()
     torch.testing.assert_close(head(x).float(), (x.float() @ head.weight.float().T), rtol=2e-2, atol=2e-2)
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):  # traced, one row: a reduction
+        torch.testing.assert_close(head(x[:, :1]).float(), head(x)[:, :1].float(), rtol=2e-2, atol=2e-2)
     assert target.info["quant"]["weight_bytes"] < int4.info["quant"]["weight_bytes"]
     assert (target.dtype, target.vocab_size, target.hidden_size) == (torch.bfloat16, tiny.vocab_size, tiny.hidden_size)
 
