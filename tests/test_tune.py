@@ -121,8 +121,9 @@ def test_bad_input(empty_cache, capsys):
 @pytest.fixture
 def tiny_stale(monkeypatch):
     """The stale guard's factor for tiny-llama: its 1 ms forward on a shared test core jitters by up to ~30% between
-    probes (the embedded target's by a few percent, under `tune.STALE`)."""
-    monkeypatch.setattr(tune, "STALE", 1.6)
+    probes, and by up to ~1.8x with a timing run on the other core of a CPU with a small shared L3 (the embedded
+    target's by a few percent, under `tune.STALE`)."""
+    monkeypatch.setattr(tune, "STALE", 2.0)
 
 
 def test_reuse_keeps_the_stored_record_and_says_so(empty_cache, capsys, tiny_stale):
@@ -143,19 +144,19 @@ def test_reuse_tunes_a_stale_record_again_and_keeps_a_fresh_one(empty_cache, cap
     path = machine.record_path("tiny-llama", "cpu", torch.float32)
     record = json.loads(path.read_text())
     key, curve = next(iter(record["curves"].items()))
-    tampered = [[3 * t for t in row] for row in curve["seconds"]]  # as if tuned on a machine three times slower
+    tampered = [[5 * t for t in row] for row in curve["seconds"]]  # as if tuned on a machine five times slower
     path.write_text(json.dumps(record | {"curves": {key: curve | {"seconds": tampered}}}))
     capsys.readouterr()
     assert tune.main(argv) == 0
     out = capsys.readouterr().out
-    stale = re.search(r"is stale: its curve timed again now is ([0-9.]+)x the stored one, over 1.6x; tuning again", out)
-    assert stale and float(stale.group(1)) < 1 / 1.6  # about 1/3; tiny-llama's forward jitters on a shared core
+    stale = re.search(r"is stale: its curve timed again now is ([0-9.]+)x the stored one, over 2.0x; tuning again", out)
+    assert stale and float(stale.group(1)) < 1 / 2.0  # about 1/5; tiny-llama's forward jitters on a shared core
     assert json.loads(out.strip().splitlines()[-1])["reused"] is False
     fresh = json.loads(path.read_text())["curves"][key]["seconds"]
-    assert fresh[0][0] < tampered[0][0] / 2  # measured again, not the tampered times
+    assert fresh[0][0] < tampered[0][0] / 2.5  # measured again, not the tampered times
     assert tune.main(argv) == 0
     again = capsys.readouterr().out
-    assert "using the record of" in again and "within 1.6x" in again
+    assert "using the record of" in again and "within 2.0x" in again
     assert json.loads(again.strip().splitlines()[-1])["reused"] is True
 
 
