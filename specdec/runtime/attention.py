@@ -1,8 +1,8 @@
 """The attention function specdec's targets run: transformers' SDPA, minus a copy under masks on CPU. Owns `sdpa_gqa`
 (`specdec_sdpa`: a masked multi-query CPU forward passes `enable_gqa` to SDPA instead of `repeat_kv`, bit-identical;
 traced by `torch.compile` on a CPU, the attention as float32 products and a softmax, which inductor fuses: SDPA's
-CPU kernel costs ~70 us a layer at one query row) and `use_gqa_attention` (applied by `load_target`). Knows nothing
-about caches, trees or drafting.
+CPU kernel has a fixed cost per call that dominates at one query row) and `use_gqa_attention` (applied by
+`load_target`). Knows nothing about caches, trees or drafting.
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ CAPTURES = ("cuda_graph", "compile", "eager")
 COMPILE_OPTIONS = {"freezing": False, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 """`torch.compile` options of `capture="compile"`. No freezing: it saved no measurable time per forward, and its
 programs bypass AOTAutograd's on-disk cache, so every process paid ~20 s more per program (smollm2-135m, one core).
-No guards on the model's modules (~0.5 ms a forward of smollm2-135m): each model and weights signature has a code
-object of its own (`_own_code`), so a program never meets modules other than those it was traced on."""
+No guards on the model's modules (checking them cost a measurable share of a small model's step): each model and
+weights signature has a code object of its own (`_own_code`), so a program never meets modules other than those it
+was traced on."""
 
 
 def check_buckets(buckets: Sequence[int], widest: int) -> tuple[int, ...]:
