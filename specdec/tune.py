@@ -214,8 +214,10 @@ def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] 
     """What a benchmark or the main job calls first: the stored record for `name` (quantized by `quant`) on this machine
     when a quick probe agrees with its curve within `STALE`, else `tune_target` now (also when `threads` asks for
     another count than it holds). Says which on stdout, so the choices a run used are visible; returns the record
-    (with `notes` when it was tuned now)."""
+    (with `notes` when it was tuned now). A stale record that timed the compiled forward (`tune --compile`) is tuned
+    again with it, so the compiled choice is measured again rather than dropped."""
     stored = stored_record(name, threads, device, quant)
+    compiled = stored is not None and "cache" in stored[0]
     flags = f"{f' --quant {quant}' if quant else ''}{f' --threads {threads}' if threads else ''}"
     said = f"tuning {name}{f'@{quant}' if quant else ''} first (python -m specdec.tune {name}{flags})"
     if stored is not None:
@@ -225,9 +227,10 @@ def ensure_tuned(name: str, threads: int | None = None, drafters: Sequence[str] 
             print(f"specdec.tune: using the record of {stored[0]['updated']} ({stored[1]}): {probe}, within {STALE}x",
                   flush=True)
             return stored[0]
-        said = f"the record of {stored[0]['updated']} ({stored[1]}) is stale: {probe}, over {STALE}x; tuning again"
+        said = (f"the record of {stored[0]['updated']} ({stored[1]}) is stale: {probe}, over {STALE}x; tuning again"
+                + (" with --compile" if compiled else ""))
     print(f"specdec.tune: {said}", flush=True)
-    record = tune_target(name, quant, threads, drafters, device)
+    record = tune_target(name, quant, threads, drafters, device, compiled=compiled)
     print("\n".join(card(record)), flush=True)
     return record
 

@@ -160,6 +160,24 @@ def test_reuse_tunes_a_stale_record_again_and_keeps_a_fresh_one(empty_cache, cap
     assert json.loads(again.strip().splitlines()[-1])["reused"] is True
 
 
+def test_a_stale_record_tuned_with_compile_is_tuned_again_with_it(empty_cache, capsys, tiny_stale, monkeypatch):
+    """A record that timed the compiled forward (`tune --compile` wrote its `cache`; here eager won) keeps that choice
+    measured when found stale: `ensure_tuned` tunes it again with `compiled=True`; a record without it, without."""
+    assert tune.main(["tiny-llama", "--threads", "1", "--drafter", "none"]) == 0
+    path = machine.record_path("tiny-llama", "cpu", torch.float32)
+    record = json.loads(path.read_text())
+    key, curve = next(iter(record["curves"].items()))
+    stale = record | {"curves": {key: curve | {"seconds": [[5 * t for t in row] for row in curve["seconds"]]}}}
+    asked = []
+    monkeypatch.setattr(tune, "tune_target", lambda *args, compiled=False: asked.append(compiled) or stale | {"path": str(path)})
+    for cache, said in (({"cache": "dynamic"}, "; tuning again with --compile"), (None, "; tuning again\n")):
+        path.write_text(json.dumps(stale | ({"cache": cache} if cache else {})))
+        capsys.readouterr()
+        tune.ensure_tuned("tiny-llama", 1, ("none",))
+        assert said in capsys.readouterr().out
+    assert asked == [True, False]
+
+
 def test_reuse_tunes_each_quantized_target_once_then_keeps_its_record(empty_cache, capsys, tiny_stale):
     argv = ["tiny-llama", "--threads", "1", "--drafter", "none", "--reuse", "--quant", "rtn4_g32"]
     assert tune.main(argv) == 0
