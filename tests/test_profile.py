@@ -112,7 +112,7 @@ EMBEDDED_PROMPT = "Write a Python function that checks whether a number is prime
 
 
 def test_replay_matches_real_runs_on_the_embedded_target(embedded):
-    """The issue's check (one prompt; 32 tokens, each drafter's replays a chain and a tree): within 3% (seen: exact)."""
+    """The issue's check (one prompt, 32 tokens; chains cut shorter, a tree narrower): within 3% (seen: exact)."""
     cases = [("ngram", "chain(6)", ["chain(2)"]), ("eagle", "chain(6)", ["chain(4)"]),
              ("eagle", "tree(3,2,1)", ["tree(2,1,1)"])]
     for name, recorded, replayed in cases:

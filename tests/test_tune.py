@@ -169,7 +169,10 @@ def test_a_stale_record_tuned_with_compile_is_tuned_again_with_it(empty_cache, c
     key, curve = next(iter(record["curves"].items()))
     stale = record | {"curves": {key: curve | {"seconds": [[5 * t for t in row] for row in curve["seconds"]]}}}
     asked = []
-    monkeypatch.setattr(tune, "tune_target", lambda *args, compiled=False: asked.append(compiled) or stale | {"path": str(path)})
+    def tune_target(*args, compiled=False):
+        asked.append(compiled)
+        return stale | {"path": str(path)}
+    monkeypatch.setattr(tune, "tune_target", tune_target)
     for cache, said in (({"cache": "dynamic"}, "; tuning again with --compile"), (None, "; tuning again\n")):
         path.write_text(json.dumps(stale | ({"cache": cache} if cache else {})))
         capsys.readouterr()
