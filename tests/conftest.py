@@ -2,6 +2,7 @@
 offline in every test; a temporary $SPECDEC_CACHE for the whole session."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from specdec import machine
 # (docs/measurements/results) nor hypothesis' storage in the checkout (./.hypothesis): the session gets its own,
 # which the processes tests start inherit. The embedded model's converted copy, when the user's cache
 # has one, is linked in read-only rather than converted again (a deterministic conversion, not a
-# measurement); without one, the first test that needs it converts it into the temporary cache.
-_USER_CACHE = machine.cache_root()
+# measurement); without one, the first test that needs it converts it into the temporary cache. Each
+# xdist worker has a cache of its own; the user's is named by the first process, which the workers inherit.
+os.environ.setdefault("SPECDEC_TEST_USER_CACHE", str(machine.cache_root()))
+_USER_CACHE = Path(os.environ["SPECDEC_TEST_USER_CACHE"])
 _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
 os.environ["SPECDEC_CACHE"] = str(_SESSION_CACHE)
 os.environ["SPECDEC_RECORDS"] = str(_SESSION_CACHE / "records")  # benchmarks run by tests record here
@@ -31,6 +34,17 @@ FAMILIES = ["llama", "qwen2", "mistral"]
 # anything else running, 2 threads make even the embedded model's decode several times slower
 # (OpenMP barriers).
 torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per usable core, at most 4; each worker converts and holds
+    the embedded model and compiles its own graphs, so more would cost memory and repeated setup."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def pytest_unconfigure(config):
+    """The session's cache goes with the session (the user's converted model is only linked from it)."""
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
