@@ -100,7 +100,7 @@ class AutoShape:
     max_nodes: int = 32  # Most draft nodes verified in one step, >= 1.
     probe: int = 4
     """After this many steps without a draft, draft chain(1) once to refresh the estimates; the
-    interval doubles after each probe that is rejected (resets on an accepted one). >= 1."""
+    interval doubles (up to 64) after each probe that leaves "no draft" the best (resets when drafting wins). >= 1."""
     trim: int = 1
     """1: when the drafter scores its nodes (`Draft.scores`), verify only the subtree with the best
     expected tokens per second under calibrated confidences (`specdec.loop.policy`); 0: verify every node."""

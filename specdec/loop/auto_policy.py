@@ -79,6 +79,7 @@ class AutoPolicy:
         self.idle_steps = 0
         self.probe_interval = spec.probe
         self.probing = False
+        self.probed = False  # a probe was verified since the last choice
         # Trimming (docs/design/auto.md): calibration cells [depth bucket, confidence bin], survival per
         # depth and sibling rank.
         centers = (np.arange(self.BINS) + 0.5) / self.BINS
@@ -92,14 +93,16 @@ class AutoPolicy:
         self.trims = False  # True once a drafter has handed in scored drafts
         self._deepest: int | None = None  # the cheap path's candidate (see choose)
         self._latency_rows: dict[int, np.ndarray] = {}
+        self._plan: tuple[tuple, np.ndarray, np.ndarray, np.ndarray] | None = None  # see values
 
     # ---- estimates -------------------------------------------------------------------------------
     PRIOR_SUCCESSES, PRIOR_FAILURES = 1.0, 3.0
-    BINS, CALIB_WEIGHT, CHEAP = 10, 2.0, 0.03
+    BINS, CALIB_WEIGHT, CHEAP, LONGEST_PROBE_INTERVAL = 10, 2.0, 0.03, 64
 
     def start(self) -> None:
-        """A new generation: keep the estimates, restart the probing schedule."""
-        self.idle_steps, self.probe_interval, self.probing = 0, self.spec.probe, False
+        """A new generation: keep the estimates and the probing schedule (idle steps count across generations, so
+        generations shorter than the probe interval still probe)."""
+        self.probing = False
 
     def acceptance(self, optimistic: bool = False) -> np.ndarray:
         """s[d, r] (docs/design/auto.md): posterior means, each depth's prior centred on the depth above (depth 1:
@@ -164,13 +167,19 @@ class AutoPolicy:
         return (self.cost_per_depth or 0.0) * depth
 
     def values(self, context: int) -> tuple[np.ndarray, float]:
-        """(expected tokens per second of each candidate [C], of drafting nothing)."""
+        """(expected tokens per second of each candidate [C], of drafting nothing). What only drafted steps change
+        (acceptance, survival, drafting cost) is kept until the next one, so an idle step re-plans in microseconds."""
         row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
-        latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
-        draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
-        step = self.scale * latency + np.array([draft[int(d)] for d in self.depths]) + self.commit_cost + self.other
+        key = (self.drafted_steps, self.trims, context // 16)
+        if self._plan is None or self._plan[0] != key:
+            latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
+            draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
+            gain = 1.0 + self.expected_accepted(optimistic=True)
+            self._plan = (key, gain, latency, np.array([draft[int(d)] for d in self.depths]))
+        _, gain, latency, draft = self._plan
+        step = self.scale * latency + draft + (self.commit_cost + self.other)
         none = 1.0 / max(1e-12, self.scale * row[0] + self.commit_cost + self.other)
-        return (1.0 + self.expected_accepted(optimistic=True)) / np.maximum(step, 1e-12), none
+        return gain / np.maximum(step, 1e-12), none
 
     # ---- policy ----------------------------------------------------------------------------------
     def choose(self, context: int) -> Shape | None:
@@ -189,11 +198,15 @@ class AutoPolicy:
             values, none = self.values(context)
             best = int(values.argmax())
         if not cheap and values[best] <= none:
+            if self.probed:  # the last probe left "no draft" the best: wait twice as long for the next one
+                longest = max(self.spec.probe, self.LONGEST_PROBE_INTERVAL)
+                self.probe_interval, self.probed = min(2 * self.probe_interval, longest), False
             self.idle_steps += 1
             if self.idle_steps < self.probe_interval:
                 return None
             self.probing = True
             return ChainShape(1)
+        self.probe_interval, self.probed = self.spec.probe, False
         widths = self.widths[best]
         return ChainShape(len(widths)) if max(widths) == 1 else TreeShape(widths)
 
@@ -237,8 +250,7 @@ class AutoPolicy:
         if event.shape is None:  # nothing was asked of the drafter
             return
         self.idle_steps = 0
-        if self.probing:
-            self.probe_interval = self.spec.probe if acceptance.num_accepted else 2 * self.probe_interval
+        self.probed = self.probing
         self.drafted_steps += 1
         if self.trims:
             features = self._features(proposal)
