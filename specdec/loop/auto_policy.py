@@ -93,11 +93,12 @@ class AutoPolicy:
         self.trims = False  # True once a drafter has handed in scored drafts
         self._deepest: int | None = None  # the cheap path's candidate (see choose)
         self._latency_rows: dict[int, np.ndarray] = {}
-        self._plan: tuple[tuple, np.ndarray, np.ndarray, np.ndarray] | None = None  # see values
+        self._plan: tuple | None = None  # see values
+        self._featured: tuple[Draft, tuple | None] | None = None  # the last draft _features read, and its result
 
     # ---- estimates -------------------------------------------------------------------------------
     PRIOR_SUCCESSES, PRIOR_FAILURES = 1.0, 3.0
-    BINS, CALIB_WEIGHT, CHEAP, LONGEST_PROBE_INTERVAL = 10, 2.0, 0.03, 64
+    BINS, CALIB_WEIGHT, CHEAP, LONGEST_PROBE_INTERVAL, REPLAN = 10, 2.0, 0.03, 64, 4
 
     def start(self) -> None:
         """A new generation: keep the estimates and the probing schedule (idle steps count across generations, so
@@ -168,15 +169,17 @@ class AutoPolicy:
 
     def values(self, context: int) -> tuple[np.ndarray, float]:
         """(expected tokens per second of each candidate [C], of drafting nothing). What only drafted steps change
-        (acceptance, survival, drafting cost) is kept until the next one, so an idle step re-plans in microseconds."""
+        (acceptance, survival, drafting cost) is planned again after a probe and every REPLAN drafted steps; the
+        load scale and the per-step costs every step (an idle step plans in microseconds, a drafted one in ~0.1 ms)."""
         row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
-        key = (self.drafted_steps, self.trims, context // 16)
-        if self._plan is None or self._plan[0] != key:
+        key = (self.trims, context // 16)
+        if (self._plan is None or self._plan[0] != key or self.probed
+                or self.drafted_steps >= self._plan[1] + self.REPLAN):
             latency = np.interp(self.expected_verified(), np.arange(len(row)), row)  # [C], linear between widths
             draft = {int(d): self._draft_seconds(int(d)) for d in np.unique(self.depths)}
             gain = 1.0 + self.expected_accepted(optimistic=True)
-            self._plan = (key, gain, latency, np.array([draft[int(d)] for d in self.depths]))
-        _, gain, latency, draft = self._plan
+            self._plan = (key, self.drafted_steps, gain, latency, np.array([draft[int(d)] for d in self.depths]))
+        _, _, gain, latency, draft = self._plan
         step = self.scale * latency + draft + (self.commit_cost + self.other)
         none = 1.0 / max(1e-12, self.scale * row[0] + self.commit_cost + self.other)
         return gain / np.maximum(step, 1e-12), none
@@ -215,9 +218,12 @@ class AutoPolicy:
         docstring, "Trimming"); None for any other draft, or with trimming off."""
         if not self.spec.trim or not draft.num_nodes or draft.scores is None or draft.draft_probs is not None:
             return None
+        if self._featured is not None and self._featured[0] is draft:  # keep's, read again by observe
+            return self._featured[1]
         parents, scores = draft.parents.tolist(), draft.scores.tolist()
         own = [scores[i] - (scores[parent] if parent >= 0 else 0.0) for i, parent in enumerate(parents)]
-        return np.minimum(np.exp(own), 1.0), tree_ops.depths(draft.parents).numpy()
+        self._featured = (draft, (np.minimum(np.exp(own), 1.0), tree_ops.depths(draft.parents).numpy()))
+        return self._featured[1]
 
     def keep(self, draft: Draft, context: int) -> torch.Tensor | None:
         """The nodes of `draft` worth verifying (docs/design/auto.md, "Trimming"); None (all of them) when
