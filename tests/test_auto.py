@@ -337,6 +337,20 @@ def _simulate(policy: AutoPolicy, accept, steps: int, seed: int = 0) -> list[str
     return chosen
 
 
+def test_probes_that_leave_no_draft_the_best_come_ever_more_rarely():
+    """Width costs a whole forward per token (drafting never pays) while every probe is accepted: each probe
+    leaves "no draft" the best, so the interval (a probe is its last step) doubles from 4 to at most 64 and
+    carries into the next generation. Resetting after every accepted probe drafted chain(1) every 5th step,
+    whose drafting made `auto` slower than plain decoding on a fast target."""
+    policy = AutoPolicy(AutoShape(max_depth=2, max_width=1, max_nodes=2, probe=4, latency=STEEP))
+    chosen = _simulate(policy, lambda d: 1.0, 260)
+    probes = [i for i, shape in enumerate(chosen) if shape != "None"]
+    assert all(chosen[i] == "chain(1)" for i in probes)
+    assert probes[0] == 3 and [b - a for a, b in zip(probes, probes[1:])] == [8, 16, 32, 64, 64, 64], probes
+    policy.start()  # a new generation keeps the schedule: 259 - probes[-1] of the 64 steps are behind it
+    assert _simulate(policy, lambda d: 1.0, 64).index("chain(1)") == 64 - (259 - probes[-1]) - 1
+
+
 @pytest.mark.parametrize("explore", [0, 1])
 def test_an_early_pessimistic_estimate_is_corrected_by_optimism(explore):
     """Depth 1 is well known (0.8 of 1000); depth 2 got 0 of 4 early (mean 0.4 under its prior),
