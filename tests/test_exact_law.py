@@ -288,3 +288,15 @@ def test_sampled_acceptance_marks_the_bonus_token_only_past_a_leaf():
     assert whole.path == [0, 1] and whole.bonus
     rejected = acceptance.accept_sampling(chain, torch.stack([onehot(0), onehot(2), onehot(3)]), g)
     assert rejected.path == [] and rejected.next_token == 0 and not rejected.bonus
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 300), st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+       st.integers(0, 2**31 - 1))
+def test_greedy_argmax_on_cpu_is_torchs_first_maximum(rows, vocab, dtype, seed):
+    """Greedy acceptance reads each row's argmax through numpy on CPU (torch's CPU argmax is a scalar loop); with
+    ties (logits drawn from 4 values) and in every dtype, it must pick torch's index: the first maximum."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 4, (rows, vocab), generator=g).to(dtype)
+    logits[:, torch.randint(0, vocab, (1,), generator=g)] = 3  # every row has a tie at the top, mostly
+    assert torch.equal(acceptance.argmax_rows(logits), logits.argmax(-1))

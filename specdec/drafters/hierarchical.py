@@ -18,7 +18,7 @@ from specdec.runtime.cache import KVCache
 from specdec.core.draft import Acceptance, Draft, Drafter, DraftRequest, Step
 from specdec.drafters.registry import build, register
 from specdec.runtime.model import Target
-from specdec.core.acceptance import accept_greedy
+from specdec.core.acceptance import accept_greedy, argmax_rows
 
 EXTRA_NODE_ID = -1
 """Node id of the intermediate's own next token in the top drafter's Step: a node the top drafter
@@ -62,7 +62,7 @@ class HierarchicalDrafter:
         tokens = torch.cat([torch.tensor([pending]), tree.tokens.cpu()], 1)  # [B, m + N]
         logits = self.mid.forward(tokens, self.cache, parents, logits_rows=slice(m - 1, None)).logits  # [B, 1 + N, V]
         self.root_position = self.consumed + m - 1
-        mid = accept_greedy(tree, logits[0].argmax(-1))
+        mid = accept_greedy(tree, argmax_rows(logits[0]))
         self.path, self.mid_token = mid.path, mid.next_token
         chain = tree.tokens[0, mid.path].tolist() + [mid.next_token]
         chain = chain[:max(request.max_depth, 0)]
@@ -122,7 +122,7 @@ class HierarchicalDrafter:
         logits = self.mid.forward(tokens, self.cache, parents, valid=None if bool(valid.all()) else valid).logits
         drafts = []
         for b, (row, tree, m) in enumerate(zip(self.rows, trees, pendings)):
-            mid = accept_greedy(tree, logits[b, m - 1: m + tree.num_nodes].argmax(-1))
+            mid = accept_greedy(tree, argmax_rows(logits[b, m - 1: m + tree.num_nodes]))
             row.tree, row.pending, row.path, row.mid_token = tree, m, mid.path, mid.next_token
             chain = (tree.tokens[0, mid.path].tolist() + [mid.next_token])[:max(request.row(b).max_depth, 0)]
             device = request.token_ids.device
