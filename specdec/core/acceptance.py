@@ -37,7 +37,7 @@ def accept(
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, the first maximum as torch's: [N, V] -> [N] long. On CPU through numpy, whose argmax is
-    vectorized: torch's CPU argmax took 1.6 ms for 9 rows of 49,152 bf16 logits on a Zen 4 (numpy 75 us)."""
+    vectorized (torch's CPU argmax is a scalar loop, an order of magnitude slower over a 49,152-token vocabulary)."""
     if logits.device.type != "cpu":
         return logits.argmax(-1)
     return torch.from_numpy(logits.detach().float().numpy().argmax(-1))

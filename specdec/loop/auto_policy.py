@@ -170,7 +170,7 @@ class AutoPolicy:
     def values(self, context: int) -> tuple[np.ndarray, float]:
         """(expected tokens per second of each candidate [C], of drafting nothing). What only drafted steps change
         (acceptance, survival, drafting cost) is planned again after a probe and every REPLAN drafted steps; the
-        load scale and the per-step costs every step (an idle step plans in microseconds, a drafted one in ~0.1 ms)."""
+        load scale and the per-step costs every step, so most steps plan with a few vector operations."""
         row = self._latency_row(context, self.spec.max_nodes)  # [max_nodes + 1]
         key = (self.trims, context // 16)
         if (self._plan is None or self._plan[0] != key or self.probed
