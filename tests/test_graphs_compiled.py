@@ -2,7 +2,7 @@
 
 At T = 0 the drafted output equals the plain loop's output *on the same compiled program* (both run at
 the one width bucket, so every forward is the same kernel at the same width), in fp32, torchao int4 with
-int8 rows (bf16 activations) and torchao int8 x int8 (whose compiled program is another kernel than its eager one:
+int8 rows (bf16 activations), the same weights on specdec's own kernels (`native_int4h8`) and torchao int8 x int8 (whose compiled program is another kernel than its eager one:
 exact to itself, not to eager)."""
 
 import pytest
@@ -15,8 +15,10 @@ from specdec.drafters import build
 PROMPT = [3, 17, 5, 9, 22, 5, 9, 22, 5, 9]
 
 
-@pytest.mark.parametrize("quant", [None, *(pytest.param(q, marks=pytest.mark.slow) for q in ("torchao_int4h8", "torchao_w8a8"))])
+@pytest.mark.parametrize("quant", [None, *(pytest.param(q, marks=pytest.mark.slow) for q in ("torchao_int4h8", "native_int4h8", "torchao_w8a8"))])
 def test_compiled_greedy_is_exact_to_its_own_kernel(quant):
+    if quant and not specdec.quant.availability(quant).ok:
+        pytest.skip(f"{quant} cannot run here")
     target = specdec.load_target("tiny-llama", quant=quant, kernel="torch", threads=1)
     out = {(name, cache): specdec.generate(target, None if name == "none" else build(name, target=target), PROMPT,
                                            shape="chain(4)", max_new_tokens=12, stop_on_eos=False, cache=cache,

@@ -1,0 +1,133 @@
+"""`native_int4h8`: torchao_int4h8's weights (the same int4 g32 values, scales and zeros, the same int8 table) run by
+specdec's own CPU kernels, `csrc/lowbit.cpp`, which this module builds with the machine's C++ compiler on first use.
+
+Owns the build (`load`: compiled once per source, torch and CPU, kept under `$SPECDEC_CACHE/native`, announced on
+stderr), the kernels' shapes for `torch.compile`, and two plain modules, `NativeInt4Linear` and `NativeInt8Rows`.
+Knows which layers to touch only through `quantizable_linears`. Hand-written because aten's CPU kernels for these
+layouts read a one-row product at a third to a half of the memory rate; on a CPU without AVX-512 BF16 the file
+compiles a portable loop instead, which tune will time as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec import machine
+from specdec.quant.layers import replace_linears
+from specdec.quant.registry import QuantSpec, backend
+from specdec.quant.torch_backends import Int8Rows
+
+SOURCE = Path(__file__).with_name("csrc") / "lowbit.cpp"
+GROUP = 32
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _probe() -> str | None:
+    if _compiler() is None:
+        return "no C++ compiler on PATH (set $CXX): native_int4h8 builds its kernels on first use"
+    from torch.utils import cpp_extension
+
+    if not (Path(cpp_extension.include_paths()[0]) / "torch" / "library.h").exists():
+        return "this torch install has no C++ headers"
+    return None
+
+
+@functools.cache
+def load() -> None:
+    """Build (once per source, torch version and CPU) and load the `specdec_lowbit` operators."""
+    from torch.utils import cpp_extension
+
+    flags = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-w",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    digest = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {flags}".encode()).hexdigest()[:16]
+    target = machine.cache_root() / "native" / machine.machine_key("cpu") / f"lowbit-{digest}.so"
+    if not target.exists():
+        print(f"specdec: building specdec's int4/int8 CPU kernels ({SOURCE.name}, ~15 s once; kept in {target.parent})",
+              file=sys.stderr, flush=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        libs = cpp_extension.library_paths()[0]
+        command = [_compiler(), *flags, *(f"-I{p}" for p in cpp_extension.include_paths()),
+                   f"-I{sysconfig.get_paths()['include']}", str(SOURCE), f"-L{libs}", "-ltorch", "-ltorch_cpu",
+                   "-lc10", f"-Wl,-rpath,{libs}", "-o", partial]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            os.unlink(partial)
+            raise RuntimeError(f"building {SOURCE} failed:\n{' '.join(command)}\n{done.stderr[-4000:]}")
+        os.replace(partial, target)  # atomic: processes building at once each load a whole file
+    torch.ops.load_library(str(target))
+    for name in ("int4_mm", "int8_mm"):  # shapes for torch.compile: [M, K] x [N, ...] -> [M, N], x's dtype
+        torch.library.register_fake(f"specdec_lowbit::{name}", lambda x, q, s: x.new_empty(x.shape[0], q.shape[0]))
+
+
+def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [N, K] weight as (nibbles [N, K / 2] uint8, [N, 2, K / 32] float32 scale and c = zero - 136 scale): torchao's
+    int4 values, scales and zeros (`torchao_int4`'s tinygemm rule, w = (q - 8) scale + zero), in the kernel's layout."""
+    from torchao.quantization.quant_primitives import (
+        MappingType, _choose_qparams_affine_tinygemm, _quantize_affine_tinygemm,
+    )
+
+    n, k = weight.shape
+    scale, zero = _choose_qparams_affine_tinygemm(weight, MappingType.ASYMMETRIC, [1, GROUP], torch.int32, 0, 15, 1e-6,
+                                                  None, weight.dtype)
+    q = _quantize_affine_tinygemm(weight, [1, GROUP], scale, zero, torch.int32, 0, 15).to(torch.uint8)
+    q = q.reshape(n, k // GROUP, 2, GROUP // 2)  # a group's byte j: element j (low nibble), element j + 16 (high)
+    scale, zero = scale.reshape(n, -1).float(), zero.reshape(n, -1).float()
+    return (q[:, :, 0] | q[:, :, 1] << 4).reshape(n, k // 2), torch.stack([scale, zero - 136 * scale], 1)
+
+
+class NativeInt4Linear(nn.Module):
+    """A bias-free linear over `pack_int4`'s layout, run by `specdec_lowbit::int4_mm` (bf16 in and out)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        nibbles, scales = pack_int4(linear.weight.detach())
+        self.qdata = nn.Parameter(nibbles.contiguous(), requires_grad=False)
+        self.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        y = torch.ops.specdec_lowbit.int4_mm(x.reshape(-1, self.in_features), self.qdata, self.scales)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class NativeInt8Rows(Int8Rows):
+    """`Int8Rows` whose logits come from `specdec_lowbit::int8_mm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            return super().forward(x)
+        y = torch.ops.specdec_lowbit.int8_mm(x.reshape(-1, self.in_features), self.qweight, self.scale)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+@backend("native_int4h8",
+         description="torchao_int4h8's weights (int4 g32 body, int8 table) run by specdec's own CPU kernels (AVX-512 "
+                     "BF16 dot products; built with the machine's C++ compiler on first use), bf16 activations",
+         bits=(4,), grouped=True, group_sizes=(GROUP,), devices=("cpu",), library="torchao", extra="torchao",
+         probe=_probe)
+def apply_native_int4h8(model: nn.Module, spec: QuantSpec) -> nn.Module:
+    load()
+    model = model.to(torch.bfloat16)
+    replace_linears(model, lambda name, linear: NativeInt4Linear(linear) if linear.bias is None else linear)
+    if hasattr(model, "get_input_embeddings"):  # (an EAGLE head has none: its linears only)
+        table, head = model.get_input_embeddings(), model.get_output_embeddings()
+        rows = NativeInt8Rows(table.weight)
+        model.set_input_embeddings(rows)
+        model.set_output_embeddings(rows if head.weight is table.weight else NativeInt8Rows(head.weight))
+    return model
