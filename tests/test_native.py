@@ -85,11 +85,18 @@ def test_a_rows_result_does_not_depend_on_its_batch(ops, threads):
 
 
 def test_backend_runs_torchao_int4h8s_weights(tiny):
-    from specdec.quant.native import NativeInt4Linear, NativeInt8Rows
+    from specdec.quant.native import NativeInt4Linear, NativeInt8Rows, NativePart
 
     reference = quant.quantized_copy(tiny, "torchao_int4h8_g32")
     target = quant.quantized_copy(tiny, "native_int4h8_g32")
-    assert all(isinstance(target.model.get_submodule(n), NativeInt4Linear) for n in quant.quantizable_linears(tiny.model))
+    layer = target.model.model.layers[0]
+    assert isinstance(layer.self_attn.o_proj, NativeInt4Linear) and isinstance(layer.mlp.down_proj, NativeInt4Linear)
+    parts = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]
+    assert all(isinstance(p, NativePart) for p in parts) and len({id(p.stacked) for p in parts}) == 1
+    x = torch.randn(3, 64).bfloat16()
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+        alone = NativeInt4Linear(tiny.model.model.layers[0].get_submodule(name).weight.bfloat16())
+        assert torch.equal(layer.get_submodule(name)(x), alone(x))  # stacked = separate, bit for bit
     assert isinstance(target.lm_head, NativeInt8Rows)
     assert torch.equal(target.lm_head.qweight, reference.lm_head.qweight)  # the same int8 table
     ids = torch.tensor([[3, 17, 5, 9, 22, 5, 9, 22]])
@@ -113,3 +120,21 @@ def test_generate_on_native_is_exact_with_a_drafter(tiny):
     drafted = specdec.generate(target, specdec.drafters.build("ngram", target=target), prompt, shape="chain(4)",
                                max_new_tokens=16, stop_on_eos=False).token_ids
     assert drafted == plain
+
+
+@pytest.mark.slow
+def test_compiled_forward_runs_one_product_per_stack(tiny):
+    """Traced, q/k/v and gate/up each call the kernel once (`_MergeSameProducts`): 4 calls a layer, not 7."""
+    from torch._inductor import config
+    from torch.profiler import profile
+
+    target = quant.quantized_copy(tiny, "native_int4h8_g32")
+    ids = torch.tensor([[3, 17, 5, 9]])
+    with torch.inference_mode():
+        program = torch.compile(target.model, dynamic=False)
+        program(ids)
+        with profile() as p:
+            program(ids)
+    calls = sum(e.count for e in p.key_averages() if e.key == "specdec_lowbit::int4_mm")
+    assert calls == 4 * len(target.model.model.layers)
+    assert config.post_grad_custom_post_pass is not None

@@ -3,7 +3,7 @@ specdec's own CPU kernels, `csrc/lowbit.cpp`, which this module builds with the 
 
 Owns the build (`load`: compiled once per source, torch and CPU, kept under `$SPECDEC_CACHE/native`, announced on
 stderr), the kernels' shapes for `torch.compile`, and two plain modules, `NativeInt4Linear` and `NativeInt8Rows`.
-Knows which layers to touch only through `quantizable_linears`. Hand-written because aten's CPU kernels for these
+Knows which layers to touch only through `quantizable_linears` and the names of sibling linears. Hand-written because aten's CPU kernels for these
 layouts read a one-row product at a third to a half of the memory rate; on a CPU without AVX-512 BF16 the file
 compiles a portable loop instead, which tune will time as it is.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch._inductor.custom_graph_pass
 from torch import nn
 
 from specdec import machine
@@ -73,6 +75,33 @@ def load() -> None:
     torch.ops.load_library(str(target))
     for name in ("int4_mm", "int8_mm"):  # shapes for torch.compile: [M, K] x [N, ...] -> [M, N], x's dtype
         torch.library.register_fake(f"specdec_lowbit::{name}", lambda x, q, s: x.new_empty(x.shape[0], q.shape[0]))
+    from torch._inductor import config
+
+    if config.post_grad_custom_post_pass is None:
+        config.post_grad_custom_post_pass = _MergeSameProducts()
+
+
+class _MergeSameProducts(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """An inductor pass: `int4_mm` calls on the same inputs (and equal views of one tensor) become one; inductor
+    merges no calls of an op it does not generate, and `NativePart`s of a stacked linear each call it on their
+    parent's input."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        aten = torch.ops.aten
+        merged = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+                  torch.ops.specdec_lowbit.int4_mm.default}
+        first: dict[tuple, torch.fx.Node] = {}
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target in merged:
+                key = (node.target, *(tuple(a) if isinstance(a, (list, tuple)) else a for a in node.args))
+                if key in first:
+                    node.replace_all_uses_with(first[key])
+                    graph.erase_node(node)
+                else:
+                    first[key] = node
+
+    def uuid(self) -> str:  # inductor's caches key compiled graphs on it: this pass's own code
+        return hashlib.sha256(inspect.getsource(type(self)).encode()).hexdigest()
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,18 +121,65 @@ def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class NativeInt4Linear(nn.Module):
-    """A bias-free linear over `pack_int4`'s layout, run by `specdec_lowbit::int4_mm` (bf16 in and out)."""
+    """Bias-free linears of one input, `weights` stacked into one product over `pack_int4`'s layout, run by
+    `specdec_lowbit::int4_mm` (bf16 in and out). Each output row is computed alike whether stacked or not."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, *weights: torch.Tensor) -> None:
         super().__init__()
-        self.out_features, self.in_features = linear.weight.shape
-        nibbles, scales = pack_int4(linear.weight.detach())
+        weight = torch.cat([w.detach() for w in weights])
+        self.out_features, self.in_features = weight.shape
+        nibbles, scales = pack_int4(weight)
         self.qdata = nn.Parameter(nibbles.contiguous(), requires_grad=False)
         self.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
+        self.parts = len(weights)
+        self._last: tuple[torch.Tensor, torch.Tensor, int] | None = None  # (x, forward(x), parts yet to read it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         y = torch.ops.specdec_lowbit.int4_mm(x.reshape(-1, self.in_features), self.qdata, self.scales)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def once(self, x: torch.Tensor) -> torch.Tensor:
+        """forward(x), computed once for the `parts` that call it in turn on the same `x` (q, k, v): traced, the
+        compiler's merge pass (`_MergeSameProducts`) makes their identical calls one; eager, the product is kept
+        for the rest of the round only, so no later call can read it."""
+        if torch.compiler.is_compiling():
+            return self(x)
+        if self._last is not None and self._last[0] is x:
+            y, left = self._last[1], self._last[2] - 1
+            self._last = (x, y, left) if left else None
+            return y
+        y = self(x)
+        self._last = (x, y, self.parts - 1) if self.parts > 1 else None
+        return y
+
+
+class NativePart(nn.Module):
+    """One linear of a stacked `NativeInt4Linear`: its rows [start, stop) of the shared product."""
+
+    def __init__(self, stacked: NativeInt4Linear, start: int, stop: int) -> None:
+        super().__init__()
+        self.stacked, self.start, self.stop = stacked, start, stop
+        self.in_features, self.out_features = stacked.in_features, stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stacked.once(x)[..., self.start:self.stop]
+
+
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Linears that read the same input in transformers' decoder layers: stacked into one product each."""
+
+
+def _stack_siblings(model: nn.Module) -> None:
+    """Replace each bias-free `SIBLINGS` group of one parent by `NativePart`s of one stacked product."""
+    for parent in list(model.modules()):
+        for names in SIBLINGS:
+            linears = [getattr(parent, n, None) for n in names]
+            if all(isinstance(m, nn.Linear) and m.bias is None for m in linears) and \
+                    len({m.in_features for m in linears}) == 1:
+                stacked, start = NativeInt4Linear(*(m.weight for m in linears)), 0
+                for name, linear in zip(names, linears):
+                    setattr(parent, name, NativePart(stacked, start, start + linear.out_features))
+                    start += linear.out_features
 
 
 class NativeInt8Rows(Int8Rows):
@@ -124,7 +200,8 @@ class NativeInt8Rows(Int8Rows):
 def apply_native_int4h8(model: nn.Module, spec: QuantSpec) -> nn.Module:
     load()
     model = model.to(torch.bfloat16)
-    replace_linears(model, lambda name, linear: NativeInt4Linear(linear) if linear.bias is None else linear)
+    _stack_siblings(model)
+    replace_linears(model, lambda name, linear: NativeInt4Linear(linear.weight) if linear.bias is None else linear)
     if hasattr(model, "get_input_embeddings"):  # (an EAGLE head has none: its linears only)
         table, head = model.get_input_embeddings(), model.get_output_embeddings()
         rows = NativeInt8Rows(table.weight)
