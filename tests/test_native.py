@@ -124,7 +124,7 @@ def test_generate_on_native_is_exact_with_a_drafter(tiny):
 
 @pytest.mark.slow
 def test_compiled_forward_runs_one_product_per_stack(tiny):
-    """Traced, q/k/v and gate/up each call the kernel once (`_MergeSameProducts`): 4 calls a layer, not 7."""
+    """Traced, q/k/v and gate/up each call the kernel once (`_merge_same_products`): 4 calls a layer, not 7."""
     from torch._inductor import config
     from torch.profiler import profile
 

@@ -2,10 +2,10 @@
 specdec's own CPU kernels, `csrc/lowbit.cpp`, which this module builds with the machine's C++ compiler on first use.
 
 Owns the build (`load`: compiled once per source, torch and CPU, kept under `$SPECDEC_CACHE/native`, announced on
-stderr), the kernels' shapes for `torch.compile`, and two plain modules, `NativeInt4Linear` and `NativeInt8Rows`.
-Knows which layers to touch only through `quantizable_linears` and the names of sibling linears. Hand-written because aten's CPU kernels for these
-layouts read a one-row product at a third to a half of the memory rate; on a CPU without AVX-512 BF16 the file
-compiles a portable loop instead, which tune will time as it is.
+stderr), the kernels' shapes and a merge pass for `torch.compile`, and the plain modules `NativeInt4Linear`,
+`NativePart` and `NativeInt8Rows`. Knows which layers to touch only through `quantizable_linears` and the names of
+sibling linears (`SIBLINGS`). Hand-written because aten's CPU kernels for these layouts are compute-bound at one row
+(docs/library.md); on a CPU without AVX-512 BF16 the file compiles portable loops, which tune times as they are.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch._inductor.custom_graph_pass
 from torch import nn
 
 from specdec import machine
@@ -58,7 +57,7 @@ def load() -> None:
     digest = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {flags}".encode()).hexdigest()[:16]
     target = machine.cache_root() / "native" / machine.machine_key("cpu") / f"lowbit-{digest}.so"
     if not target.exists():
-        print(f"specdec: building specdec's int4/int8 CPU kernels ({SOURCE.name}, ~15 s once; kept in {target.parent})",
+        print(f"specdec: building specdec's int4/int8 CPU kernels ({SOURCE.name}, once; kept in {target.parent})",
               file=sys.stderr, flush=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
@@ -78,30 +77,38 @@ def load() -> None:
     from torch._inductor import config
 
     if config.post_grad_custom_post_pass is None:
-        config.post_grad_custom_post_pass = _MergeSameProducts()
+        config.post_grad_custom_post_pass = _merge_same_products()
 
 
-class _MergeSameProducts(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """An inductor pass: `int4_mm` calls on the same inputs (and equal views of one tensor) become one; inductor
+def _merge_same_products():
+    """An inductor pass: `int4_mm` calls on the same inputs (or equal views of one tensor) become one; inductor
     merges no calls of an op it does not generate, and `NativePart`s of a stacked linear each call it on their
-    parent's input."""
+    parent's input. (Defined here: inductor's modules take a second to import, which `import specdec` never pays.)"""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        aten = torch.ops.aten
-        merged = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-                  torch.ops.specdec_lowbit.int4_mm.default}
-        first: dict[tuple, torch.fx.Node] = {}
-        for node in list(graph.nodes):
-            if node.op == "call_function" and node.target in merged:
-                key = (node.target, *(tuple(a) if isinstance(a, (list, tuple)) else a for a in node.args))
-                if key in first:
-                    node.replace_all_uses_with(first[key])
-                    graph.erase_node(node)
-                else:
-                    first[key] = node
+    class MergeSameProducts(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            views = {torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default}
 
-    def uuid(self) -> str:  # inductor's caches key compiled graphs on it: this pass's own code
-        return hashlib.sha256(inspect.getsource(type(self)).encode()).hexdigest()
+            def source(x):  # an input as the chain of views it is of a node: equal chains, equal tensors
+                if isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in views:
+                    return (source(x.args[0]), *(tuple(a) if isinstance(a, (list, tuple)) else a for a in x.args[1:]))
+                return x
+
+            first: dict[tuple, torch.fx.Node] = {}
+            for node in list(graph.nodes):  # only the products are touched; inductor drops the views left unused
+                if node.op == "call_function" and node.target is torch.ops.specdec_lowbit.int4_mm.default:
+                    key = tuple(source(a) for a in node.args)
+                    if key in first:
+                        node.replace_all_uses_with(first[key])
+                        graph.erase_node(node)
+                    else:
+                        first[key] = node
+
+        def uuid(self) -> str:  # inductor's caches key compiled graphs on it: this pass's own code
+            return hashlib.sha256(inspect.getsource(_merge_same_products).encode()).hexdigest()
+
+    return MergeSameProducts()
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +147,7 @@ class NativeInt4Linear(nn.Module):
 
     def once(self, x: torch.Tensor) -> torch.Tensor:
         """forward(x), computed once for the `parts` that call it in turn on the same `x` (q, k, v): traced, the
-        compiler's merge pass (`_MergeSameProducts`) makes their identical calls one; eager, the product is kept
+        compiler's merge pass (`_merge_same_products`) makes their identical calls one; eager, the product is kept
         for the rest of the round only, so no later call can read it."""
         if torch.compiler.is_compiling():
             return self(x)

@@ -1,8 +1,8 @@
 // specdec's CPU GEMV kernels for the few-row products of decoding and verifying: int4 weights in groups of 32 (an
 // asymmetric scale and zero per group) and int8 rows (one scale per row), both times bf16 activations, accumulated
 // in float32. Hand-written because aten's kernels for these layouts (`_weight_int4pack_mm_for_cpu`,
-// `_weight_int8pack_mm`) run a one-row product at a third to a half of the rate this one does on AVX-512 BF16 CPUs,
-// and no kept library ships one (see specdec/quant/native.py, which builds and loads this file).
+// `_weight_int8pack_mm`) are slower at one row on AVX-512 BF16 CPUs and no kept library ships one (see
+// docs/library.md; specdec/quant/native.py builds and loads this file).
 //
 // Every output row is computed by the same operations in the same order whatever the number of rows, their position
 // in the batch and the thread count: a token's logits do not depend on how wide the forward that scored it was.
