@@ -27,7 +27,7 @@ from torch import nn
 from specdec import machine
 from specdec.quant.layers import replace_linears
 from specdec.quant.registry import QuantSpec, backend
-from specdec.quant.torch_backends import Int8Rows
+from specdec.quant.torch_backends import Int8Rows, int8_table
 
 SOURCE = Path(__file__).with_name("csrc") / "lowbit.cpp"
 GROUP = 32
@@ -209,9 +209,4 @@ def apply_native_int4h8(model: nn.Module, spec: QuantSpec) -> nn.Module:
     model = model.to(torch.bfloat16)
     _stack_siblings(model)
     replace_linears(model, lambda name, linear: NativeInt4Linear(linear.weight) if linear.bias is None else linear)
-    if hasattr(model, "get_input_embeddings"):  # (an EAGLE head has none: its linears only)
-        table, head = model.get_input_embeddings(), model.get_output_embeddings()
-        rows = NativeInt8Rows(table.weight)
-        model.set_input_embeddings(rows)
-        model.set_output_embeddings(rows if head.weight is table.weight else NativeInt8Rows(head.weight))
-    return model
+    return int8_table(model, NativeInt8Rows)

@@ -96,12 +96,16 @@ def apply_torchao_int4(model: nn.Module, spec: QuantSpec) -> nn.Module:
          bits=(4,), grouped=True, group_sizes=(32, 64, 128), devices=("cpu",), library="torchao", extra="torchao",
          probe=_int4_cpu_probe)
 def apply_torchao_int4h8(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    model = apply_torchao_int4(model, spec)
-    if hasattr(model, "get_input_embeddings"):  # (an EAGLE head has none: its linears only)
+    return int8_table(apply_torchao_int4(model, spec))
+
+
+def int8_table(model: nn.Module, rows: type[Int8Rows] = Int8Rows) -> nn.Module:
+    """`model` with its embedding and lm_head as `rows` (one table when tied); an EAGLE head has neither."""
+    if hasattr(model, "get_input_embeddings"):
         table, head = model.get_input_embeddings(), model.get_output_embeddings()
-        rows = Int8Rows(table.weight)
-        model.set_input_embeddings(rows)
-        model.set_output_embeddings(rows if head.weight is table.weight else Int8Rows(head.weight))  # tied: one table
+        embed = rows(table.weight)
+        model.set_input_embeddings(embed)
+        model.set_output_embeddings(embed if head.weight is table.weight else rows(head.weight))  # tied: one table
     return model
 
 
